@@ -1,0 +1,46 @@
+# Two commands do all the set-up on a fresh machine:
+#   make run    build the venv, then run one research episode (sim world, scripted researcher)
+#   make test   build the venv, then run the whole test suite
+# Everything else is optional: `make help` lists the targets.
+
+VENV     ?= .venv
+PY       := $(VENV)/bin/python
+STAMP    := $(VENV)/.installed
+RUN_ARGS ?= --world sim --benchmark swe-bench-verified --track joint --agent scripted --seed 0
+TEST_ARGS ?=
+export HARBOR_TELEMETRY=0
+export LITELLM_LOCAL_MODEL_COST_MAP=True
+export RAY_USAGE_STATS_ENABLED=0
+export RAY_AUTH_MODE=disabled
+
+.PHONY: help setup run test test-fast bench lock clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml constraints.txt
+	@PYBIN=$$(scripts/find-python) && echo "using $$PYBIN" && \
+	  { [ -x $(PY) ] || $$PYBIN -m venv $(VENV); }
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	@touch $(STAMP)
+
+setup: $(STAMP)  ## create .venv and install the package with every extra the tests need
+
+run: $(STAMP)  ## one research episode on the offline default world, with progress and a summary
+	$(VENV)/bin/rsigym run $(RUN_ARGS)
+
+test: $(STAMP)  ## the whole test suite (what CI runs)
+	$(PY) -m pytest -n 2 $(TEST_ARGS)
+
+test-fast: $(STAMP)  ## the suite without tests marked slow
+	$(PY) -m pytest -n 2 -m "not slow" $(TEST_ARGS)
+
+bench: $(STAMP)  ## performance measurements; figures go to bench/README.md
+	$(PY) bench/run_all.py
+
+lock: $(STAMP)  ## refresh constraints.txt from the current venv
+	$(PY) -m pip freeze --exclude-editable | grep -v '^-e ' > constraints.txt
+
+clean:  ## remove the venv and caches
+	rm -rf $(VENV) .pytest_cache .hypothesis runs

@@ -1,0 +1,58 @@
+"""Run every benchmark and rewrite the figures block of bench/README.md.
+
+    make bench            # or: python bench/run_all.py [--seconds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from datetime import date
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench_env  # noqa: E402
+import bench_ledger  # noqa: E402
+
+START, END = "<!-- figures:start -->", "<!-- figures:end -->"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=3.0, help="time per workload")
+    args = parser.parse_args()
+    env = bench_env.measure(args.seconds)
+    ledger = bench_ledger.measure(args.seconds)
+    results = {"date": date.today().isoformat(), "python": platform.python_version(), "cpus": os.cpu_count(),
+               "env": env, "ledger": ledger}
+    (HERE / "results.json").write_text(json.dumps(results, indent=2))
+    lines = [
+        START,
+        f"Measured {results['date']} on {results['cpus']} cores, Python {results['python']} (`make bench`).",
+        "",
+        "| workload | steps/s | vs CartPole-v1 (same run) |",
+        "|---|---:|---:|",
+        f"| CartPole-v1 via `gym.make` (reference) | {env['cartpole_steps_per_s']:,.0f} | 1.00 |",
+        f"| sim env, `action_space.sample()` | {env['sampled_steps_per_s']:,.0f} | {env['sampled_vs_cartpole']:.3f} |",
+        f"| sim env, scripted researcher episodes (resets included) | {env['scripted_steps_per_s']:,.0f} | {env['scripted_vs_cartpole']:.3f} |",
+        "",
+        "| ledger operation | per second |",
+        "|---|---:|",
+        *[f"| {k} | {v:,.0f} |" for k, v in ledger.items()],
+        END,
+    ]
+    readme = HERE / "README.md"
+    text = readme.read_text()
+    head, _, rest = text.partition(START)
+    _, _, tail = rest.partition(END)
+    readme.write_text(head + "\n".join(lines) + tail)
+    print("\n".join(lines[1:-1]))
+
+
+if __name__ == "__main__":
+    main()

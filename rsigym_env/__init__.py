@@ -1,0 +1,35 @@
+"""RSIGym-Env: each research run is a Gymnasium environment.
+
+Importing the package registers ``RSIGym/Joint-v0``, ``RSIGym/Data-v0`` and ``RSIGym/Harness-v0``:
+
+>>> import gymnasium as gym, rsigym_env
+>>> env = gym.make("RSIGym/Data-v0", world="sim", benchmark="gpqa-diamond", budget_usd=500)
+>>> env.unwrapped.scenario.track
+'data'
+>>> [s["function"]["name"] for s in rsigym_env.tool_schemas()][:3]
+['generate_data', 'transform_data', 'train']
+"""
+
+from __future__ import annotations
+
+from gymnasium.envs.registration import register, registry
+
+from .env import ResearchEnv
+from .errors import ActionError
+from .scenario import Scenario, list_scenarios, load_scenario
+from .scoring import normalized_gain, rsi_index
+from .tools import TOOLS, action_space, parse_action, tool_schemas
+
+__all__ = [
+    "ENV_IDS", "TOOLS", "ActionError", "ResearchEnv", "Scenario", "action_space", "list_scenarios",
+    "load_scenario", "normalized_gain", "parse_action", "rsi_index", "tool_schemas",
+]
+__version__ = "0.1.0"
+
+ENV_IDS = ("RSIGym/Joint-v0", "RSIGym/Data-v0", "RSIGym/Harness-v0")
+
+for _env_id, _track in zip(ENV_IDS, ("joint", "data", "harness")):
+    if _env_id not in registry:
+        # The env enforces its own step, time and money limits (the initial system then counts as
+        # submitted), so no TimeLimit wrapper is added here.
+        register(id=_env_id, entry_point="rsigym_env.env:ResearchEnv", kwargs={"track": _track})

@@ -1,0 +1,197 @@
+"""``rsigym``: run research episodes, list scenarios, verify audit logs.
+
+    rsigym run --benchmark aime --agent scripted --seed 0 --json result.json
+    rsigym run --scenario sim-data-swe-bench-verified-1000 --agent random
+    rsigym scenarios
+    rsigym audit verify runs/<run>/ledger.sqlite
+    rsigym tools
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Sequence
+
+import gymnasium as gym
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from . import ENV_IDS
+from .baselines import RESEARCHERS, make_researcher
+from .episode import EpisodeResult, run_episode
+from .platform.audit import verify_audit
+from .scenario import list_scenarios, load_scenario
+from .tools import tool_schemas
+
+
+def _env_id(track: str) -> str:
+    return next(i for i in ENV_IDS if i.split("/")[1].lower().startswith(track))
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    try:
+        scenario = load_scenario(args.scenario, track=args.track, world=args.world, benchmark=args.benchmark,
+                                 budget_usd=args.budget, max_steps=args.max_steps)
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(args.run_dir or Path("runs") / f"{stamp}-{scenario.name}-{args.agent}-s{args.seed}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ledger = run_dir / "ledger.sqlite"
+    env = gym.make(_env_id(scenario.track), scenario=scenario, ledger_path=ledger, run_dir=run_dir)
+    researcher = make_researcher(args.agent)
+    steps_log = (run_dir / "steps.jsonl").open("w")
+    console.print(f"[bold]{scenario.name}[/]: {args.agent} researcher, seed {args.seed}, "
+                  f"budget ${scenario.budget_usd:g}, {scenario.time_limit_h:g} h, run dir {run_dir}")
+    started = time.perf_counter()
+    with Progress(TextColumn("[bold blue]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[status]}", markup=False), TimeElapsedColumn(), console=console,
+                  disable=args.quiet, transient=False) as progress:
+        task = progress.add_task("steps", total=scenario.max_steps, status="")
+
+        def on_step(step: int, action: Any, obs: dict[str, Any], info: dict[str, Any]) -> None:
+            spent = scenario.budget_usd - float(obs["budget_left_usd"][0])
+            best = float(obs["dev_scores"][1])
+            what = info.get("tool", "?") + ("" if info.get("ok") else f" ✗ {info.get('error')}")
+            for event in info.get("events", []):
+                if event.get("kind") == "evaluate" and event.get("ok"):
+                    what += f" | dev {event['score']:.3f}"
+            status = f"${spent:,.2f} spent · best dev {'-' if best < 0 else f'{best:.3f}'} · {what}"
+            progress.update(task, completed=step, status=status)
+            if args.verbose:
+                console.print(obs["log"], markup=False, highlight=False)
+            steps_log.write(json.dumps({"step": step, "action": action, "info": info}, default=str) + "\n")
+
+        result = run_episode(env, researcher, seed=args.seed, on_step=on_step)
+        progress.update(task, total=result.steps)
+    steps_log.close()
+    env.close()
+    wall = time.perf_counter() - started
+    payload = result.to_dict() | {"wall_seconds": wall, "run_dir": str(run_dir), "ledger": str(ledger)}
+    (run_dir / "result.json").write_text(json.dumps(payload, indent=2, default=str))
+    if args.json:
+        Path(args.json).write_text(json.dumps(payload, indent=2, default=str))
+    console.print(summary_table(result, wall))
+    console.print(f"audit log: rsigym audit verify {ledger}")
+    return 0
+
+
+def summary_table(result: EpisodeResult, wall_seconds: float) -> Table:
+    """The end of an episode as a two-column table a person reads at a glance."""
+    info = result.info
+    table = Table(title=f"{result.scenario} — {result.researcher} researcher, seed {result.seed}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.2f}%"
+
+    sub = info.get("submitted", {})
+    best = info.get("best_candidate") or {}
+    rows = [
+        ("initial official score", pct(info.get("initial_score"))),
+        ("final official score", pct(info.get("official_score"))),
+        ("normalized gain (reward)", f"{info.get('normalized_gain', 0.0):+.4f}"),
+        ("submitted", f"{sub.get('checkpoint')} + {sub.get('harness')} ({'by the agent' if sub.get('by') == 'agent' else 'by default: ' + str(info.get('end_reason'))})"),
+        ("best dev score", f"{pct(info.get('best_dev_score'))} ({best.get('checkpoint', '-')} + {best.get('harness', '-')})"),
+        ("spend", f"${info.get('spend_usd', 0.0):,.2f} of ${info.get('budget_usd', 0.0):,.0f}"),
+        ("official evaluation (outside budget)", f"${info.get('official_eval_usd', 0.0):,.2f}"),
+        ("research time", f"{info.get('elapsed_h', 0.0):.1f} h (world clock)"),
+        ("steps", str(result.steps)),
+        ("wall time", f"{wall_seconds:.2f} s"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def cmd_scenarios(args: argparse.Namespace, console: Console) -> int:
+    table = Table(title="bundled scenarios (rsigym run --scenario NAME)")
+    for col in ("name", "track", "world", "benchmark", "budget", "time", "steps"):
+        table.add_column(col, justify="right" if col in ("budget", "time", "steps") else "left")
+    for name in list_scenarios():
+        s = load_scenario(name)
+        if args.track and s.track != args.track:
+            continue
+        table.add_row(name, s.track, s.world, s.benchmark, f"${s.budget_usd:g}", f"{s.time_limit_h:g} h", str(s.max_steps))
+    console.print(table)
+    return 0
+
+
+def cmd_audit_verify(args: argparse.Namespace, console: Console) -> int:
+    path = Path(args.path)
+    if path.is_dir():
+        path = path / "ledger.sqlite"
+    report = verify_audit(path)
+    console.print(("[green]" if report.ok else "[red]") + str(report))
+    return 0 if report.ok else 1
+
+
+def cmd_tools(args: argparse.Namespace, console: Console) -> int:
+    schemas = tool_schemas()
+    if args.json:
+        print(json.dumps(schemas, indent=2))
+        return 0
+    table = Table(title="tools (each one pydantic model: validation, JSON schema, Gymnasium subspace)")
+    table.add_column("tool", style="bold")
+    table.add_column("arguments")
+    table.add_column("what it does")
+    for s in schemas:
+        fn = s["function"]
+        table.add_row(fn["name"], ", ".join(fn["parameters"].get("properties", {})), fn["description"].split(". ")[0])
+    console.print(table)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rsigym", description="RSIGym-Env: research runs as Gymnasium environments.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run one research episode and print its result")
+    run.add_argument("--scenario", help="bundled scenario name or YAML path (see `rsigym scenarios`)")
+    run.add_argument("--world", help="world (default: the scenario's, sim)")
+    run.add_argument("--benchmark", help="benchmark id, e.g. swe-bench-verified, aime")
+    run.add_argument("--track", choices=["joint", "data", "harness"], help="track (default: the scenario's)")
+    run.add_argument("--budget", type=float, help="budget in dollars")
+    run.add_argument("--max-steps", type=int, help="tool calls per episode")
+    run.add_argument("--agent", default="scripted", choices=sorted(RESEARCHERS), help="researcher (default: scripted)")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--json", metavar="PATH", help="also write the result as JSON here")
+    run.add_argument("--run-dir", help="where to keep the ledger, audit log and step log (default: runs/...)")
+    run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    run.add_argument("-v", "--verbose", action="store_true", help="print every observation's log")
+    run.set_defaults(func=cmd_run)
+
+    scen = sub.add_parser("scenarios", help="list the bundled scenarios")
+    scen.add_argument("--track", choices=["joint", "data", "harness"])
+    scen.set_defaults(func=cmd_scenarios)
+
+    audit = sub.add_parser("audit", help="audit-log commands")
+    audit_sub = audit.add_subparsers(dest="audit_command", required=True)
+    verify = audit_sub.add_parser("verify", help="check a run's hash-chained audit log; names the first broken record")
+    verify.add_argument("path", help="a ledger.sqlite file or a run directory")
+    verify.set_defaults(func=cmd_audit_verify)
+
+    tools = sub.add_parser("tools", help="list the researcher's tools")
+    tools.add_argument("--json", action="store_true", help="print the function-calling schemas as JSON")
+    tools.set_defaults(func=cmd_tools)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console()
+    if not console.is_terminal:  # piped or captured: do not cut tables at 80 columns
+        console = Console(width=160)
+    return int(args.func(args, console))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""``ResearchEnv``: one episode is one research run.
+
+The env is thin: it turns an action into a call on the run (:mod:`rsigym_env.run`) and the result
+into an observation. Policy conveniences live in ``rsigym_env.wrappers``.
+
+>>> import gymnasium as gym, rsigym_env
+>>> env = gym.make("RSIGym/Joint-v0", world="sim", benchmark="aime", budget_usd=100)
+>>> obs, info = env.reset(seed=0)
+>>> obs, reward, terminated, truncated, info = env.step({"tool": "submit", "args": {}})
+>>> terminated, reward, info["official_score"] == info["initial_score"]
+(True, 0.0, True)
+
+Action Space
+    ``OneOf`` over the ten tools' ``Dict`` subspaces (:func:`rsigym_env.tools.action_space`).
+    ``step`` also takes a tool object, ``{"tool": name, "args": {...}}`` or its JSON text.
+
+Observation Space
+    ``Dict`` with ``log`` (printable text: the rendered result of the last call), ``budget_left_usd``,
+    ``time_left_h``, ``step``, ``dev_scores`` (initial, best, last; -1 where not measured yet),
+    ``running_jobs`` and ``action_mask`` (one entry per tool: allowed by the key and usable now).
+
+Rewards
+    0 on every step until the episode ends; then the normalized gain
+    ``(official - initial) / (1 - initial)`` of the submitted system on the held-out official split.
+
+Episode End
+    Terminated on ``submit``. Truncated when steps, time or money run out; the initial system then
+    counts as submitted (reward 0). ``info`` at the end has ``initial_score``, ``official_score``,
+    ``normalized_gain``, ``best_dev_score``, ``spend_usd``, ``budget_usd`` and ``submitted``.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from .platform.core import Platform
+from .platform.ledger import Ledger
+from .run import ResearchRun
+from .scenario import Scenario, load_scenario
+from .tools import TOOL_NAMES, action_space
+
+LOG_MAX = 8000
+_PRINTABLE = frozenset(string.printable)
+
+
+def printable(text: str, limit: int = LOG_MAX) -> str:
+    """``text`` reduced to ``string.printable`` and cut to ``limit`` characters (saying so)."""
+    clean = "".join(c if c in _PRINTABLE else "?" for c in text)
+    if len(clean) <= limit:
+        return clean
+    note = f"\n... ({len(clean) - limit + 80} more characters; read with @offset to continue)"
+    return clean[: limit - len(note)] + note
+
+
+class ResearchEnv(gym.Env[dict[str, Any], Any]):
+    """A research run as a Gymnasium environment (see the module docstring for the spaces).
+
+    Args:
+        scenario: a bundled scenario name, a YAML path or a :class:`Scenario`; default: the track's base.
+        track, world, benchmark, budget_usd, max_steps, time_limit_h: override the scenario.
+        seed: the seed of the first ``reset`` when it is given none.
+        ledger_path: an SQLite file to keep the ledger and audit log in (default: in memory).
+        render_mode: ``"ansi"`` (``render()`` returns the log) or ``"human"`` (prints it).
+    """
+
+    metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
+
+    def __init__(
+        self,
+        scenario: str | Path | Scenario | None = None,
+        *,
+        track: str | None = None,
+        world: str | None = None,
+        benchmark: str | None = None,
+        budget_usd: float | None = None,
+        max_steps: int | None = None,
+        time_limit_h: float | None = None,
+        seed: int | None = None,
+        ledger_path: str | Path | None = None,
+        run_dir: str | Path | None = None,
+        render_mode: str | None = None,
+    ):
+        overrides = dict(track=track, world=world, benchmark=benchmark, budget_usd=budget_usd,
+                         max_steps=max_steps, time_limit_h=time_limit_h)
+        if isinstance(scenario, Scenario):
+            base = scenario
+        else:
+            base = load_scenario(scenario, **{**overrides, "track": None if scenario is not None else track})
+        if track is not None and base.track != track:
+            raise ValueError(f"scenario {base.name!r} is a {base.track}-track scenario; use "
+                             f"RSIGym/{base.track.capitalize()}-v0 (or ResearchEnv) for it")
+        self.scenario = base.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
+        self.render_mode = render_mode
+        self._first_seed = seed
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.platform = Platform(Ledger(ledger_path))
+        self.action_space = action_space()
+        budget = self.scenario.budget_usd
+        self.observation_space = spaces.Dict({
+            "log": spaces.Text(max_length=LOG_MAX, min_length=0, charset=string.printable),
+            "budget_left_usd": spaces.Box(0.0, budget, shape=(1,), dtype=np.float64),
+            "time_left_h": spaces.Box(0.0, self.scenario.time_limit_h, shape=(1,), dtype=np.float64),
+            "step": spaces.Box(0, self.scenario.max_steps, shape=(1,), dtype=np.int64),
+            "dev_scores": spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float64),
+            "running_jobs": spaces.Box(0, self.scenario.max_steps, shape=(1,), dtype=np.int64),
+            "action_mask": spaces.MultiBinary(len(TOOL_NAMES)),
+        })
+        self.run: ResearchRun | None = None
+        self._log = ""
+
+    # ------------------------------------------------------------------ gymnasium API
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
+        if seed is None and self._first_seed is not None and self.run is None:
+            seed = self._first_seed
+        super().reset(seed=seed)
+        episode_seed = int(self.np_random.integers(2**31 - 1))
+        if self.run is not None:
+            self.run.world.close()
+        self.run = ResearchRun(self.scenario, episode_seed, self.platform, self.run_dir)
+        self.action_space.seed(int(self.np_random.integers(2**31 - 1)))
+        self._log = self.run.briefing()
+        info = {"scenario": self.scenario.name, "seed": episode_seed, "budget_left_usd": self.run.budget_left,
+                "tools": self.scenario.tools(), "teachers": list(self.scenario.permissions.teachers),
+                "harness": self.run.harness.initial}
+        return self._observation(), info
+
+    def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
+        if self.run is None:
+            raise gym.error.ResetNeeded("call reset() before step()")
+        outcome = self.run.execute(action)
+        self._log = f"{self.run.status_line()}\n{outcome.log}"
+        if self.render_mode == "human":
+            self.render()
+        return self._observation(), float(outcome.reward), outcome.terminated, outcome.truncated, outcome.info
+
+    def render(self) -> str | None:
+        if self.render_mode == "ansi":
+            return printable(self._log)
+        if self.render_mode == "human":
+            print(printable(self._log))
+        return None
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.world.close()
+            self.run = None
+        self.platform.ledger.close()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _observation(self) -> dict[str, Any]:
+        run = self.run
+        assert run is not None
+        def score(value: float | None) -> float:
+            return -1.0 if value is None else value
+        allowed = set(run.allowed_tools()) if run.end_info is None else set()
+        return {
+            "log": printable(self._log),
+            "budget_left_usd": np.array([min(run.budget_left, self.scenario.budget_usd)], dtype=np.float64),
+            "time_left_h": np.array([run.time_left / 3600.0], dtype=np.float64),
+            "step": np.array([min(run.steps, self.scenario.max_steps)], dtype=np.int64),
+            "dev_scores": np.array([score(run.initial_dev), score(run.best_dev), score(run.last_dev)], dtype=np.float64),
+            "running_jobs": np.array([min(len(run.running), self.scenario.max_steps)], dtype=np.int64),
+            "action_mask": np.array([name in allowed for name in TOOL_NAMES], dtype=np.int8),
+        }

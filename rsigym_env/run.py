@@ -1,0 +1,485 @@
+"""One research run: the episode's state and the execution of every tool call.
+
+A call is parsed, authorized against the run's key, quoted by the world's service (which checks
+references), reserved at its worst case on the ledger, executed, settled at its actual cost, and
+audited. Anything refused becomes an :class:`Outcome` with an error code and costs nothing.
+
+>>> from rsigym_env.scenario import load_scenario
+>>> run = ResearchRun(load_scenario(benchmark="aime", budget_usd=100), seed=0)
+>>> out = run.execute({"tool": "evaluate", "args": {"k": 1, "n_tasks": 10}})
+>>> out.info["ok"], out.info["result"]["job"]
+(True, 'job-1')
+>>> run.execute({"tool": "wait"}).info["events"][0]["kind"]
+'evaluate'
+>>> end = run.execute({"tool": "submit"})
+>>> end.terminated, end.info["normalized_gain"]
+(True, 0.0)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ActionError, InsufficientBudget
+from .harness import HarnessStore
+from .platform.core import Bill, Platform, tool_label
+from .scenario import Scenario
+from .scoring import normalized_gain
+from .services import Billed, DatasetInfo, EvalRequest, EvalResult, Job, TrainResult
+from .tools import (
+    EditHarness, Evaluate, GenerateData, Infer, Read, SandboxExec, Submit, Tool, Train,
+    TransformData, Wait, parse_action,
+)
+from .worlds import make_world
+
+MIN_USD = 0.01  # less than this available (and nothing running) means the money has run out
+
+
+@dataclass
+class Outcome:
+    """What one step produced: the text a researcher reads and the structured ``info``."""
+
+    log: str
+    info: dict[str, Any]
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+
+
+@dataclass
+class RunningJob:
+    job: Job
+    bill: Bill
+    tool: Tool
+    target: str  # checkpoint id a train job will produce; "" for evaluations
+
+
+@dataclass
+class Candidate:
+    """A (checkpoint, harness version) pair and the dev scores measured for it."""
+
+    checkpoint: str
+    harness: str
+    scores: list[float] = field(default_factory=list)
+
+
+class ResearchRun:
+    """The state of one episode. ``execute`` takes any action form and never raises."""
+
+    def __init__(self, scenario: Scenario, seed: int, platform: Platform | None = None, run_dir: Path | None = None):
+        self.scenario = scenario
+        self.seed = seed
+        self.world = make_world(scenario, seed, run_dir)
+        self.platform = platform or Platform()
+        self.key = self.platform.issue_key(scenario)
+        self.harness = HarnessStore(self.world.initial_harness())
+        self.time_limit_s = scenario.time_limit_h * 3600.0
+        self.steps = 0
+        self.running: dict[str, RunningJob] = {}
+        self.job_results: dict[str, Any] = {}
+        self.datasets: dict[str, DatasetInfo] = {}
+        self.checkpoints: dict[str, TrainResult] = {}
+        self.candidates: dict[tuple[str, str], Candidate] = {}
+        self.initial_dev: float | None = None
+        self.last_dev: float | None = None
+        self.best: Candidate | None = None
+        self.end_info: dict[str, Any] | None = None
+        self._counters: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ state the env observes
+
+    @property
+    def budget_left(self) -> float:
+        return self.platform.balance(self.key).available_usd
+
+    @property
+    def time_left(self) -> float:
+        return max(0.0, self.time_limit_s - self.world.clock.now())
+
+    @property
+    def best_dev(self) -> float | None:
+        return max(self.best.scores) if self.best else None
+
+    def allowed_tools(self) -> list[str]:
+        """Tools worth offering now: allowed by the key, ``wait`` only with jobs running."""
+        tools = self.scenario.tools()
+        return [t for t in tools if t != "wait" or self.running]
+
+    def status_line(self) -> str:
+        jobs = ", ".join(f"{j} ({r.job.kind})" for j, r in self.running.items()) or "none"
+        return (
+            f"[step {self.steps}/{self.scenario.max_steps} | ${self.budget_left:.2f} of "
+            f"${self.scenario.budget_usd:g} left | {self.world.clock.now() / 3600:.1f} h of "
+            f"{self.scenario.time_limit_h:g} h | running: {jobs}]"
+        )
+
+    def briefing(self) -> str:
+        """What the researcher is told at the start of the episode."""
+        s = self.scenario
+        locks = ", ".join(f"{k}={v}" for k, v in s.permissions.train.lock.items()) or "none"
+        return "\n".join([
+            f"Research run '{s.name}' ({s.track} track, {s.world} world).",
+            self.world.describe(),
+            f"Budget ${s.budget_usd:g}; time limit {s.time_limit_h:g} h; at most {s.max_steps} tool calls.",
+            f"Tools: {', '.join(s.tools())}.",
+            f"Teachers: {', '.join(s.permissions.teachers)}. Locked training fields: {locks}.",
+            f"Harness {self.harness.initial}: files {', '.join(sorted(self.harness.files()))} "
+            f"(read harness:latest/<file>).",
+            "Reward: the normalized gain of what you submit on the held-out official split.",
+        ])
+
+    # ------------------------------------------------------------------ one step
+
+    def execute(self, action: Any) -> Outcome:
+        """Run one call. Bad input comes back as an error outcome, costs nothing and is audited."""
+        if self.end_info is not None:
+            return Outcome("ERROR episode_over: the episode has ended; call reset()",
+                           {"ok": False, "error": "episode_over", "budget_left_usd": self.budget_left}, terminated=True)
+        self.steps += 1
+        tool: Tool | None = None
+        spent_before = self.platform.balance(self.key).spent_usd
+        try:
+            tool = parse_action(action)
+            tool = self.platform.authorize(self.key, tool)
+            text, result = getattr(self, "_" + tool.name)(tool)
+            if not tool.paid:
+                self.platform.record(self.key, tool)
+            info: dict[str, Any] = {"tool": tool.name, "ok": True, "result": result}
+        except ActionError as err:
+            if not isinstance(err, InsufficientBudget):  # the ledger audits its own refusals
+                self.platform.refuse(self.key, tool if tool is not None else action, err)
+            text = f"ERROR {err.code}: {err.message}"
+            info = {"tool": tool_label(tool if tool is not None else action), "ok": False,
+                    "error": err.code, "message": err.message}
+        except Exception as exc:  # a service failed: nothing stays reserved (charge/open release on error)
+            err = ActionError("service_error", f"{type(exc).__name__}: {exc}")
+            self.platform.refuse(self.key, tool if tool is not None else action, err)
+            text = f"ERROR service_error: {err.message}"
+            info = {"tool": tool_label(tool if tool is not None else action), "ok": False,
+                    "error": "service_error", "message": err.message}
+        events = self._collect()
+        if events:
+            info["events"] = events
+            text += "\n" + "\n".join(e["text"] for e in events)
+        outcome = Outcome(text, info)
+        if self.end_info is None:
+            self._check_limits()
+        if self.end_info is not None:
+            outcome.terminated = self.end_info["submitted"]["by"] == "agent"
+            outcome.truncated = not outcome.terminated
+            outcome.reward = self.end_info["normalized_gain"]
+            info.update(self.end_info)
+            if outcome.truncated:
+                outcome.log += f"\nEpisode over ({self.end_info['end_reason']}): {self.end_summary()}"
+        info["cost_usd"] = round(self.platform.balance(self.key).spent_usd - spent_before, 9)
+        info["budget_left_usd"] = self.budget_left
+        return outcome
+
+    # ------------------------------------------------------------------ tools
+
+    def _generate_data(self, tool: GenerateData) -> tuple[str, dict[str, Any]]:
+        quote = self.world.rollout.quote_generate(tool)
+        with self.platform.charge(self.key, tool, quote.usd) as bill:
+            billed = self.world.rollout.generate(tool, self._next("ds"))
+            bill.settle(billed.cost_usd)
+        return self._new_dataset(billed)
+
+    def _transform_data(self, tool: TransformData) -> tuple[str, dict[str, Any]]:
+        for ds in tool.datasets:
+            self._dataset(ds)
+        quote = self.world.rollout.quote_transform(tool)
+        with self.platform.charge(self.key, tool, quote.usd) as bill:
+            billed = self.world.rollout.transform(tool, self._next("ds"))
+            bill.settle(billed.cost_usd)
+        return self._new_dataset(billed)
+
+    def _new_dataset(self, billed: Billed[DatasetInfo]) -> tuple[str, dict[str, Any]]:
+        self.world.clock.spend(billed.seconds)
+        ds = billed.value
+        self.datasets[ds.id] = ds
+        stats = ", ".join(f"{k} {v:.3g}" for k, v in ds.stats.items())
+        return (f"{ds.id}: {ds.n_examples} examples, {ds.tokens:,} tokens ({ds.origin}); {stats}; "
+                f"cost ${billed.cost_usd:.2f}", ds.model_dump())
+
+    def _train(self, tool: Train) -> tuple[str, dict[str, Any]]:
+        self._dataset(tool.dataset)
+        self._checkpoint(tool.base)
+        quote = self.world.train.quote(tool)
+        job_id, ckpt = self._next("job"), self._next("ckpt")
+        job = self._start(tool, quote.usd, lambda: self.world.train.start(tool, job_id, ckpt), ckpt)
+        return (f"train started as {job.id}: {tool.dataset} from {tool.base}, lr {tool.learning_rate:g}, "
+                f"{tool.num_epochs} epoch(s), rank {tool.lora_rank} -> {ckpt} when done "
+                f"(reserved ${quote.usd:.2f}, ~{quote.seconds / 60:.0f} min)",
+                {"job": job.id, "checkpoint": ckpt, "quote_usd": quote.usd, "eta_s": quote.seconds})
+
+    def _evaluate(self, tool: Evaluate) -> tuple[str, dict[str, Any]]:
+        request = self._eval_request(tool.checkpoint, tool.harness, "dev", tool.k, tool.n_tasks)
+        quote = self.world.evaluation.quote(request)
+        job_id = self._next("job")
+        job = self._start(tool, quote.usd, lambda: self.world.evaluation.start(request, job_id), "")
+        scope = f"first {tool.n_tasks} dev tasks" if tool.n_tasks else "all dev tasks"
+        return (f"evaluate started as {job.id}: {request.checkpoint} + {request.harness_version} on {scope}, "
+                f"avg@{tool.k} (reserved ${quote.usd:.2f}, ~{quote.seconds / 60:.0f} min)",
+                {"job": job.id, "quote_usd": quote.usd, "eta_s": quote.seconds})
+
+    def _start(self, tool: Tool, quote_usd: float, start: Any, target: str) -> Job:
+        bill = self.platform.open(self.key, tool, quote_usd)
+        try:
+            job = start()
+        except BaseException:
+            self.platform.release(bill, "start_failed")
+            raise
+        self.running[job.id] = RunningJob(job, bill, tool, target)
+        return job
+
+    def _infer(self, tool: Infer) -> tuple[str, dict[str, Any]]:
+        self._checkpoint(tool.model)
+        quote = self.world.inference.quote(tool)
+        with self.platform.charge(self.key, tool, quote.usd) as bill:
+            billed = self.world.inference.complete(tool)
+            bill.settle(billed.cost_usd)
+        self.world.clock.spend(billed.seconds)
+        c = billed.value
+        return (f"{tool.model} ({c.prompt_tokens}+{c.completion_tokens} tokens, {c.finish_reason}, "
+                f"${billed.cost_usd:.4f}):\n{c.text}", c.model_dump())
+
+    def _sandbox_exec(self, tool: SandboxExec) -> tuple[str, dict[str, Any]]:
+        quote = self.world.sandbox.quote(tool)
+        with self.platform.charge(self.key, tool, quote.usd) as bill:
+            billed = self.world.sandbox.exec(tool)
+            bill.settle(billed.cost_usd)
+        self.world.clock.spend(billed.seconds)
+        r = billed.value
+        return (f"exit {r.exit_code} after {r.duration_s:.1f} s (${billed.cost_usd:.4f})\n"
+                f"--- stdout\n{r.stdout}" + (f"\n--- stderr\n{r.stderr}" if r.stderr else ""), r.model_dump())
+
+    def _edit_harness(self, tool: EditHarness) -> tuple[str, dict[str, Any]]:
+        before = self.harness.resolve(tool.base_version)
+        version = self.harness.edit(tool.path, content=tool.content, old=tool.old, new=tool.new,
+                                    base_version=tool.base_version)
+        same = " (unchanged content)" if version == before else ""
+        return f"harness {version}{same}: edited {tool.path} of {before}; it is now the latest version", {
+            "version": version, "base_version": before, "path": tool.path}
+
+    def _read(self, tool: Read) -> tuple[str, dict[str, Any]]:
+        ref, _, offset_text = tool.ref.partition("@")
+        try:
+            offset = int(offset_text or 0)
+        except ValueError:
+            raise ActionError("invalid_args", f"read: offset after '@' must be an integer, got {offset_text!r}") from None
+        body = self._render_ref(ref.strip())
+        return body[offset:], {"ref": tool.ref, "chars": len(body), "offset": offset}
+
+    def _wait(self, tool: Wait) -> tuple[str, dict[str, Any]]:
+        if tool.job is not None:
+            if tool.job not in self.running:
+                done = " (it has already finished)" if tool.job in self.job_results else ""
+                raise ActionError("unknown_ref", f"wait: no running job {tool.job!r}{done}; running: "
+                                                 f"{', '.join(self.running) or 'none'}")
+            jobs = [self.running[tool.job].job]
+        else:
+            if not self.running:
+                raise ActionError("no_running_jobs", "wait: no job is running")
+            jobs = [r.job for r in self.running.values()]
+        finished = self.world.clock.wait(jobs, self.time_limit_s)
+        if finished is None:
+            return "the time limit came before the job finished", {"finished": None}
+        return f"waited until {self.world.clock.now() / 3600:.2f} h", {"finished": finished.id}
+
+    def _submit(self, tool: Submit) -> tuple[str, dict[str, Any]]:
+        checkpoint = self._checkpoint(tool.checkpoint)
+        version = self.harness.resolve(tool.harness)
+        self._finish(checkpoint, version, by="agent", reason="submitted")
+        return f"submitted {checkpoint} + {version}: {self.end_summary()}", {"submitted": self.end_info["submitted"]}
+
+    # ------------------------------------------------------------------ helpers
+
+    def _next(self, prefix: str) -> str:
+        self._counters[prefix] = self._counters.get(prefix, 0) + 1
+        return f"{prefix}-{self._counters[prefix]}"
+
+    def _dataset(self, ref: str) -> DatasetInfo:
+        if ref not in self.datasets:
+            raise ActionError("unknown_ref", f"no dataset {ref!r}; datasets: {', '.join(self.datasets) or 'none yet'}")
+        return self.datasets[ref]
+
+    def _checkpoint(self, ref: str) -> str:
+        if ref == "base" or ref in self.checkpoints:
+            return ref
+        pending = [j for j, r in self.running.items() if r.target == ref]
+        why = f" (it is not ready: {pending[0]} is still running)" if pending else ""
+        raise ActionError("unknown_ref", f"no checkpoint {ref!r}{why}; checkpoints: "
+                                         f"{', '.join(['base', *self.checkpoints])}")
+
+    def _eval_request(self, checkpoint: str, harness: str, split: str, k: int, n_tasks: int | None) -> EvalRequest:
+        ckpt = self._checkpoint(checkpoint)
+        version = self.harness.resolve(harness)
+        return EvalRequest(checkpoint=ckpt, harness_version=version, harness_files=self.harness.files(version),
+                           split=split, k=k, n_tasks=n_tasks)
+
+    def _collect(self) -> list[dict[str, Any]]:
+        """Settle and record every job that has finished by now."""
+        now = self.world.clock.now()
+        events = []
+        for job_id, running in list(self.running.items()):
+            if not running.job.is_done(now):
+                continue
+            del self.running[job_id]
+            try:
+                billed: Billed = running.job.future.result()
+            except Exception as exc:
+                self.platform.release(running.bill, "job_failed")
+                self.job_results[job_id] = {"error": f"{type(exc).__name__}: {exc}"}
+                events.append({"job": job_id, "kind": running.job.kind, "ok": False,
+                               "text": f"{job_id} ({running.job.kind}) FAILED: {exc}; nothing was charged"})
+                continue
+            running.bill.settle(billed.cost_usd)
+            self.job_results[job_id] = billed.value
+            events.append(self._job_event(job_id, billed))
+        return events
+
+    def _job_event(self, job_id: str, billed: Billed) -> dict[str, Any]:
+        value = billed.value
+        if isinstance(value, TrainResult):
+            self.checkpoints[value.checkpoint] = value
+            return {"job": job_id, "kind": "train", "ok": True, "checkpoint": value.checkpoint,
+                    "final_loss": value.loss_curve[-1] if value.loss_curve else None, "cost_usd": billed.cost_usd,
+                    "text": f"{job_id} (train) finished: {value.checkpoint} after {value.steps} steps, final loss "
+                            f"{value.loss_curve[-1]:.3f}, ${billed.cost_usd:.2f}"}
+        assert isinstance(value, EvalResult)
+        self._record_dev(value)
+        modes = ", ".join(f"{m} {n}" for m, n in sorted(value.failure_modes.items(), key=lambda kv: -kv[1]))
+        return {"job": job_id, "kind": "evaluate", "ok": True, "score": value.score, "checkpoint": value.checkpoint,
+                "harness": value.harness_version, "n_tasks": len(value.tasks), "k": value.k,
+                "failure_modes": dict(value.failure_modes), "cost_usd": billed.cost_usd,
+                "text": f"{job_id} (evaluate) finished: dev score {value.score:.3f} for {value.checkpoint} + "
+                        f"{value.harness_version} ({len(value.tasks)} tasks x {value.k}), ${billed.cost_usd:.2f}; "
+                        f"failed attempts by mode: {modes or 'none'} (read {job_id} for per-task results)"}
+
+    def _record_dev(self, result: EvalResult) -> None:
+        key = (result.checkpoint, result.harness_version)
+        candidate = self.candidates.setdefault(key, Candidate(*key))
+        candidate.scores.append(result.score)
+        self.last_dev = result.score
+        if key == ("base", self.harness.initial) and self.initial_dev is None:
+            self.initial_dev = result.score
+        if self.best is None or max(candidate.scores) > max(self.best.scores):
+            self.best = candidate
+
+    def _render_ref(self, ref: str) -> str:
+        if ref in self.running:
+            r = self.running[ref]
+            eta = f", ready at {r.job.ready_at / 3600:.2f} h" if r.job.ready_at is not None else ""
+            return f"{ref}: {r.job.kind} running since {r.job.started_at / 3600:.2f} h{eta}"
+        if ref in self.job_results:
+            value = self.job_results[ref]
+            if isinstance(value, EvalResult):
+                return _render_eval(ref, value)
+            return _dump(value)
+        if ref in self.datasets:
+            return _dump(self.datasets[ref])
+        if ref in self.checkpoints:
+            return _dump(self.checkpoints[ref])
+        if ref.startswith("harness:"):
+            version, _, path = ref[len("harness:"):].partition("/")
+            files = self.harness.files(version or "latest")
+            if not path:
+                return f"harness {self.harness.resolve(version or 'latest')}: " + ", ".join(sorted(files))
+            if path not in files:
+                raise ActionError("unknown_ref", f"read: no file {path!r} in the harness; files: {', '.join(sorted(files))}")
+            return files[path]
+        if ref == "jobs":
+            lines = [f"{j}: running ({r.job.kind})" for j, r in self.running.items()]
+            lines += [f"{j}: finished" for j in self.job_results]
+            return "\n".join(lines) or "no jobs yet"
+        if ref == "artifacts":
+            return _dump({
+                "datasets": list(self.datasets), "checkpoints": ["base", *self.checkpoints],
+                "harness_versions": self.harness.versions, "latest_harness": self.harness.latest,
+                "dev_scores": {f"{c}+{h}": cand.scores for (c, h), cand in self.candidates.items()},
+            })
+        if ref == "budget":
+            return _dump(self.platform.balance(self.key).__dict__)
+        if ref == "scenario":
+            return _dump(self.scenario.model_dump())
+        raise ActionError("unknown_ref", f"read: nothing called {ref!r}; try a job, dataset or checkpoint id, "
+                                         "harness:latest/<file>, jobs, artifacts, budget or scenario")
+
+    def _check_limits(self) -> None:
+        if self.steps >= self.scenario.max_steps:
+            reason = "step limit"
+        elif self.world.clock.now() >= self.time_limit_s:
+            reason = "time limit"
+        elif not self.running and self.budget_left < MIN_USD:
+            reason = "budget exhausted"
+        else:
+            return
+        self._finish("base", self.harness.initial, by="default", reason=reason)
+
+    def _finish(self, checkpoint: str, version: str, *, by: str, reason: str) -> None:
+        """Cancel running jobs, run the official evaluation, and freeze the episode's result."""
+        now = self.world.clock.now()
+        for job_id, running in list(self.running.items()):
+            job = running.job
+            if job.ready_at is not None and job.future.done() and job.ready_at > job.started_at:
+                fraction = min(1.0, max(0.0, (now - job.started_at) / (job.ready_at - job.started_at)))
+                running.bill.settle(job.future.result().cost_usd * fraction)  # pay for the part that ran
+            else:
+                self.platform.release(running.bill, "cancelled")
+            self.job_results[job_id] = {"error": "cancelled at the end of the episode"}
+            del self.running[job_id]
+        k = self.scenario.official_k
+        initial = self.world.evaluation.official(self._eval_request("base", self.harness.initial, "official", k, None))
+        if (checkpoint, version) == ("base", self.harness.initial):
+            final = initial
+        else:
+            final = self.world.evaluation.official(self._eval_request(checkpoint, version, "official", k, None))
+        balance = self.platform.balance(self.key)
+        submitted_dev = self.candidates.get((checkpoint, version))
+        gain = normalized_gain(initial.value.score, final.value.score)
+        self.end_info = {
+            "initial_score": initial.value.score,
+            "official_score": final.value.score,
+            "normalized_gain": gain,
+            "initial_dev_score": self.initial_dev,
+            "best_dev_score": self.best_dev,
+            "best_candidate": {"checkpoint": self.best.checkpoint, "harness": self.best.harness} if self.best else None,
+            "submitted_dev_score": max(submitted_dev.scores) if submitted_dev else None,
+            "submitted": {"checkpoint": checkpoint, "harness": version, "by": by},
+            "end_reason": reason,
+            "spend_usd": balance.spent_usd,
+            "budget_usd": balance.budget_usd,
+            "gain_per_usd": gain / balance.spent_usd if balance.spent_usd > 0 else 0.0,
+            "official_eval_usd": initial.cost_usd + (final.cost_usd if final is not initial else 0.0),
+            "steps": self.steps,
+            "elapsed_h": now / 3600.0,
+        }
+        self.platform.ledger.record({"key": self.key.id, "tool": "official_evaluation", "decision": "allowed", "billed": "outside budget",
+                                     "submitted": self.end_info["submitted"], "official_score": final.value.score,
+                                     "initial_score": initial.value.score, "cost_usd": self.end_info["official_eval_usd"]})
+
+    def end_summary(self) -> str:
+        e = self.end_info or {}
+        return (f"official score {e['official_score']:.4f} vs initial {e['initial_score']:.4f} -> normalized gain "
+                f"{e['normalized_gain']:+.4f}; spent ${e['spend_usd']:.2f} of ${e['budget_usd']:g}")
+
+
+def _dump(value: Any) -> str:
+    if hasattr(value, "model_dump"):
+        value = value.model_dump()
+    return json.dumps(value, indent=1, default=str)
+
+
+def _render_eval(job_id: str, result: EvalResult) -> str:
+    lines = [f"{job_id}: {result.split} score {result.score:.4f} avg@{result.k} for {result.checkpoint} + "
+             f"{result.harness_version}; {result.tokens:,} tokens, {result.sandbox_seconds:,.0f} sandbox-seconds",
+             "failure modes: " + (", ".join(f"{m}={n}" for m, n in result.failure_modes.items()) or "none"),
+             "task  rewards  failures"]
+    for t in result.tasks:
+        rewards = "".join("1" if r >= 1 else ("0" if r <= 0 else "~") for r in t.rewards)
+        lines.append(f"{t.task}  {rewards}  {'; '.join(f for f in t.failures if f)}")
+    return "\n".join(lines)
+

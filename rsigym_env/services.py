@@ -1,0 +1,218 @@
+"""One protocol per service, with pydantic request/response models. Worlds implement them.
+
+Nothing above a world knows which world it talks to: the run (platform side) asks a service for a
+worst-case :class:`Quote`, reserves that on the ledger, calls the service, and settles the
+:class:`Billed` cost it reports. ``quote`` methods validate references (unknown dataset,
+checkpoint, teacher...) by raising :class:`~rsigym_env.errors.ActionError`, so a bad call is
+refused before anything is reserved.
+
+Asynchronous work (training, evaluation) returns a :class:`Job` at once. A world owns its
+:class:`Clock`: simulated seconds in ``sim`` (a job is ready when the clock reaches ``ready_at``),
+wall time elsewhere (a job is ready when its future is done).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, Protocol, Sequence, TypeVar, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .tools import GenerateData, Infer, SandboxExec, Train, TransformData
+
+T = TypeVar("T")
+
+
+class Quote(BaseModel):
+    """What a call may cost at most (reserved before it runs) and how long it is expected to take."""
+
+    usd: float = Field(ge=0.0, description="Worst-case cost in dollars.")
+    seconds: float = Field(ge=0.0, description="Expected duration in the world's clock.")
+
+
+class Billed(BaseModel, Generic[T]):
+    """A service result with its actual cost (never above the quote) and duration."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    value: T
+    cost_usd: float = Field(ge=0.0)
+    seconds: float = Field(ge=0.0)
+
+
+class DatasetInfo(BaseModel):
+    """A dataset the researcher can train on or transform."""
+
+    id: str
+    n_examples: int
+    tokens: int = Field(description="Total tokens (prompt + completion) over all examples.")
+    origin: str = Field(description="How it was made, e.g. 'claude-opus-5 x 500 (synthetic)' or 'filter(ds-1)'.")
+    stats: dict[str, float] = Field(default_factory=dict, description="Measured properties, e.g. pass rate.")
+    preview: list[dict[str, Any]] = Field(default_factory=list, description="A few examples (chat messages).")
+
+
+class TrainResult(BaseModel):
+    """A finished training job."""
+
+    checkpoint: str
+    steps: int
+    tokens: int = Field(description="Billed training tokens.")
+    loss_curve: list[float]
+    config: dict[str, Any]
+
+
+class Completion(BaseModel):
+    """One chat completion."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: Literal["stop", "length"]
+
+
+class CommandResult(BaseModel):
+    """A finished sandbox command."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    duration_s: float
+
+
+class EvalRequest(BaseModel):
+    """Evaluate a (checkpoint, harness) on a split. The harness travels as its files."""
+
+    checkpoint: str
+    harness_version: str
+    harness_files: dict[str, str]
+    split: Literal["dev", "official"] = "dev"
+    k: int = Field(3, ge=1, le=8)
+    n_tasks: int | None = None
+
+
+class TaskResult(BaseModel):
+    """One task: the reward of each attempt and, for each failed attempt, what went wrong."""
+
+    task: str
+    rewards: list[float]
+    failures: list[str] = Field(description="Failure mode per attempt ('' where it succeeded).")
+
+
+class EvalResult(BaseModel):
+    """A finished evaluation: avg@k over tasks, per-task rewards and a histogram of failure modes."""
+
+    split: Literal["dev", "official"]
+    checkpoint: str
+    harness_version: str
+    k: int
+    score: float = Field(ge=0.0, le=1.0, description="Mean over tasks of the mean reward over k attempts.")
+    tasks: list[TaskResult]
+    failure_modes: dict[str, int] = Field(description="Failed attempts per failure mode.")
+    tokens: int
+    sandbox_seconds: float
+
+
+@dataclass
+class Job:
+    """A running asynchronous call. ``future`` resolves to a :class:`Billed` result.
+
+    ``ready_at`` is set by worlds with a simulated clock: the job counts as finished only when the
+    clock reaches it, even if the future already holds the result.
+    """
+
+    id: str
+    kind: Literal["train", "evaluate"]
+    started_at: float
+    future: Future
+    ready_at: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def is_done(self, now: float) -> bool:
+        """True once the result is available at clock time ``now``."""
+        if self.ready_at is not None and now < self.ready_at:
+            return False
+        return self.future.done()
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """A world's notion of time, in seconds since the run began."""
+
+    def now(self) -> float: ...
+
+    def spend(self, seconds: float) -> None:
+        """A synchronous call took ``seconds`` (a simulated clock advances; a wall clock already has)."""
+
+    def wait(self, jobs: Sequence[Job], deadline: float) -> Job | None:
+        """Block until the first of ``jobs`` is done and return it; ``None`` if ``deadline`` comes first."""
+
+
+@runtime_checkable
+class RolloutService(Protocol):
+    """Teacher rollouts and dataset transforms."""
+
+    def quote_generate(self, call: GenerateData) -> Quote: ...
+    def generate(self, call: GenerateData, dataset_id: str) -> Billed[DatasetInfo]: ...
+    def quote_transform(self, call: TransformData) -> Quote: ...
+    def transform(self, call: TransformData, dataset_id: str) -> Billed[DatasetInfo]: ...
+
+
+@runtime_checkable
+class TrainService(Protocol):
+    """LoRA fine-tuning. ``start`` returns a job whose future is ``Billed[TrainResult]``."""
+
+    def quote(self, call: Train) -> Quote: ...
+    def start(self, call: Train, job_id: str, checkpoint_id: str) -> Job: ...
+
+
+@runtime_checkable
+class InferenceService(Protocol):
+    """Chat completions from the base model or a checkpoint."""
+
+    def quote(self, call: Infer) -> Quote: ...
+    def complete(self, call: Infer) -> Billed[Completion]: ...
+
+
+@runtime_checkable
+class SandboxService(Protocol):
+    """Commands in the run's isolated sandbox."""
+
+    def quote(self, call: SandboxExec) -> Quote: ...
+    def exec(self, call: SandboxExec) -> Billed[CommandResult]: ...
+
+
+@runtime_checkable
+class EvalService(Protocol):
+    """Benchmark evaluation. Dev evaluations are jobs; the official one is run by the platform only."""
+
+    def quote(self, req: EvalRequest) -> Quote: ...
+    def start(self, req: EvalRequest, job_id: str) -> Job: ...
+    def official(self, req: EvalRequest) -> Billed[EvalResult]: ...
+
+
+@runtime_checkable
+class World(Protocol):
+    """Five services, a clock, a price list and the initial system (base model + harness files)."""
+
+    name: str
+    clock: Clock
+    rollout: RolloutService
+    train: TrainService
+    inference: InferenceService
+    sandbox: SandboxService
+    evaluation: EvalService
+
+    def initial_harness(self) -> dict[str, str]:
+        """The minimal harness's files (path → text) that a run starts from."""
+
+    def describe(self) -> str:
+        """A short text for the researcher: the benchmark, its domain, what the world models."""
+
+    def close(self) -> None: ...
+
+
+def resolved(value: Any) -> Future:
+    """A future that already holds ``value`` (for worlds that compute a job's result up front)."""
+    fut: Future = Future()
+    fut.set_result(value)
+    return fut

@@ -1,0 +1,400 @@
+"""The researcher's tools: one pydantic model per tool, the single source of truth.
+
+From each model come argument validation (:func:`parse_action`), the LLM function-calling JSON
+schema (:func:`tool_schemas`) and the Gymnasium subspace (:func:`action_space`).
+
+An action can be given in any of these forms; all end up as a validated tool object:
+
+>>> parse_action(Evaluate(checkpoint="base", k=1))
+Evaluate(checkpoint='base', harness='latest', k=1, n_tasks=None)
+>>> parse_action({"tool": "wait", "args": {}})
+Wait(job=None)
+>>> parse_action('{"tool": "submit", "args": {"checkpoint": "ckpt-1"}}')
+Submit(checkpoint='ckpt-1', harness='latest')
+>>> parse_action({"tool": "fly"})
+Traceback (most recent call last):
+...
+rsigym_env.errors.ActionError: unknown tool 'fly'; tools are: generate_data, transform_data, train, infer, edit_harness, sandbox_exec, evaluate, read, wait, submit
+"""
+
+from __future__ import annotations
+
+import json
+import string
+import types
+import typing
+from typing import Any, ClassVar, Literal, Union
+
+import numpy as np
+from gymnasium import spaces
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ActionError
+
+TEXT_MAX = 512  # longest free-text argument a sampled action carries (LLM callers may send more)
+CHARSET = string.printable
+
+
+class Tool(BaseModel):
+    """Base of every tool. ``name`` is the tool's wire name; ``paid`` says whether it bills."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: ClassVar[str]
+    paid: ClassVar[bool] = False
+
+
+class GenerateData(Tool):
+    """Ask a teacher model (the rollout service) for training examples on this run's benchmark domain.
+
+    Prompts come from synthetic tasks of the domain, or from the dev split (``source="dev"``: closer to
+    the benchmark, but a model trained on them may look better on dev than it is). Returns a dataset id.
+    Cost: prompt and completion tokens at the teacher's price; the worst case assumes every example
+    uses ``max_tokens_per_example``.
+    """
+
+    name = "generate_data"
+    paid = True
+    teacher: str = Field(description="Teacher model id; the scenario lists the allowed ones.", max_length=64)
+    n_examples: int = Field(ge=1, le=20_000, description="How many examples to generate.")
+    source: Literal["synthetic", "dev"] = Field("synthetic", description="Where the prompts come from.")
+    max_tokens_per_example: int = Field(8192, ge=256, le=32_768, description="Completion cap per example.")
+
+
+class TransformData(Tool):
+    """Filter, deduplicate or mix datasets by running code in the sandbox. Returns a new dataset id.
+
+    ``filter`` keeps the examples whose answer passes the domain's checker; ``dedupe`` drops
+    near-duplicates; ``mix`` concatenates; ``script`` runs ``script`` as a shell command over
+    ``/data/in_*.jsonl`` writing ``/data/out.jsonl`` (worlds that cannot run code refuse it).
+    Cost: sandbox seconds.
+    """
+
+    name = "transform_data"
+    paid = True
+    operation: Literal["filter", "dedupe", "mix", "script"] = Field(description="What to do.")
+    datasets: list[str] = Field(min_length=1, max_length=8, description="Input dataset ids.")
+    script: str | None = Field(None, max_length=20_000, description="Shell command for operation='script'.")
+
+
+class Train(Tool):
+    """Start a LoRA fine-tune on a dataset (the training service). Returns a job id at once.
+
+    The finished job yields a checkpoint id and its loss curve. Starting from ``base`` or from an
+    earlier checkpoint. Field names follow Tinker; a scenario may lock or restrict them.
+    Cost: trained tokens (examples × tokens × epochs) at the model's training price.
+    """
+
+    name = "train"
+    paid = True
+    dataset: str = Field(description="Dataset id to train on.", max_length=64)
+    base: str = Field("base", description="'base' or a checkpoint id to continue from.", max_length=64)
+    learning_rate: float = Field(3e-4, gt=0.0, le=1e-2, description="Adam learning rate.")
+    num_epochs: int = Field(1, ge=1, le=10, description="Passes over the dataset.")
+    lora_rank: int = Field(16, ge=1, le=256, description="LoRA rank.")
+    batch_size: int = Field(16, ge=1, le=512, description="Examples per optimizer step.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field("linear", description="Learning-rate schedule.")
+
+
+class Infer(Tool):
+    """Chat completion from the base model or a checkpoint (the inference service), to probe it.
+
+    Cost: prompt and completion tokens at the model's sampling price.
+    """
+
+    name = "infer"
+    paid = True
+    model: str = Field("base", description="'base' or a checkpoint id.", max_length=64)
+    prompt: str = Field(description="The user message.", max_length=50_000)
+    max_tokens: int = Field(1024, ge=1, le=32_768, description="Completion cap.")
+
+
+class EditHarness(Tool):
+    """Write or patch one file of the harness; returns the new harness version id. Free.
+
+    Give ``content`` to replace the whole file, or ``old`` and ``new`` to replace exactly one
+    occurrence of ``old``. Edits apply to ``base_version`` (default: the latest version).
+    """
+
+    name = "edit_harness"
+    path: str = Field(description="File path inside the harness, e.g. 'harness.toml'.", max_length=256)
+    content: str | None = Field(None, max_length=200_000, description="New full content of the file.")
+    old: str | None = Field(None, max_length=50_000, description="Exact text to replace (once).")
+    new: str | None = Field(None, max_length=50_000, description="Replacement for `old`.")
+    base_version: str = Field("latest", description="Harness version to edit.", max_length=64)
+
+
+class SandboxExec(Tool):
+    """Run a shell command in the run's isolated sandbox (the sandbox service).
+
+    Cost: sandbox seconds at the vCPU and memory rates; the worst case is ``timeout_s``.
+    """
+
+    name = "sandbox_exec"
+    paid = True
+    command: str = Field(description="Shell command.", max_length=20_000)
+    timeout_s: int = Field(60, ge=1, le=3600, description="Wall-clock limit in seconds.")
+
+
+class Evaluate(Tool):
+    """Score a (checkpoint, harness version) on the dev split, avg@k (the benchmark service).
+
+    Returns a job id at once; the finished job has the mean score, per-task rewards and traces.
+    ``n_tasks`` evaluates only the first n dev tasks (cheaper, noisier).
+    Cost: the policy model's tokens plus sandbox seconds for every attempt.
+    """
+
+    name = "evaluate"
+    paid = True
+    checkpoint: str = Field("base", description="'base' or a checkpoint id.", max_length=64)
+    harness: str = Field("latest", description="Harness version id, or 'latest'.", max_length=64)
+    k: int = Field(3, ge=1, le=8, description="Attempts per task (avg@k).")
+    n_tasks: int | None = Field(None, ge=1, le=1000, description="Evaluate only the first n dev tasks.")
+
+
+class Read(Tool):
+    """Read an artifact: a job's result or log, a dataset sample, a harness file, the budget. Free.
+
+    Refs: ``job-3`` (a job), ``ds-2`` (a dataset), ``ckpt-1`` (a checkpoint),
+    ``harness:latest/harness.toml`` or ``harness:<version>/<path>`` (a harness file),
+    ``harness:latest`` (its file list), ``jobs``, ``artifacts``, ``budget``, ``scenario``.
+    """
+
+    name = "read"
+    ref: str = Field(description="What to read.", max_length=512)
+
+
+class Wait(Tool):
+    """Let time pass until a job finishes (``job``) or until any running job finishes. Free."""
+
+    name = "wait"
+    job: str | None = Field(None, description="Job id; omit to wait for the first job to end.", max_length=64)
+
+
+class Submit(Tool):
+    """Submit a (checkpoint, harness version) for the official held-out evaluation; ends the episode.
+
+    The official evaluation is billed outside the run's budget, as in RSIGym.
+    """
+
+    name = "submit"
+    checkpoint: str = Field("base", description="'base' or a checkpoint id.", max_length=64)
+    harness: str = Field("latest", description="Harness version id, or 'latest'.", max_length=64)
+
+
+TOOLS: tuple[type[Tool], ...] = (
+    GenerateData, TransformData, Train, Infer, EditHarness, SandboxExec, Evaluate, Read, Wait, Submit,
+)
+TOOL_NAMES: tuple[str, ...] = tuple(t.name for t in TOOLS)
+TOOLS_BY_NAME: dict[str, type[Tool]] = {t.name: t for t in TOOLS}
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing: object, dict, JSON text or a sample of the Gymnasium action space -> Tool
+
+
+def parse_action(action: Any) -> Tool:
+    """Turn any accepted action form into a validated :class:`Tool`, or raise :class:`ActionError`.
+
+    Accepted: a ``Tool`` instance; ``{"tool": name, "args": {...}}``; the same as JSON text; and a
+    sample of :func:`action_space` (``(index, {field: value})``).
+    """
+    if isinstance(action, Tool):
+        return action
+    if isinstance(action, (str, bytes)):
+        try:
+            action = json.loads(action)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ActionError("malformed_action", f"action text is not valid JSON: {exc}") from None
+    if isinstance(action, tuple) and len(action) == 2 and isinstance(action[0], (int, np.integer)):
+        return from_space_sample(action)
+    if not isinstance(action, dict):
+        raise ActionError(
+            "malformed_action",
+            f'an action is a tool object, {{"tool": name, "args": {{...}}}} or its JSON; got {type(action).__name__}',
+        )
+    extra = set(action) - {"tool", "args"}
+    if "tool" not in action or extra:
+        raise ActionError(
+            "malformed_action",
+            'an action dict has exactly the keys "tool" and optionally "args"'
+            + (f"; unexpected: {', '.join(sorted(map(str, extra)))}" if extra else "; \"tool\" is missing"),
+        )
+    name, args = action["tool"], action.get("args")
+    args = {} if args is None else args
+    if not isinstance(name, str) or name not in TOOLS_BY_NAME:
+        raise ActionError("unknown_tool", f"unknown tool {name!r}; tools are: {', '.join(TOOL_NAMES)}")
+    if not isinstance(args, dict):
+        raise ActionError("malformed_action", f'"args" must be an object, got {type(args).__name__}')
+    return build_tool(TOOLS_BY_NAME[name], args)
+
+
+def build_tool(cls: type[Tool], args: dict[str, Any]) -> Tool:
+    """Validate ``args`` against ``cls``; a failure names every bad field."""
+    try:
+        return cls.model_validate(args)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or '(args)'}: {e['msg']}" for e in exc.errors(include_url=False)
+        )
+        raise ActionError("invalid_args", f"{cls.name}: {problems}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# LLM function-calling schemas
+
+
+def tool_schema(cls: type[Tool]) -> dict[str, Any]:
+    """OpenAI function-calling schema of one tool (``{"type": "function", "function": {...}}``)."""
+    params = cls.model_json_schema()
+    params.pop("title", None)
+    params.pop("description", None)
+    for prop in params.get("properties", {}).values():
+        prop.pop("title", None)
+    doc = " ".join((cls.__doc__ or "").split())
+    return {"type": "function", "function": {"name": cls.name, "description": doc, "parameters": params}}
+
+
+def tool_schemas(names: typing.Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """Schemas of all tools (or of ``names``), ready for ``tools=`` of a chat completion.
+
+    >>> [s["function"]["name"] for s in tool_schemas(["wait", "submit"])]
+    ['wait', 'submit']
+    """
+    wanted = TOOL_NAMES if names is None else tuple(names)
+    return [tool_schema(TOOLS_BY_NAME[n]) for n in wanted]
+
+
+# --------------------------------------------------------------------------------------------
+# Gymnasium spaces derived from the same models
+
+
+def _strip_optional(annotation: Any) -> Any:
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+def _bounds(field: Any) -> tuple[float | None, float | None]:
+    low = high = None
+    for meta in field.metadata:
+        low = getattr(meta, "ge", None) if getattr(meta, "ge", None) is not None else low
+        low = getattr(meta, "gt", None) if getattr(meta, "gt", None) is not None else low
+        high = getattr(meta, "le", None) if getattr(meta, "le", None) is not None else high
+        high = getattr(meta, "lt", None) if getattr(meta, "lt", None) is not None else high
+    return low, high
+
+
+def _max_length(field: Any) -> int:
+    for meta in field.metadata:
+        if getattr(meta, "max_length", None) is not None:
+            return min(int(meta.max_length), TEXT_MAX)
+    return TEXT_MAX
+
+
+def _is_optional(field: Any) -> bool:
+    return _strip_optional(field.annotation) is not field.annotation
+
+
+def field_space(field: Any) -> spaces.Space:
+    """The Gymnasium space of one pydantic field (Literal → Discrete, int/float → Box, str → Text).
+
+    An optional number gets one extra value below its range that stands for ``None``; an optional
+    string uses ``""`` for ``None``.
+    """
+    ann = _strip_optional(field.annotation)
+    origin = typing.get_origin(ann)
+    if origin is Literal:
+        return spaces.Discrete(len(typing.get_args(ann)))
+    if ann is bool:
+        return spaces.Discrete(2)
+    if ann in (int, float):
+        low, high = _bounds(field)
+        dtype = np.int64 if ann is int else np.float64
+        low = 0 if low is None else low
+        low = low - 1 if _is_optional(field) else low
+        high = (2**31 - 1 if ann is int else 1e9) if high is None else high
+        return spaces.Box(low=low, high=high, shape=(), dtype=dtype)
+    if ann is str:
+        return spaces.Text(max_length=_max_length(field), min_length=0, charset=CHARSET)
+    if origin is list and typing.get_args(ann) == (str,):  # fixed slots; "" marks an empty slot
+        slots = next((m.max_length for m in field.metadata if getattr(m, "max_length", None)), 8)
+        return spaces.Tuple([spaces.Text(max_length=64, min_length=0, charset=CHARSET)] * slots)
+    raise TypeError(f"no Gymnasium space for field type {ann!r}")
+
+
+def tool_space(cls: type[Tool]) -> spaces.Dict:
+    """The ``Dict`` subspace of one tool, one entry per argument."""
+    return spaces.Dict({name: field_space(f) for name, f in cls.model_fields.items()})
+
+
+def action_space(seed: int | None = None) -> spaces.OneOf:
+    """``OneOf`` over every tool's subspace; element ``i`` is ``TOOLS[i]``."""
+    return spaces.OneOf([tool_space(t) for t in TOOLS], seed=seed)
+
+
+def _to_python(field: Any, value: Any) -> Any:
+    ann = _strip_optional(field.annotation)
+    if _is_optional(field):
+        if isinstance(value, str) and value == "":
+            return None
+        if ann in (int, float) and np.ndim(value) == 0:
+            low = _bounds(field)[0]
+            if low is not None and float(value) < low:
+                return None
+    if typing.get_origin(ann) is Literal:
+        choices = typing.get_args(ann)
+        index = int(value)
+        if not 0 <= index < len(choices):
+            raise ActionError("invalid_args", f"choice index {index} out of range")
+        return choices[index]
+    if isinstance(value, np.ndarray):
+        value = value.item()
+    if isinstance(value, np.generic):
+        value = value.item()
+    if ann is bool:
+        return bool(value)
+    if isinstance(value, tuple):
+        return [v for v in value if v != ""]
+    return value
+
+
+def from_space_sample(sample: tuple[int, Any]) -> Tool:
+    """Turn an element of :func:`action_space` into a tool (validated like any other action)."""
+    index, values = sample
+    if not 0 <= int(index) < len(TOOLS):
+        raise ActionError("unknown_tool", f"tool index {index} out of range 0..{len(TOOLS) - 1}")
+    cls = TOOLS[int(index)]
+    if not isinstance(values, dict):
+        raise ActionError("malformed_action", "a space sample is (tool index, {field: value})")
+    fields = cls.model_fields
+    unknown = set(values) - set(fields)
+    if unknown:
+        raise ActionError("invalid_args", f"{cls.name}: unknown fields {sorted(unknown)}")
+    args = {k: _to_python(fields[k], v) for k, v in values.items()}
+    return build_tool(cls, args)
+
+
+def to_space_sample(tool: Tool) -> tuple[int, dict[str, Any]]:
+    """Inverse of :func:`from_space_sample`: a tool as an element of :func:`action_space`.
+
+    >>> from_space_sample(to_space_sample(Evaluate(k=2)))
+    Evaluate(checkpoint='base', harness='latest', k=2, n_tasks=None)
+    """
+    index = TOOL_NAMES.index(tool.name)
+    space = tool_space(type(tool))
+    out: dict[str, Any] = {}
+    for name, field in type(tool).model_fields.items():
+        value = getattr(tool, name)
+        sub = space[name]
+        ann = _strip_optional(field.annotation)
+        if typing.get_origin(ann) is Literal:
+            out[name] = np.int64(typing.get_args(ann).index(value))
+        elif isinstance(sub, spaces.Box):
+            out[name] = np.asarray(sub.low if value is None else value, dtype=sub.dtype)  # low = None
+        elif isinstance(sub, spaces.Tuple):
+            out[name] = tuple(list(value or ()) + [""] * (len(sub) - len(value or ())))
+        else:
+            out[name] = "" if value is None else value
+    return index, out

@@ -1,0 +1,44 @@
+"""Worlds by name. A world is five services, a clock and an initial system (see ``services.World``).
+
+Add a world by writing a factory ``(scenario, seed, run_dir) -> World`` and registering it:
+
+>>> sorted(WORLDS)
+['sim']
+>>> world = make_world(load_scenario(benchmark="aime"), seed=0)
+>>> world.name, "harness.toml" in world.initial_harness()
+('sim', True)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from ..scenario import Scenario, load_scenario  # noqa: F401  (load_scenario: doctest)
+from ..services import World
+
+WorldFactory = Callable[[Scenario, int, "Path | None"], World]
+
+
+def _sim(scenario: Scenario, seed: int, run_dir: Path | None) -> World:
+    from .sim import SimWorld
+
+    sandbox = scenario.permissions.sandbox
+    return SimWorld(
+        scenario.benchmark, seed, vcpus=sandbox.vcpus, memory_gib=sandbox.memory_gib, options=scenario.world_options
+    )
+
+
+WORLDS: dict[str, WorldFactory] = {"sim": _sim}
+
+
+def register_world(name: str, factory: WorldFactory) -> None:
+    """Make ``world=name`` available to scenarios and ``gymnasium.make``."""
+    WORLDS[name] = factory
+
+
+def make_world(scenario: Scenario, seed: int, run_dir: Path | None = None) -> World:
+    """Build the scenario's world for one episode."""
+    if scenario.world not in WORLDS:
+        raise ValueError(f"unknown world {scenario.world!r}; worlds: {', '.join(sorted(WORLDS))}")
+    return WORLDS[scenario.world](scenario, seed, run_dir)

@@ -1,0 +1,577 @@
+"""``SimWorld``: the five services over the latent model of :mod:`.model`, on a simulated clock.
+
+Every call is pure NumPy and microseconds long. Results of jobs are computed when they start and
+become visible when the clock reaches ``ready_at``. All randomness comes from generators seeded by
+``(seed, benchmark)``: the same calls on the same seed give the same results.
+
+>>> from rsigym_env.services import EvalRequest
+>>> world = SimWorld("aime", seed=0)
+>>> round(world.expected_score("base", world.initial_harness(), "official"), 4)
+0.3167
+>>> result = world.evaluation.official(EvalRequest(checkpoint="base", harness_version="v0",
+...                                                harness_files=world.initial_harness(), split="official"))
+>>> result.value.k, len(result.value.tasks)
+(3, 60)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+import zlib
+from typing import Any
+
+import numpy as np
+
+from rsigym_env.errors import ActionError
+from rsigym_env.prices import DEFAULT_PRICES, PriceList
+from rsigym_env.services import (
+    Billed,
+    CommandResult,
+    Completion,
+    DatasetInfo,
+    EvalRequest,
+    EvalResult,
+    Job,
+    Quote,
+    TaskResult,
+    TrainResult,
+    resolved,
+)
+from rsigym_env.tools import GenerateData, Infer, SandboxExec, Train, TransformData
+
+from .benchmarks import BENCHMARKS
+from .clock import SimClock
+from .model import (
+    ATTEMPT_DRAWS,
+    FAILURE_MODES,
+    FEASIBLE_MODEL_ALONE,
+    HARNESS_ERROR,
+    Dataset,
+    Harness,
+    HarnessError,
+    ModelState,
+    TaskSet,
+    TrainSettings,
+    attempt_cost,
+    calibrate_skill,
+    dedupe_dataset,
+    defect_pass,
+    draw_robustness,
+    draw_tasks,
+    filter_dataset,
+    generate_dataset,
+    loss_curve,
+    mix_datasets,
+    parse_harness,
+    sigmoid,
+    simulate_attempts,
+    success_prob,
+    train_model,
+)
+
+MINIMAL_HARNESS_TOML = """\
+# Minimal harness. Every option below is one the paper's researchers changed.
+[generation]
+max_output_tokens = 4096    # replies longer than this are cut off
+on_truncation = "stop"      # "stop": give up on a cut-off reply | "continue": ask the model to continue
+[completion]
+verify_before_submit = false  # run the task's own checks before declaring the task done
+[shell]
+persistent = false          # keep working directory and environment between commands
+[loop]
+detect = false              # notice repeated identical actions and change course
+[edits]
+check = false               # re-read and syntax-check a file after editing it
+"""
+
+PROMPT_MD = """\
+You are an agent solving a {title} task. Read the task, work step by step, and finish with your answer.
+"""
+
+DEFAULT_OPTIONS: dict[str, float] = {
+    "eval_concurrency": 16,  # attempts running at once in an evaluation
+    "generate_concurrency": 64,  # teacher requests at once
+    "transform_concurrency": 16,  # sandboxes checking examples at once (filter)
+    "train_tokens_per_second": 8000.0,
+    "train_overhead_s": 120.0,
+}
+MAX_ATTEMPTS = 8  # EvalRequest.k's upper bound: columns of the official draw matrix
+HARNESS_ERROR_SANDBOX_S = 10.0  # an attempt that dies while loading the harness
+TRANSFORM_STARTUP_S = 10.0
+TRANSFORM_SECONDS_PER_EXAMPLE = {"dedupe": 0.01, "mix": 0.002}  # filter: the domain's check_seconds
+INFER_TOKENS_PER_SECOND = 80.0
+INFER_LATENCY_S = 0.5
+STREAMS = ("tasks", "official", "robustness", "data", "train", "eval", "infer")
+TASK_PROMPT = re.compile(r"task:dev/(\d+)")
+SANDBOX_NOT_MODELLED = "sim sandbox: command not modelled; the sim world runs no code (use world='local')\n"
+
+
+class SimWorld:
+    """A seeded surrogate of one RSIGym research run: benchmark, target system and five services.
+
+    Args:
+        benchmark: a key of ``BENCHMARKS``.
+        seed: non-negative world seed (tasks, official draws, training tolerance, all sampling).
+        prices: the price list calls are billed at.
+        vcpus, memory_gib: sandbox size (sandbox seconds are billed at these).
+        options: overrides of ``DEFAULT_OPTIONS`` (concurrency and training throughput).
+    """
+
+    name = "sim"
+
+    def __init__(
+        self,
+        benchmark: str,
+        seed: int,
+        *,
+        prices: PriceList = DEFAULT_PRICES,
+        vcpus: float = 2,
+        memory_gib: float = 2.0,
+        options: dict | None = None,
+    ):
+        if benchmark not in BENCHMARKS:
+            raise ValueError(f"unknown benchmark {benchmark!r}; benchmarks are {', '.join(BENCHMARKS)}")
+        unknown = set(options or {}) - set(DEFAULT_OPTIONS)
+        if unknown:
+            raise ValueError(f"unknown sim options {sorted(unknown)}; options are {', '.join(DEFAULT_OPTIONS)}")
+        self.benchmark = BENCHMARKS[benchmark]
+        self.domain = self.benchmark.domain
+        self.seed = seed
+        self.prices = prices
+        self.vcpus = vcpus
+        self.memory_gib = memory_gib
+        self.options = {**DEFAULT_OPTIONS, **(options or {})}
+        self.clock = SimClock()
+        key = zlib.crc32(benchmark.encode())
+        self._rng = {name: np.random.default_rng([seed, key, i]) for i, name in enumerate(STREAMS)}
+        self.severity = np.asarray(self.domain.severity)
+
+        n, target = self.benchmark.n_tasks, self.benchmark.initial_score
+        minimal = Harness()
+        while True:  # redraw the (rare) official sets whose defects alone forbid the paper's score
+            self.official_tasks = draw_tasks(self._rng["tasks"], self.domain, n)
+            ceiling = defect_pass(self.official_tasks, minimal, self.severity)
+            if FEASIBLE_MODEL_ALONE * ceiling.mean() > target:
+                break
+        self.dev_tasks = draw_tasks(self._rng["tasks"], self.domain, n)
+        self.base_skill = calibrate_skill(self.official_tasks.difficulty, ceiling, target)
+        self.official_draws = self._rng["official"].random((n, MAX_ATTEMPTS, ATTEMPT_DRAWS))
+        self.robustness = draw_robustness(self._rng["robustness"])
+        self._teacher_skill: dict[str, float] = {}
+        self.datasets: dict[str, Dataset] = {}
+        self._checkpoints: dict[str, tuple[ModelState, float]] = {"base": (ModelState(self.base_skill), 0.0)}
+
+        self.rollout = SimRollout(self)
+        self.train = SimTrain(self)
+        self.inference = SimInference(self)
+        self.sandbox = SimSandbox(self)
+        self.evaluation = SimEvaluation(self)
+
+    # ---- the initial system and a description -------------------------------------------------
+
+    def initial_harness(self) -> dict[str, str]:
+        return {"harness.toml": MINIMAL_HARNESS_TOML, "prompt.md": PROMPT_MD.format(title=self.benchmark.title)}
+
+    def describe(self) -> str:
+        b, d = self.benchmark, self.domain
+        teachers = ", ".join(t for t in self.prices.teachers if t in d.teacher_accuracy)
+        return (
+            f"sim world: {b.title} ({d.name}); {b.n_tasks} official tasks held out, {b.n_tasks} dev tasks; "
+            f"initial avg@3 {b.initial_score:.2%} (Qwen3.5-35B-A3B-Base, minimal harness).\n"
+            "This is a calibrated statistical model, not real software: task outcomes are sampled from "
+            "per-task success probabilities driven by the model's skill, the harness's defects and training.\n"
+            "The harness is read from harness.toml only (sections generation, completion, shell, loop, edits); "
+            "prompt.md is carried along but not modelled. A harness.toml that does not parse fails every attempt "
+            "with 'harness_error'.\n"
+            f"Teachers: {teachers}. Data, training, evaluation, inference and sandbox are billed at "
+            f"{self.prices.source or 'the configured prices'}.\n"
+            "infer with prompt 'task:dev/<i>' samples one attempt of dev task i by the model alone; other prompts "
+            "get no real text. The sandbox models only: ls /data, wc -l /data/<ds>.jsonl, head /data/<ds>.jsonl, "
+            "echo, sleep N, true; transform_data 'script' is not available (use world='local')."
+        )
+
+    def close(self) -> None:
+        """Nothing to release (the world holds only arrays); safe to call twice."""
+
+    # ---- for tests and calibration (not a service) -------------------------------------------
+
+    def expected_score(self, checkpoint: str, harness_files: dict[str, str], split: str) -> float:
+        """Mean success probability over a split's tasks (0 if harness.toml does not parse)."""
+        state = self.model_state(checkpoint, require_ready=False)
+        try:
+            harness = parse_harness(harness_files)
+        except HarnessError:
+            return 0.0
+        tasks, memory = (self.official_tasks, 0.0) if split == "official" else (self.dev_tasks, state.dev_memory)
+        return float(success_prob(state.skill, tasks, harness, self.severity, memory).mean())
+
+    # ---- shared look-ups ------------------------------------------------------------------------
+
+    def rng(self, stream: str) -> np.random.Generator:
+        return self._rng[stream]
+
+    def model_state(self, ref: str, require_ready: bool = True) -> ModelState:
+        """A checkpoint's latent state; ``unknown_ref`` if it does not exist (or is still training)."""
+        if ref not in self._checkpoints:
+            known = ", ".join(self._checkpoints)
+            raise ActionError("unknown_ref", f"no checkpoint {ref!r}; checkpoints are: {known}")
+        state, ready_at = self._checkpoints[ref]
+        if require_ready and self.clock.now() < ready_at:
+            raise ActionError("unknown_ref", f"checkpoint {ref!r} is still training (ready at t={ready_at:.0f}s)")
+        return state
+
+    def add_checkpoint(self, ref: str, state: ModelState, ready_at: float) -> None:
+        self._checkpoints[ref] = (state, ready_at)
+
+    def dataset(self, ref: str) -> Dataset:
+        if ref not in self.datasets:
+            known = ", ".join(self.datasets) or "none yet"
+            raise ActionError("unknown_ref", f"no dataset {ref!r}; datasets are: {known}")
+        return self.datasets[ref]
+
+    def teacher_skill(self, teacher: str) -> float:
+        """The skill (logit) at which a teacher solves the domain's tasks as often as its accuracy says."""
+        if teacher not in self._teacher_skill:
+            tasks = (self.official_tasks, self.dev_tasks)
+            difficulty = np.concatenate([t.difficulty for t in tasks])
+            accuracy = self.domain.teacher_accuracy[teacher]
+            self._teacher_skill[teacher] = calibrate_skill(difficulty, np.ones_like(difficulty), accuracy)
+        return self._teacher_skill[teacher]
+
+    def sandbox_usd(self, seconds: float) -> float:
+        return self.prices.sandbox_usd(seconds, self.vcpus, self.memory_gib)
+
+    def dataset_info(self, ref: str) -> DatasetInfo:
+        data = self.datasets[ref]
+        return DatasetInfo(
+            id=ref,
+            n_examples=data.n,
+            tokens=data.tokens,
+            origin=data.origin,
+            stats=data.stats(),
+            preview=[example_record(self, data, i) for i in range(min(2, data.n))],
+        )
+
+
+def example_record(world: SimWorld, data: Dataset, index: int) -> dict[str, Any]:
+    """A stand-in chat example (the sim stores statistics, not text); correct ones in the data's proportion."""
+    correct = (index + 1) * 0.6180339887 % 1.0 < data.pass_rate
+    source = "dev" if index < data.n_dev else "synthetic"
+    tokens = data.tokens // max(data.n, 1)
+    return {
+        "messages": [
+            {"role": "user", "content": f"[sim] {source} {world.domain.name} task #{index}"},
+            {
+                "role": "assistant",
+                "content": f"[sim] {data.teacher} reply, ~{tokens} tokens ({'correct' if correct else 'incorrect'})",
+            },
+        ]
+    }
+
+
+class SimRollout:
+    """Teacher data and dataset transforms."""
+
+    def __init__(self, world: SimWorld):
+        self.world = world
+
+    def _teacher_tokens(self, call: GenerateData) -> tuple[int, int]:
+        """Worst-case (input, output) teacher tokens: every completion at the cap."""
+        d = self.world.domain
+        input_tokens = round(call.n_examples * d.example_prompt_tokens * d.teacher_input_factor)
+        return input_tokens, call.n_examples * call.max_tokens_per_example
+
+    def _generate_seconds(self, n: int) -> float:
+        return math.ceil(n / self.world.options["generate_concurrency"]) * self.world.domain.generate_seconds
+
+    def quote_generate(self, call: GenerateData) -> Quote:
+        w = self.world
+        if call.teacher not in w.prices.teachers:
+            known = ", ".join(w.prices.teachers)
+            raise ActionError("unknown_ref", f"no teacher {call.teacher!r}; teachers are: {known}")
+        if call.teacher not in w.domain.teacher_accuracy:
+            raise ActionError("not_supported", f"the sim world has no profile of teacher {call.teacher!r}")
+        input_tokens, output_tokens = self._teacher_tokens(call)
+        usd = w.prices.teacher_usd(call.teacher, input_tokens, output_tokens)
+        return Quote(usd=usd, seconds=self._generate_seconds(call.n_examples))
+
+    def generate(self, call: GenerateData, dataset_id: str) -> Billed[DatasetInfo]:
+        self.quote_generate(call)
+        w = self.world
+        made = generate_dataset(
+            w.rng("data"), w.domain, call.teacher, w.teacher_skill(call.teacher), call.n_examples, call.source,
+            call.max_tokens_per_example, dataset_id, w.benchmark.n_tasks,
+        )
+        w.datasets[dataset_id] = made.dataset
+        cost = w.prices.teacher_usd(call.teacher, made.input_tokens, made.output_tokens)
+        seconds = self._generate_seconds(call.n_examples)
+        return Billed[DatasetInfo](value=w.dataset_info(dataset_id), cost_usd=cost, seconds=seconds)
+
+    def _transform_compute(self, call: TransformData) -> tuple[float, float]:
+        """(sandbox seconds billed, wall seconds) of a transform."""
+        if call.operation == "script":
+            raise ActionError(
+                "not_supported",
+                "transform_data 'script' needs real code execution; the sim world runs no code; use world='local'",
+            )
+        n = sum(self.world.dataset(ref).n for ref in call.datasets)
+        if call.operation == "filter":
+            per_example, parallel = self.world.domain.check_seconds, self.world.options["transform_concurrency"]
+        else:
+            per_example, parallel = TRANSFORM_SECONDS_PER_EXAMPLE[call.operation], 1
+        return TRANSFORM_STARTUP_S + n * per_example, TRANSFORM_STARTUP_S + math.ceil(n / parallel) * per_example
+
+    def quote_transform(self, call: TransformData) -> Quote:
+        compute, wall = self._transform_compute(call)
+        return Quote(usd=self.world.sandbox_usd(compute), seconds=wall)
+
+    def transform(self, call: TransformData, dataset_id: str) -> Billed[DatasetInfo]:
+        compute, wall = self._transform_compute(call)
+        w = self.world
+        origin = f"{call.operation}({', '.join(call.datasets)})"
+        merged = mix_datasets((w.dataset(ref) for ref in call.datasets), origin)
+        if call.operation == "filter":
+            merged = filter_dataset(w.rng("data"), merged, origin)
+        elif call.operation == "dedupe":
+            merged = dedupe_dataset(w.rng("data"), merged, origin)
+        w.datasets[dataset_id] = merged
+        return Billed[DatasetInfo](value=w.dataset_info(dataset_id), cost_usd=w.sandbox_usd(compute), seconds=wall)
+
+
+class SimTrain:
+    """LoRA fine-tuning as a distillation step toward the data's level."""
+
+    def __init__(self, world: SimWorld):
+        self.world = world
+
+    def _tokens(self, call: Train) -> int:
+        """Billed training tokens; refuses an unknown or empty dataset and an unknown or unfinished base."""
+        data = self.world.dataset(call.dataset)
+        if data.n == 0:
+            raise ActionError("invalid_args", f"dataset {call.dataset!r} is empty")
+        self.world.model_state(call.base)
+        return data.tokens * call.num_epochs
+
+    def _seconds(self, tokens: int) -> float:
+        return tokens / self.world.options["train_tokens_per_second"] + self.world.options["train_overhead_s"]
+
+    def quote(self, call: Train) -> Quote:
+        tokens = self._tokens(call)
+        return Quote(usd=self.world.prices.train_usd(tokens), seconds=self._seconds(tokens))
+
+    def start(self, call: Train, job_id: str, checkpoint_id: str) -> Job:
+        tokens = self._tokens(call)
+        w = self.world
+        data, parent = w.dataset(call.dataset), w.model_state(call.base)
+        settings = TrainSettings.of(call)
+        state = train_model(w.rng("train"), parent, data, settings, w.domain, w.robustness, w.benchmark.n_tasks)
+        steps = math.ceil(data.n * call.num_epochs / call.batch_size)
+        gap = data.target(w.domain.incorrect_penalty) - parent.skill
+        result = TrainResult(
+            checkpoint=checkpoint_id,
+            steps=steps,
+            tokens=tokens,
+            loss_curve=loss_curve(w.rng("train"), steps, settings, gap, data.pass_rate),
+            config=call.model_dump(),
+        )
+        seconds = self._seconds(tokens)
+        now = w.clock.now()
+        w.add_checkpoint(checkpoint_id, state, now + seconds)
+        billed = Billed[TrainResult](value=result, cost_usd=w.prices.train_usd(tokens), seconds=seconds)
+        meta = {"checkpoint": checkpoint_id, "dataset": call.dataset, "base": call.base}
+        return Job(id=job_id, kind="train", started_at=now, future=resolved(billed), ready_at=now + seconds, meta=meta)
+
+
+class SimInference:
+    """One attempt of a dev task by the model alone; no free text."""
+
+    def __init__(self, world: SimWorld):
+        self.world = world
+
+    def _prompt(self, call: Infer) -> tuple[int | None, int]:
+        """(dev task index or None, prompt tokens); checks the model and the task index."""
+        self.world.model_state(call.model)
+        tokens = max(1, math.ceil(len(call.prompt) / 4))
+        match = TASK_PROMPT.fullmatch(call.prompt.strip())
+        if match is None:
+            return None, tokens
+        index, n = int(match.group(1)), len(self.world.dev_tasks)
+        if index >= n:
+            raise ActionError("unknown_ref", f"no dev task {index}; dev tasks are 0..{n - 1}")
+        return index, tokens + self.world.domain.statement_tokens
+
+    def _wanted_tokens(self, index: int | None) -> int:
+        """Tokens the reply needs: the task's longest reply, or the domain's typical one."""
+        w = self.world
+        return w.domain.typical_reply_tokens if index is None else round(w.dev_tasks.reply_tokens[index])
+
+    def quote(self, call: Infer) -> Quote:
+        index, prompt_tokens = self._prompt(call)
+        completion = min(self._wanted_tokens(index), call.max_tokens)
+        return Quote(
+            usd=self.world.prices.sample_usd(prompt_tokens, call.max_tokens),
+            seconds=INFER_LATENCY_S + completion / INFER_TOKENS_PER_SECOND,
+        )
+
+    def complete(self, call: Infer) -> Billed[Completion]:
+        index, prompt_tokens = self._prompt(call)
+        w = self.world
+        wanted = self._wanted_tokens(index)
+        completion = min(wanted, call.max_tokens)
+        finish = "length" if wanted > call.max_tokens else "stop"
+        if index is None:
+            text = (
+                f"[sim] The sim world models task outcomes, not text, so there is no real reply to this prompt. "
+                f"Send 'task:dev/<i>' (0 <= i < {len(w.dev_tasks)}) to sample one attempt of dev task i by "
+                f"{call.model!r} alone, or use world='local' for real completions."
+            )
+        elif finish == "length":
+            text = f"[sim] dev/{index}: not solved (truncated_output): cut off at max_tokens={call.max_tokens}."
+        else:
+            state = w.model_state(call.model)
+            p = sigmoid(state.skill - w.dev_tasks.difficulty[index])
+            p = p + state.dev_memory * (1.0 - p)
+            solved = w.rng("infer").random() < p
+            outcome = "solved" if solved else "not solved (wrong_answer)"
+            text = f"[sim] dev/{index}: {outcome} by {call.model!r} alone, no harness."
+        value = Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=completion, finish_reason=finish)
+        seconds = INFER_LATENCY_S + completion / INFER_TOKENS_PER_SECOND
+        return Billed[Completion](value=value, cost_usd=w.prices.sample_usd(prompt_tokens, completion), seconds=seconds)
+
+
+class SimSandbox:
+    """A tiny modelled shell over the world's datasets (``/data/<id>.jsonl``)."""
+
+    def __init__(self, world: SimWorld):
+        self.world = world
+
+    def quote(self, call: SandboxExec) -> Quote:
+        return Quote(usd=self.world.sandbox_usd(call.timeout_s), seconds=self._run(call).duration_s)
+
+    def exec(self, call: SandboxExec) -> Billed[CommandResult]:
+        result = self._run(call)
+        cost = self.world.sandbox_usd(result.duration_s)
+        return Billed[CommandResult](value=result, cost_usd=cost, seconds=result.duration_s)
+
+    def _run(self, call: SandboxExec) -> CommandResult:
+        """The modelled outcome of a command (no side effects); at least one sandbox second."""
+
+        def done(stdout: str = "", stderr: str = "", code: int = 0, seconds: float = 1.0) -> CommandResult:
+            return CommandResult(stdout=stdout, stderr=stderr, exit_code=code, duration_s=max(1.0, seconds))
+
+        try:
+            argv = shlex.split(call.command)
+        except ValueError as exc:
+            return done(stderr=f"sim sandbox: cannot parse command: {exc}\n", code=2)
+        match argv:
+            case [] | ["true"]:
+                return done()
+            case ["echo", *words]:
+                return done(" ".join(words) + "\n")
+            case ["sleep", seconds] if re.fullmatch(r"\d+(\.\d*)?", seconds):
+                if float(seconds) > call.timeout_s:
+                    message = f"sim sandbox: timed out after {call.timeout_s}s\n"
+                    return done(stderr=message, code=124, seconds=call.timeout_s)
+                return done(seconds=float(seconds))
+            case ["ls", "/data" | "/data/"]:
+                return done("".join(f"{ref}.jsonl\n" for ref in sorted(self.world.datasets)))
+            case ["wc", "-l", path]:
+                data = self._file(path)
+                if data is None:
+                    return done(stderr=f"wc: {path}: No such file or directory\n", code=1)
+                return done(f"{data.n} {path}\n")
+            case ["head", path] | ["head", "-n", _, path]:
+                lines = int(argv[2]) if len(argv) == 4 and argv[2].isdigit() else 10
+                data = self._file(path)
+                if data is None:
+                    return done(stderr=f"head: cannot open '{path}' for reading: No such file or directory\n", code=1)
+                records = (example_record(self.world, data, i) for i in range(min(lines, data.n)))
+                return done("".join(json.dumps(record) + "\n" for record in records))
+        return done(stderr=SANDBOX_NOT_MODELLED, code=127)
+
+    def _file(self, path: str) -> Dataset | None:
+        match = re.fullmatch(r"/data/(.+)\.jsonl", path)
+        return self.world.datasets.get(match.group(1)) if match else None
+
+
+class SimEvaluation:
+    """avg@k on the dev split (fresh draws) or the official split (fixed draws per world seed)."""
+
+    def __init__(self, world: SimWorld):
+        self.world = world
+
+    def _plan(self, req: EvalRequest, official: bool) -> tuple[ModelState, TaskSet, Harness | HarnessError]:
+        w = self.world
+        state = w.model_state(req.checkpoint)
+        if req.n_tasks is not None and req.n_tasks < 1:
+            raise ActionError("invalid_args", f"n_tasks must be at least 1, got {req.n_tasks}")
+        tasks = w.official_tasks if official else w.dev_tasks.head(req.n_tasks or len(w.dev_tasks))
+        try:
+            harness: Harness | HarnessError = parse_harness(req.harness_files)
+        except HarnessError as exc:
+            harness = exc
+        return state, tasks, harness
+
+    def _bill(self, tasks: TaskSet, harness: Harness | HarnessError, k: int) -> tuple[float, float, int, float]:
+        """(usd, seconds, tokens, sandbox seconds) of evaluating ``tasks`` k times."""
+        w = self.world
+        attempts = len(tasks) * k
+        rounds = math.ceil(attempts / w.options["eval_concurrency"])
+        if isinstance(harness, HarnessError):
+            sandbox_s = attempts * HARNESS_ERROR_SANDBOX_S
+            return w.sandbox_usd(sandbox_s), rounds * HARNESS_ERROR_SANDBOX_S, 0, sandbox_s
+        cost = attempt_cost(w.domain, tasks, harness)
+        prefill, sampled = k * float(cost.prefill.sum()), k * float(cost.sampled.sum())
+        sandbox_s = attempts * cost.sandbox_seconds
+        usd = w.prices.sample_usd(prefill, sampled) + w.sandbox_usd(sandbox_s)
+        return usd, rounds * cost.seconds, round(prefill + sampled), sandbox_s
+
+    def quote(self, req: EvalRequest) -> Quote:
+        _, tasks, harness = self._plan(req, req.split == "official")
+        usd, seconds, *_ = self._bill(tasks, harness, req.k)
+        return Quote(usd=usd, seconds=seconds)
+
+    def start(self, req: EvalRequest, job_id: str) -> Job:
+        if req.split != "dev":
+            raise ActionError("not_supported", "only the platform evaluates the official split (at submit)")
+        billed = self._run(req, official=False)
+        now = self.world.clock.now()
+        meta = {"checkpoint": req.checkpoint, "harness_version": req.harness_version, "split": "dev"}
+        ready_at = now + billed.seconds
+        return Job(id=job_id, kind="evaluate", started_at=now, future=resolved(billed), ready_at=ready_at, meta=meta)
+
+    def official(self, req: EvalRequest) -> Billed[EvalResult]:
+        """The held-out split (``n_tasks`` is ignored): the same draws every time for a world seed."""
+        return self._run(req, official=True)
+
+    def _run(self, req: EvalRequest, official: bool) -> Billed[EvalResult]:
+        w = self.world
+        state, tasks, harness = self._plan(req, official)
+        usd, seconds, tokens, sandbox_s = self._bill(tasks, harness, req.k)
+        n, k = len(tasks), req.k
+        split = "official" if official else "dev"
+        names = [f"{split}/{i}" for i in range(n)]
+        if isinstance(harness, HarnessError):
+            failure = f"{HARNESS_ERROR}: {harness}"
+            results = [TaskResult(task=name, rewards=[0.0] * k, failures=[failure] * k) for name in names]
+            modes, score = {HARNESS_ERROR: n * k}, 0.0
+        else:
+            draws = w.official_draws[:, :k] if official else w.rng("eval").random((n, k, ATTEMPT_DRAWS))
+            solve = sigmoid(state.skill - tasks.difficulty)
+            memory = 0.0 if official else state.dev_memory
+            success, label = simulate_attempts(draws, solve, tasks.exposed(harness), w.severity, memory)
+            labels = [[FAILURE_MODES[j] if j >= 0 else "" for j in row] for row in label.tolist()]
+            rewards = success.astype(float).tolist()
+            results = [TaskResult(task=name, rewards=r, failures=f) for name, r, f in zip(names, rewards, labels)]
+            counts = np.bincount(label[label >= 0], minlength=len(FAILURE_MODES))
+            modes = {FAILURE_MODES[j]: int(c) for j, c in enumerate(counts) if c}
+            score = float(success.mean())
+        value = EvalResult(
+            split=split, checkpoint=req.checkpoint, harness_version=req.harness_version, k=k, score=score,
+            tasks=results, failure_modes=modes, tokens=tokens, sandbox_seconds=sandbox_s,
+        )
+        return Billed[EvalResult](value=value, cost_usd=usd, seconds=seconds)
+

@@ -1,0 +1,46 @@
+"""The `rsigym` command: run, scenarios, audit verify, tools."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+
+from rsigym_env.cli import main
+
+
+def test_run_writes_result_and_a_verifiable_audit_log(tmp_path, capsys):
+    out = tmp_path / "result.json"
+    code = main(["run", "--benchmark", "aime", "--agent", "scripted", "--seed", "0", "--quiet",
+                 "--run-dir", str(tmp_path / "run"), "--json", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["terminated"] and result["info"]["submitted"]["by"] == "agent"
+    text = capsys.readouterr().out
+    assert "normalized gain (reward)" in text and "final official score" in text
+    assert (tmp_path / "run" / "steps.jsonl").read_text().count("\n") == result["steps"]
+
+    assert main(["audit", "verify", str(tmp_path / "run")]) == 0
+    assert "chain intact" in capsys.readouterr().out
+    db = sqlite3.connect(tmp_path / "run" / "ledger.sqlite")
+    db.execute("UPDATE audit SET event = replace(event, 'evaluate', 'evaluatE') WHERE seq = 3")
+    db.commit()
+    db.close()
+    assert main(["audit", "verify", str(tmp_path / "run" / "ledger.sqlite")]) == 1
+    assert "record 3" in capsys.readouterr().out
+
+
+def test_scenarios_and_tools_and_errors(capsys):
+    assert main(["scenarios", "--track", "data"]) == 0
+    listing = capsys.readouterr().out
+    assert "sim-data-aime-500" in listing and "sim-joint-aime-500" not in listing
+    assert main(["tools", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 10
+    assert main(["run", "--scenario", "nope", "--quiet"]) == 2
+    assert "unknown scenario" in capsys.readouterr().out
+
+
+def test_console_script_is_installed():
+    proc = subprocess.run([sys.executable, "-m", "rsigym_env.cli", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "scenarios" in proc.stdout
