@@ -31,6 +31,7 @@ Episode End
 
 from __future__ import annotations
 
+import re
 import string
 from pathlib import Path
 from typing import Any
@@ -46,12 +47,16 @@ from .scenario import Scenario, load_scenario
 from .tools import TOOL_NAMES, action_space
 
 LOG_MAX = 8000
-_PRINTABLE = frozenset(string.printable)
+_NOT_PRINTABLE = re.compile(f"[^{re.escape(string.printable)}]")
 
 
 def printable(text: str, limit: int = LOG_MAX) -> str:
-    """``text`` reduced to ``string.printable`` and cut to ``limit`` characters (saying so)."""
-    clean = "".join(c if c in _PRINTABLE else "?" for c in text)
+    """``text`` reduced to ``string.printable`` and cut to ``limit`` characters (saying so).
+
+    >>> printable("naïve\x00ok")
+    'na?ve?ok'
+    """
+    clean = _NOT_PRINTABLE.sub("?", text)
     if len(clean) <= limit:
         return clean
     note = f"\n... ({len(clean) - limit + 80} more characters; read with @offset to continue)"
@@ -126,7 +131,6 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         if self.run is not None:
             self.run.world.close()
         self.run = ResearchRun(self.scenario, episode_seed, self.platform, self.run_dir)
-        self.action_space.seed(int(self.np_random.integers(2**31 - 1)))
         self._log = self.run.briefing()
         info = {"scenario": self.scenario.name, "seed": episode_seed, "budget_left_usd": self.run.budget_left,
                 "tools": self.scenario.tools(), "teachers": list(self.scenario.permissions.teachers),

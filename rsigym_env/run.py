@@ -88,12 +88,14 @@ class ResearchRun:
         self.best: Candidate | None = None
         self.end_info: dict[str, Any] | None = None
         self._counters: dict[str, int] = {}
+        self.balance = self.platform.balance(self.key)  # refreshed once per step
 
     # ------------------------------------------------------------------ state the env observes
 
     @property
     def budget_left(self) -> float:
-        return self.platform.balance(self.key).available_usd
+        """Available dollars as of the end of the last step."""
+        return self.balance.available_usd
 
     @property
     def time_left(self) -> float:
@@ -140,7 +142,7 @@ class ResearchRun:
                            {"ok": False, "error": "episode_over", "budget_left_usd": self.budget_left}, terminated=True)
         self.steps += 1
         tool: Tool | None = None
-        spent_before = self.platform.balance(self.key).spent_usd
+        spent_before = self.balance.spent_usd
         try:
             tool = parse_action(action)
             tool = self.platform.authorize(self.key, tool)
@@ -161,6 +163,7 @@ class ResearchRun:
             info = {"tool": tool_label(tool if tool is not None else action), "ok": False,
                     "error": "service_error", "message": err.message}
         events = self._collect()
+        self.balance = self.platform.balance(self.key)
         if events:
             info["events"] = events
             text += "\n" + "\n".join(e["text"] for e in events)
@@ -174,8 +177,8 @@ class ResearchRun:
             info.update(self.end_info)
             if outcome.truncated:
                 outcome.log += f"\nEpisode over ({self.end_info['end_reason']}): {self.end_summary()}"
-        info["cost_usd"] = round(self.platform.balance(self.key).spent_usd - spent_before, 9)
-        info["budget_left_usd"] = self.budget_left
+        info["cost_usd"] = round(self.balance.spent_usd - spent_before, 9)
+        info["budget_left_usd"] = self.balance.available_usd
         return outcome
 
     # ------------------------------------------------------------------ tools
@@ -353,10 +356,10 @@ class ResearchRun:
         self._record_dev(value)
         modes = ", ".join(f"{m} {n}" for m, n in sorted(value.failure_modes.items(), key=lambda kv: -kv[1]))
         return {"job": job_id, "kind": "evaluate", "ok": True, "score": value.score, "checkpoint": value.checkpoint,
-                "harness": value.harness_version, "n_tasks": len(value.tasks), "k": value.k,
+                "harness": value.harness_version, "n_tasks": len(value.task_ids), "k": value.k,
                 "failure_modes": dict(value.failure_modes), "cost_usd": billed.cost_usd,
                 "text": f"{job_id} (evaluate) finished: dev score {value.score:.3f} for {value.checkpoint} + "
-                        f"{value.harness_version} ({len(value.tasks)} tasks x {value.k}), ${billed.cost_usd:.2f}; "
+                        f"{value.harness_version} ({len(value.task_ids)} tasks x {value.k}), ${billed.cost_usd:.2f}; "
                         f"failed attempts by mode: {modes or 'none'} (read {job_id} for per-task results)"}
 
     def _record_dev(self, result: EvalResult) -> None:
@@ -437,7 +440,7 @@ class ResearchRun:
             final = initial
         else:
             final = self.world.evaluation.official(self._eval_request(checkpoint, version, "official", k, None))
-        balance = self.platform.balance(self.key)
+        balance = self.balance = self.platform.balance(self.key)
         submitted_dev = self.candidates.get((checkpoint, version))
         gain = normalized_gain(initial.value.score, final.value.score)
         self.end_info = {
@@ -478,8 +481,8 @@ def _render_eval(job_id: str, result: EvalResult) -> str:
              f"{result.harness_version}; {result.tokens:,} tokens, {result.sandbox_seconds:,.0f} sandbox-seconds",
              "failure modes: " + (", ".join(f"{m}={n}" for m, n in result.failure_modes.items()) or "none"),
              "task  rewards  failures"]
-    for t in result.tasks:
-        rewards = "".join("1" if r >= 1 else ("0" if r <= 0 else "~") for r in t.rewards)
-        lines.append(f"{t.task}  {rewards}  {'; '.join(f for f in t.failures if f)}")
+    for task, rewards, failures in zip(result.task_ids, result.rewards, result.failures):
+        marks = "".join("1" if r >= 1 else ("0" if r <= 0 else "~") for r in rewards)
+        lines.append(f"{task}  {marks}  {'; '.join(f for f in failures if f)}")
     return "\n".join(lines)
 

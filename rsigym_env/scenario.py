@@ -13,6 +13,7 @@ bundled scenarios live in ``scenarios/`` and are found by name:
 
 from __future__ import annotations
 
+import functools
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -102,8 +103,14 @@ class Scenario(_Strict):
 
     def tools(self) -> list[str]:
         """Tools this scenario's key allows, in the canonical order."""
-        allowed = self.permissions.tools if self.permissions.tools is not None else TRACK_TOOLS[self.track]
-        return [t for t in TOOL_NAMES if t in allowed]
+        tools = self.permissions.tools
+        return list(_allowed_tools(self.track, None if tools is None else tuple(tools)))
+
+
+@functools.cache
+def _allowed_tools(track: str, tools: tuple[str, ...] | None) -> tuple[str, ...]:
+    allowed = tools if tools is not None else TRACK_TOOLS[track]
+    return tuple(t for t in TOOL_NAMES if t in allowed)
 
 
 def scenario_dir() -> Path:

@@ -99,17 +99,33 @@ class TaskResult(BaseModel):
 
 
 class EvalResult(BaseModel):
-    """A finished evaluation: avg@k over tasks, per-task rewards and a histogram of failure modes."""
+    """A finished evaluation: avg@k over tasks, per-task rewards and a histogram of failure modes.
+
+    Per-task results are stored as columns (cheap to build for hundreds of tasks); ``tasks`` gives
+    them as one :class:`TaskResult` per task.
+    """
 
     split: Literal["dev", "official"]
     checkpoint: str
     harness_version: str
     k: int
     score: float = Field(ge=0.0, le=1.0, description="Mean over tasks of the mean reward over k attempts.")
-    tasks: list[TaskResult]
+    task_ids: list[str]
+    rewards: list[list[float]] = Field(description="Per task, the reward of each attempt.")
+    failures: list[list[str]] = Field(description="Per task, the failure mode of each attempt ('' if it succeeded).")
     failure_modes: dict[str, int] = Field(description="Failed attempts per failure mode.")
     tokens: int
     sandbox_seconds: float
+
+    @property
+    def tasks(self) -> list[TaskResult]:
+        """One :class:`TaskResult` per task."""
+        return [TaskResult(task=t, rewards=r, failures=f) for t, r, f in zip(self.task_ids, self.rewards, self.failures)]
+
+
+# Pydantic caches parametrized generics weakly; building one costs ~0.6 ms. Keep the ones the
+# services return alive so every `Billed[X]` after the first is a cache hit.
+BILLED_TYPES = tuple(Billed[t] for t in (DatasetInfo, TrainResult, Completion, CommandResult, EvalResult))
 
 
 @dataclass

@@ -19,10 +19,12 @@ rsigym_env.errors.ActionError: unknown tool 'fly'; tools are: generate_data, tra
 
 from __future__ import annotations
 
+import functools
 import json
 import string
 import types
 import typing
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Union
 
 import numpy as np
@@ -268,6 +270,7 @@ def tool_schemas(names: typing.Iterable[str] | None = None) -> list[dict[str, An
 # Gymnasium spaces derived from the same models
 
 
+@functools.cache
 def _strip_optional(annotation: Any) -> Any:
     if typing.get_origin(annotation) in (Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
@@ -334,30 +337,48 @@ def action_space(seed: int | None = None) -> spaces.OneOf:
     return spaces.OneOf([tool_space(t) for t in TOOLS], seed=seed)
 
 
-def _to_python(field: Any, value: Any) -> Any:
-    ann = _strip_optional(field.annotation)
-    if _is_optional(field):
-        if isinstance(value, str) and value == "":
+@dataclass(frozen=True)
+class _FieldConverter:
+    """How one field's space value becomes a Python argument (analysed once per field)."""
+
+    choices: tuple[Any, ...] | None  # Literal choices (the space holds an index)
+    none_below: float | None         # optional number: values below this stand for None
+    optional_text: bool              # optional string: "" stands for None
+    is_bool: bool
+
+    @classmethod
+    def of(cls, field: Any) -> "_FieldConverter":
+        ann = _strip_optional(field.annotation)
+        optional = _is_optional(field)
+        return cls(
+            choices=typing.get_args(ann) if typing.get_origin(ann) is Literal else None,
+            none_below=_bounds(field)[0] if optional and ann in (int, float) else None,
+            optional_text=optional and ann is str,
+            is_bool=ann is bool,
+        )
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, (np.ndarray, np.generic)):
+            value = value.item()
+        if self.choices is not None:
+            index = int(value)
+            if not 0 <= index < len(self.choices):
+                raise ActionError("invalid_args", f"choice index {index} out of range")
+            return self.choices[index]
+        if self.none_below is not None and isinstance(value, (int, float)) and value < self.none_below:
             return None
-        if ann in (int, float) and np.ndim(value) == 0:
-            low = _bounds(field)[0]
-            if low is not None and float(value) < low:
-                return None
-    if typing.get_origin(ann) is Literal:
-        choices = typing.get_args(ann)
-        index = int(value)
-        if not 0 <= index < len(choices):
-            raise ActionError("invalid_args", f"choice index {index} out of range")
-        return choices[index]
-    if isinstance(value, np.ndarray):
-        value = value.item()
-    if isinstance(value, np.generic):
-        value = value.item()
-    if ann is bool:
-        return bool(value)
-    if isinstance(value, tuple):
-        return [v for v in value if v != ""]
-    return value
+        if self.optional_text and value == "":
+            return None
+        if self.is_bool:
+            return bool(value)
+        if isinstance(value, tuple):
+            return [v for v in value if v != ""]
+        return value
+
+
+_CONVERTERS: dict[type[Tool], dict[str, _FieldConverter]] = {
+    t: {name: _FieldConverter.of(f) for name, f in t.model_fields.items()} for t in TOOLS
+}
 
 
 def from_space_sample(sample: tuple[int, Any]) -> Tool:
@@ -368,12 +389,11 @@ def from_space_sample(sample: tuple[int, Any]) -> Tool:
     cls = TOOLS[int(index)]
     if not isinstance(values, dict):
         raise ActionError("malformed_action", "a space sample is (tool index, {field: value})")
-    fields = cls.model_fields
-    unknown = set(values) - set(fields)
+    converters = _CONVERTERS[cls]
+    unknown = values.keys() - converters.keys()
     if unknown:
         raise ActionError("invalid_args", f"{cls.name}: unknown fields {sorted(unknown)}")
-    args = {k: _to_python(fields[k], v) for k, v in values.items()}
-    return build_tool(cls, args)
+    return build_tool(cls, {k: converters[k](v) for k, v in values.items()})
 
 
 def to_space_sample(tool: Tool) -> tuple[int, dict[str, Any]]:
