@@ -67,6 +67,12 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             progress.update(task, completed=step, status=status)
             if args.verbose:
                 console.print(obs["log"], markup=False, highlight=False)
+            elif not args.quiet:
+                lines = obs["log"].split("\n")
+                story = [lines[1] if len(lines) > 1 else ""] + [e["text"] for e in info.get("events", [])]
+                for i, line in enumerate(story):
+                    prefix = f"{step:>3} {info.get('tool', '?'):<15}" if i == 0 else " " * 20
+                    progress.console.print(prefix + _cut(line, console.width - 21), markup=False, highlight=False)
             steps_log.write(json.dumps({"step": step, "action": action, "info": info}, default=str) + "\n")
 
         result = run_episode(env, researcher, seed=args.seed, on_step=on_step)
@@ -81,6 +87,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     console.print(summary_table(result, wall))
     console.print(f"audit log: rsigym audit verify {ledger}")
     return 0
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 10)] + "…"
 
 
 def summary_table(result: EpisodeResult, wall_seconds: float) -> Table:
@@ -165,8 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--json", metavar="PATH", help="also write the result as JSON here")
     run.add_argument("--run-dir", help="where to keep the ledger, audit log and step log (default: runs/...)")
-    run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    run.add_argument("-v", "--verbose", action="store_true", help="print every observation's log")
+    run.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no per-step lines")
+    run.add_argument("-v", "--verbose", action="store_true", help="print every observation's full log")
     run.set_defaults(func=cmd_run)
 
     scen = sub.add_parser("scenarios", help="list the bundled scenarios")

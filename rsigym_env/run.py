@@ -263,8 +263,10 @@ class ResearchRun:
         before = self.harness.resolve(tool.base_version)
         version = self.harness.edit(tool.path, content=tool.content, old=tool.old, new=tool.new,
                                     base_version=tool.base_version)
-        same = " (unchanged content)" if version == before else ""
-        return f"harness {version}{same}: edited {tool.path} of {before}; it is now the latest version", {
+        change = (f"wrote {tool.path} ({len(tool.content or '')} characters)" if tool.content is not None
+                  else f"{tool.path}: {_quote(tool.old)} -> {_quote(tool.new)}")
+        same = " (same content as an existing version)" if version == before else ""
+        return f"harness {version} (from {before}){same}: {change}", {
             "version": version, "base_version": before, "path": tool.path}
 
     def _read(self, tool: Read) -> tuple[str, dict[str, Any]]:
@@ -468,6 +470,11 @@ class ResearchRun:
         e = self.end_info or {}
         return (f"official score {e['official_score']:.4f} vs initial {e['initial_score']:.4f} -> normalized gain "
                 f"{e['normalized_gain']:+.4f}; spent ${e['spend_usd']:.2f} of ${e['budget_usd']:g}")
+
+
+def _quote(text: str | None, limit: int = 60) -> str:
+    text = repr(text or "")
+    return text if len(text) <= limit else text[: limit - 4] + "...'"
 
 
 def _dump(value: Any) -> str:

@@ -1,6 +1,6 @@
 """RSI-Index arithmetic.
 
->>> normalized_gain(0.20, 0.60)      # fills 40 of the 80 remaining points
+>>> round(normalized_gain(0.20, 0.60), 6)      # fills 40 of the 80 remaining points
 0.5
 >>> round(rsi_index([0.5, 0.25, 0.0]), 4)
 0.25

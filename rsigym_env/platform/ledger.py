@@ -322,6 +322,12 @@ class Ledger:
         available = 0 if closed else budget - spent - reserved - granted
         return Balance(budget / NANO, spent / NANO, reserved / NANO, granted / NANO, available / NANO, bool(closed))
 
+    def audit_head(self) -> tuple[int, str]:
+        """``(seq, hash)`` of the last audit record (``(0, GENESIS)`` if none): anchor it elsewhere to
+        detect truncation of the log's tail."""
+        with self._lock:
+            return _audit.read_head(self._cur)
+
     def audit_records(self) -> list[AuditRecord]:
         """Every audit record, in order."""
         with self._lock:
