@@ -166,5 +166,5 @@ def test_render_modes():
     env.reset(seed=0)
     text = env.render()
     assert "Research run" in text and "Budget $500" in text
-    with pytest.raises(ValueError, match="render_mode"):
+    with pytest.raises(ValueError, match="render_mode"), pytest.warns(UserWarning, match="not in the possible"):
         gym.make("RSIGym/Joint-v0", render_mode="rgb_array")
