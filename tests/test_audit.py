@@ -124,3 +124,24 @@ def test_missing_file_or_foreign_database(tmp_path: Path) -> None:
     junk.write_bytes(b"not a database at all" * 100)
     report = verify_audit(junk)
     assert not report.ok and report.first_broken is None
+
+
+def test_in_memory_ledger_queues_rows_and_keeps_the_chain_whole():
+    from rsigym_env.platform.audit import GENESIS, canonical_json, chain_hash
+    from rsigym_env.platform.ledger import PENDING_MAX, Ledger
+
+    with Ledger() as ledger:
+        ledger.open_account("k", 1000.0)
+        n = 2 * PENDING_MAX + 7
+        for i in range(n):
+            if i % 3:
+                ledger.record({"key": "k", "tool": "read", "i": i})
+            else:
+                ledger.settle(ledger.reserve("k", 0.5, audit={"tool": "infer"}), 0.25, audit={"tool": "infer"})
+        records = ledger.audit_records()
+        assert ledger.audit_head() == (records[-1].seq, records[-1].hash)
+    assert [r.seq for r in records] == list(range(1, len(records) + 1))
+    prev = GENESIS
+    for r in records:
+        assert r.prev_hash == prev and r.hash == chain_hash(prev, canonical_json(r.event))
+        prev = r.hash

@@ -17,7 +17,7 @@ import os
 import sqlite3
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 GENESIS = "0" * 64
 """The ``prev_hash`` of the first record."""
@@ -83,6 +83,19 @@ def read_head(cur: sqlite3.Cursor) -> tuple[int, str]:
     return (0, GENESIS) if row is None else (row[0], row[1])
 
 
+Row = tuple[int, Optional[str], str, str, str]
+"""An audit table row: ``(seq, key, event_json, prev_hash, hash)``."""
+
+
+def chain_row(key: str | None, event: dict[str, Any], head: tuple[int, str]) -> Row:
+    """The next row after ``head`` for ``event`` (setting its ``seq``), hash included."""
+    seq, prev = head
+    seq += 1
+    event["seq"] = seq
+    event_json = canonical_json(event)
+    return seq, key, event_json, prev, chain_hash(prev, event_json)
+
+
 def append(
     cur: sqlite3.Cursor, key: str | None, event: dict[str, Any], head: tuple[int, str] | None = None
 ) -> tuple[int, str]:
@@ -91,13 +104,14 @@ def append(
     ``head`` is the caller's cached ``(seq, hash)`` of the last record; ``None`` reads it from the table,
     which is required whenever another connection may append too.
     """
-    seq, prev = read_head(cur) if head is None else head
-    seq += 1
-    event["seq"] = seq
-    event_json = canonical_json(event)
-    digest = chain_hash(prev, event_json)
-    cur.execute(_INSERT, (seq, key, event_json, prev, digest))
-    return seq, digest
+    row = chain_row(key, event, read_head(cur) if head is None else head)
+    cur.execute(_INSERT, row)
+    return row[0], row[4]
+
+
+def insert_rows(cur: sqlite3.Cursor, rows: list[Row]) -> None:
+    """Insert already-chained rows (an in-memory ledger's batch) in one statement."""
+    cur.executemany(_INSERT, rows)
 
 
 def read_records(cur: sqlite3.Cursor) -> list[AuditRecord]:

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Optional
 
 from ..errors import ActionError, InsufficientBudget
 from . import audit as _audit
@@ -33,6 +33,12 @@ MAX_USD = 1e9
 """Largest single amount accepted, so sums stay far inside SQLite's 64-bit integers."""
 
 BUSY_TIMEOUT_S = 30.0
+
+PENDING_MAX = 512
+"""An in-memory ledger inserts its queued audit rows once this many are waiting (or when read)."""
+
+_Logged = Optional[tuple[tuple[int, str], Optional[_audit.Row]]]
+"""What :meth:`Ledger._log` returns: the new chain head and, for an in-memory ledger, the row to queue."""
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS accounts (
@@ -146,8 +152,11 @@ class Ledger:
         self._cur = conn.cursor()
         self._lock = threading.Lock()
         self._closed = False
-        # Only an in-memory log has a single writer, so only there may the chain head live in Python.
+        # Only an in-memory log has a single writer, so only there may the chain head live in Python,
+        # and only there are audit rows queued (chained at once, inserted in batches): a database
+        # that lives in this process's memory is exactly as durable as the queue.
         self._head: tuple[int, str] | None = None
+        self._pending: list[_audit.Row] = []
         with self._lock:
             self._cur.execute("BEGIN IMMEDIATE")
             try:
@@ -296,19 +305,25 @@ class Ledger:
         """
         key = audit.get("key")
         with self._lock:
+            if self._head is not None:  # in memory: one writer, so a single read needs no transaction
+                self._advance(self._log(key, audit, self._state_fields(key)))
+                return
             cur = self._cur
             cur.execute("BEGIN IMMEDIATE")
             try:
-                fields: dict[str, Any] = {"op": "record"}
-                row = None if key is None else cur.execute(_STATE, (key,)).fetchone()
-                if row is not None:
-                    fields["available_usd"] = 0.0 if row[1] else row[0] / NANO
-                head = self._log(key, audit, fields)
+                head = self._log(key, audit, self._state_fields(key))
                 cur.execute("COMMIT")
             except BaseException:
                 self._rollback()
                 raise
             self._advance(head)
+
+    def _state_fields(self, key: str | None) -> dict[str, Any]:
+        fields: dict[str, Any] = {"op": "record"}
+        row = None if key is None else self._cur.execute(_STATE, (key,)).fetchone()
+        if row is not None:
+            fields["available_usd"] = 0.0 if row[1] else row[0] / NANO
+        return fields
 
     # --- reading ----------------------------------------------------------------------------------
 
@@ -326,11 +341,12 @@ class Ledger:
         """``(seq, hash)`` of the last audit record (``(0, GENESIS)`` if none): anchor it elsewhere to
         detect truncation of the log's tail."""
         with self._lock:
-            return _audit.read_head(self._cur)
+            return self._head if self._head is not None else _audit.read_head(self._cur)
 
     def audit_records(self) -> list[AuditRecord]:
         """Every audit record, in order."""
         with self._lock:
+            self._flush()
             return _audit.read_records(self._cur)
 
     def close(self) -> None:
@@ -389,17 +405,38 @@ class Ledger:
             fields["available_usd"] = 0.0 if row[1] else row[0] / NANO
         return err, self._log(key, audit, fields)
 
-    def _log(self, key: str | None, audit: dict[str, Any] | None, fields: dict[str, Any]) -> tuple[int, str] | None:
-        """Append the caller's ``audit`` dict plus the ledger's ``fields``; the new chain head, or None."""
+    def _log(self, key: str | None, audit: dict[str, Any] | None, fields: dict[str, Any]) -> _Logged:
+        """Chain the caller's ``audit`` dict plus the ledger's ``fields``: a file ledger inserts the row in
+        the current transaction; an in-memory one returns it for :meth:`_advance` to queue after commit."""
         if audit is None:
             return None
         event = {**audit, **fields, "key": key, "wall_time": round(time.time(), 3)}
-        return _audit.append(self._cur, key, event, self._head)
+        if self._head is None:
+            return _audit.append(self._cur, key, event), None
+        row = _audit.chain_row(key, event, self._head)
+        return (row[0], row[4]), row
 
-    def _advance(self, head: tuple[int, str] | None) -> None:
-        """After a commit: move the cached chain head (in-memory ledgers only)."""
-        if head is not None and self._head is not None:
-            self._head = head
+    def _advance(self, logged: _Logged) -> None:
+        """After a commit: move the cached chain head and queue the row (in-memory ledgers only)."""
+        if logged is None or self._head is None:
+            return
+        self._head, row = logged
+        if row is not None:
+            self._pending.append(row)
+            if len(self._pending) >= PENDING_MAX:
+                self._flush()
+
+    def _flush(self) -> None:
+        """Insert the queued audit rows (called with the lock held)."""
+        if self._pending:
+            self._cur.execute("BEGIN IMMEDIATE")
+            try:
+                _audit.insert_rows(self._cur, self._pending)
+                self._cur.execute("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
+            self._pending.clear()
 
     def _rollback(self) -> None:
         if self._conn.in_transaction:
