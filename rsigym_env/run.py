@@ -21,20 +21,21 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from .errors import ActionError, InsufficientBudget
 from .harness import HarnessStore
 from .platform.core import Bill, Platform, tool_label
 from .scenario import Scenario
 from .scoring import normalized_gain
-from .services import Billed, DatasetInfo, EvalRequest, EvalResult, Job, TrainResult
+from .services import Billed, DatasetInfo, EvalRequest, EvalResult, Job, Quote, TrainResult
 from .tools import (
     EditHarness, Evaluate, GenerateData, Infer, Read, SandboxExec, Submit, Tool, Train,
     TransformData, Wait, parse_action,
 )
 from .worlds import make_world
 
+T = TypeVar("T")
 MIN_USD = 0.01  # less than this available (and nothing running) means the money has run out
 
 
@@ -183,24 +184,27 @@ class ResearchRun:
 
     # ------------------------------------------------------------------ tools
 
-    def _generate_data(self, tool: GenerateData) -> tuple[str, dict[str, Any]]:
-        quote = self.world.rollout.quote_generate(tool)
+    def _paid(self, tool: Tool, quote: Quote, call: Callable[[], Billed[T]]) -> Billed[T]:
+        """Reserve the quote, run a synchronous call, settle what it cost, let its time pass."""
         with self.platform.charge(self.key, tool, quote.usd) as bill:
-            billed = self.world.rollout.generate(tool, self._next("ds"))
+            billed = call()
             bill.settle(billed.cost_usd)
-        return self._new_dataset(billed)
+        self.world.clock.spend(billed.seconds)
+        return billed
+
+    def _generate_data(self, tool: GenerateData) -> tuple[str, dict[str, Any]]:
+        rollout = self.world.rollout
+        return self._new_dataset(self._paid(tool, rollout.quote_generate(tool),
+                                            lambda: rollout.generate(tool, self._next("ds"))))
 
     def _transform_data(self, tool: TransformData) -> tuple[str, dict[str, Any]]:
         for ds in tool.datasets:
             self._dataset(ds)
-        quote = self.world.rollout.quote_transform(tool)
-        with self.platform.charge(self.key, tool, quote.usd) as bill:
-            billed = self.world.rollout.transform(tool, self._next("ds"))
-            bill.settle(billed.cost_usd)
-        return self._new_dataset(billed)
+        rollout = self.world.rollout
+        return self._new_dataset(self._paid(tool, rollout.quote_transform(tool),
+                                            lambda: rollout.transform(tool, self._next("ds"))))
 
     def _new_dataset(self, billed: Billed[DatasetInfo]) -> tuple[str, dict[str, Any]]:
-        self.world.clock.spend(billed.seconds)
         ds = billed.value
         self.datasets[ds.id] = ds
         stats = ", ".join(f"{k} {v:.3g}" for k, v in ds.stats.items())
@@ -240,21 +244,15 @@ class ResearchRun:
 
     def _infer(self, tool: Infer) -> tuple[str, dict[str, Any]]:
         self._checkpoint(tool.model)
-        quote = self.world.inference.quote(tool)
-        with self.platform.charge(self.key, tool, quote.usd) as bill:
-            billed = self.world.inference.complete(tool)
-            bill.settle(billed.cost_usd)
-        self.world.clock.spend(billed.seconds)
+        inference = self.world.inference
+        billed = self._paid(tool, inference.quote(tool), lambda: inference.complete(tool))
         c = billed.value
         return (f"{tool.model} ({c.prompt_tokens}+{c.completion_tokens} tokens, {c.finish_reason}, "
                 f"${billed.cost_usd:.4f}):\n{c.text}", c.model_dump())
 
     def _sandbox_exec(self, tool: SandboxExec) -> tuple[str, dict[str, Any]]:
-        quote = self.world.sandbox.quote(tool)
-        with self.platform.charge(self.key, tool, quote.usd) as bill:
-            billed = self.world.sandbox.exec(tool)
-            bill.settle(billed.cost_usd)
-        self.world.clock.spend(billed.seconds)
+        sandbox = self.world.sandbox
+        billed = self._paid(tool, sandbox.quote(tool), lambda: sandbox.exec(tool))
         r = billed.value
         return (f"exit {r.exit_code} after {r.duration_s:.1f} s (${billed.cost_usd:.4f})\n"
                 f"--- stdout\n{r.stdout}" + (f"\n--- stderr\n{r.stderr}" if r.stderr else ""), r.model_dump())

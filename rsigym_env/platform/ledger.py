@@ -18,9 +18,10 @@ import os
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from ..errors import ActionError, InsufficientBudget
 from . import audit as _audit
@@ -157,17 +158,11 @@ class Ledger:
         # that lives in this process's memory is exactly as durable as the queue.
         self._head: tuple[int, str] | None = None
         self._pending: list[_audit.Row] = []
-        with self._lock:
-            self._cur.execute("BEGIN IMMEDIATE")
-            try:
-                for statement in _SCHEMA:
-                    self._cur.execute(statement)
-                if self.path is None:
-                    self._head = _audit.read_head(self._cur)
-                self._cur.execute("COMMIT")
-            except BaseException:
-                self._rollback()
-                raise
+        with self._transaction():
+            for statement in _SCHEMA:
+                self._cur.execute(statement)
+            if self.path is None:
+                self._head = _audit.read_head(self._cur)
 
     def __enter__(self) -> Ledger:
         return self
@@ -195,26 +190,20 @@ class Ledger:
         ``ValueError`` if ``child`` already exists.
         """
         nano = _nano_near(_checked(budget_usd))
-        with self._lock:
+        with self._transaction() as logged:
             cur = self._cur
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                row = cur.execute(_GRANT, (nano, parent, nano)).fetchone()
-                if row is None:
-                    err, head = self._refuse(parent, nano, audit, {"request": "mint", "child": child})
-                else:
-                    err = None
-                    try:
-                        cur.execute(_OPEN, (child, parent, nano))
-                    except sqlite3.IntegrityError:
-                        raise ValueError(f"key {child!r} already has an account") from None
-                    fields = {"op": "mint", "child": child, "granted_usd": nano / NANO, "available_usd": row[0] / NANO}
-                    head = self._log(parent, audit, fields)
-                cur.execute("COMMIT")
-            except BaseException:
-                self._rollback()
-                raise
-            self._advance(head)
+            row = cur.execute(_GRANT, (nano, parent, nano)).fetchone()
+            if row is None:
+                err, entry = self._refuse(parent, nano, audit, {"request": "mint", "child": child})
+                logged.append(entry)
+            else:
+                err = None
+                try:
+                    cur.execute(_OPEN, (child, parent, nano))
+                except sqlite3.IntegrityError:
+                    raise ValueError(f"key {child!r} already has an account") from None
+                fields = {"op": "mint", "child": child, "granted_usd": nano / NANO, "available_usd": row[0] / NANO}
+                logged.append(self._log(parent, audit, fields))
         if err is not None:
             raise err
 
@@ -225,32 +214,25 @@ class Ledger:
         spend. ``ValueError`` if ``child`` is not an open sub-key or still has open reservations or
         sub-keys of its own; ``ActionError("key_closed")`` if it is already closed.
         """
-        with self._lock:
+        with self._transaction() as logged:
             cur = self._cur
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                row = cur.execute(_SUBKEY, (child,)).fetchone()
-                if row is None:
-                    raise ActionError("unknown_key", f"no account for key {child!r}")
-                parent, budget, spent, granted, closed = row
-                if parent is None:
-                    raise ValueError(f"key {child!r} is not a sub-key")
-                if closed:
-                    raise ActionError("key_closed", f"key {child!r} is already closed")
-                if granted:
-                    raise ValueError(f"sub-key {child!r} still has open sub-keys of its own")
-                if cur.execute(_HAS_RESERVATIONS, (child,)).fetchone() is not None:
-                    raise ValueError(f"sub-key {child!r} still has open reservations")
-                cur.execute(_CLOSE, (child,))
-                (available,) = cur.execute(_RETURN_GRANT, (budget, spent, parent)).fetchone()
-                fields = {"op": "close", "child": child, "charged_usd": spent / NANO,
-                          "remainder_usd": (budget - spent) / NANO, "available_usd": available / NANO}
-                head = self._log(parent, audit, fields)
-                cur.execute("COMMIT")
-            except BaseException:
-                self._rollback()
-                raise
-            self._advance(head)
+            row = cur.execute(_SUBKEY, (child,)).fetchone()
+            if row is None:
+                raise ActionError("unknown_key", f"no account for key {child!r}")
+            parent, budget, spent, granted, closed = row
+            if parent is None:
+                raise ValueError(f"key {child!r} is not a sub-key")
+            if closed:
+                raise ActionError("key_closed", f"key {child!r} is already closed")
+            if granted:
+                raise ValueError(f"sub-key {child!r} still has open sub-keys of its own")
+            if cur.execute(_HAS_RESERVATIONS, (child,)).fetchone() is not None:
+                raise ValueError(f"sub-key {child!r} still has open reservations")
+            cur.execute(_CLOSE, (child,))
+            (available,) = cur.execute(_RETURN_GRANT, (budget, spent, parent)).fetchone()
+            fields = {"op": "close", "child": child, "charged_usd": spent / NANO,
+                      "remainder_usd": (budget - spent) / NANO, "available_usd": available / NANO}
+            logged.append(self._log(parent, audit, fields))
         return (budget - spent) / NANO
 
     # --- reservations ---------------------------------------------------------------------------
@@ -262,25 +244,19 @@ class Ledger:
         ``ActionError("key_closed")``; with ``audit`` given, the refusal is logged all the same.
         """
         nano = _nano_up(_checked(usd))
-        with self._lock:
+        with self._transaction() as logged:
             cur = self._cur
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                row = cur.execute(_RESERVE, (nano, key, nano)).fetchone()
-                if row is None:
-                    err, head = self._refuse(key, nano, audit, {"request": "reserve"})
-                else:
-                    err = None
-                    cur.execute(_INSERT_RESERVATION, (key, nano))
-                    rid = cur.lastrowid
-                    fields = {"op": "reserve", "reservation": rid, "reserved_usd": nano / NANO,
-                              "available_usd": row[0] / NANO}
-                    head = self._log(key, audit, fields)
-                cur.execute("COMMIT")
-            except BaseException:
-                self._rollback()
-                raise
-            self._advance(head)
+            row = cur.execute(_RESERVE, (nano, key, nano)).fetchone()
+            if row is None:
+                err, entry = self._refuse(key, nano, audit, {"request": "reserve"})
+                logged.append(entry)
+            else:
+                err = None
+                cur.execute(_INSERT_RESERVATION, (key, nano))
+                rid = cur.lastrowid
+                fields = {"op": "reserve", "reservation": rid, "reserved_usd": nano / NANO,
+                          "available_usd": row[0] / NANO}
+                logged.append(self._log(key, audit, fields))
         if err is not None:
             raise err
         return Reservation(rid, key, nano / NANO)
@@ -304,19 +280,12 @@ class Ledger:
         ``available_usd`` is added.
         """
         key = audit.get("key")
-        with self._lock:
-            if self._head is not None:  # in memory: one writer, so a single read needs no transaction
+        if self._head is not None:  # in memory: one writer, so a single read needs no transaction
+            with self._lock:
                 self._advance(self._log(key, audit, self._state_fields(key)))
-                return
-            cur = self._cur
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                head = self._log(key, audit, self._state_fields(key))
-                cur.execute("COMMIT")
-            except BaseException:
-                self._rollback()
-                raise
-            self._advance(head)
+            return
+        with self._transaction() as logged:
+            logged.append(self._log(key, audit, self._state_fields(key)))
 
     def _state_fields(self, key: str | None) -> dict[str, Any]:
         fields: dict[str, Any] = {"op": "record"}
@@ -361,28 +330,20 @@ class Ledger:
 
     def _finish(self, res: Reservation, actual: int, op: str, audit: dict[str, Any] | None) -> float:
         """Close reservation ``res``, charging ``min(actual, reserved)`` nano-dollars; return dollars charged."""
-        with self._lock:
+        with self._transaction() as logged:
             cur = self._cur
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                row = cur.execute(_TAKE_RESERVATION, (res.id, res.key)).fetchone()
-                if row is None:
-                    raise ValueError(f"reservation {res.id} on key {res.key!r} is not open (settled or released)")
-                reserved = row[0]
-                charged = min(actual, reserved)
-                (available,) = cur.execute(_CHARGE, (reserved, charged, res.key)).fetchone()
-                head = None
-                if audit is not None:
-                    fields = {"op": op, "reservation": res.id, "reserved_usd": reserved / NANO,
-                              "charged_usd": charged / NANO, "available_usd": available / NANO}
-                    if actual > reserved:
-                        fields["overrun_usd"] = (actual - reserved) / NANO
-                    head = self._log(res.key, audit, fields)
-                cur.execute("COMMIT")
-            except BaseException:
-                self._rollback()
-                raise
-            self._advance(head)
+            row = cur.execute(_TAKE_RESERVATION, (res.id, res.key)).fetchone()
+            if row is None:
+                raise ValueError(f"reservation {res.id} on key {res.key!r} is not open (settled or released)")
+            reserved = row[0]
+            charged = min(actual, reserved)
+            (available,) = cur.execute(_CHARGE, (reserved, charged, res.key)).fetchone()
+            if audit is not None:
+                fields = {"op": op, "reservation": res.id, "reserved_usd": reserved / NANO,
+                          "charged_usd": charged / NANO, "available_usd": available / NANO}
+                if actual > reserved:
+                    fields["overrun_usd"] = (actual - reserved) / NANO
+                logged.append(self._log(res.key, audit, fields))
         return charged / NANO
 
     def _refuse(
@@ -437,6 +398,22 @@ class Ledger:
                 self._rollback()
                 raise
             self._pending.clear()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[list[_Logged]]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` under the lock, rolled back on any exception. Audit entries
+        appended to the yielded list are advanced (head moved, row queued) only after the commit."""
+        with self._lock:
+            self._cur.execute("BEGIN IMMEDIATE")
+            logged: list[_Logged] = []
+            try:
+                yield logged
+                self._cur.execute("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
+            for entry in logged:
+                self._advance(entry)
 
     def _rollback(self) -> None:
         if self._conn.in_transaction:
