@@ -10,11 +10,18 @@ import pytest
 
 import rsigym_env
 
-# wrappers/ and baselines/ live at the repo's top level and install as rsigym_env.wrappers / .baselines
-MAPPED = ["rsigym_env.baselines", "rsigym_env.baselines.random_researcher", "rsigym_env.baselines.scripted_researcher"]
-MODULES = sorted(
-    m.name for m in pkgutil.walk_packages(rsigym_env.__path__, "rsigym_env.") if not m.name.endswith(".cli")
-) + ["rsigym_env", *MAPPED]
+import rsigym_env.baselines
+import rsigym_env.wrappers
+
+# wrappers/ and baselines/ live at the repo's top level and install as rsigym_env.wrappers / .baselines,
+# so they are walked on their own paths too.
+PACKAGES = [rsigym_env, rsigym_env.baselines, rsigym_env.wrappers]
+MODULES = sorted({
+    m.name
+    for package in PACKAGES
+    for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+    if not m.name.endswith(".cli")
+} | {p.__name__ for p in PACKAGES})
 
 
 @pytest.mark.parametrize("name", MODULES)
