@@ -1,7 +1,7 @@
 """Baseline researchers. Each is one readable file with a typed arguments dataclass.
 
 >>> sorted(RESEARCHERS)
-['random', 'scripted']
+['llm', 'random', 'scripted']
 >>> make_researcher("scripted").name
 'scripted'
 """
@@ -12,10 +12,12 @@ from typing import Callable
 
 from rsigym_env.episode import Researcher
 
+from .llm_researcher import LLMArgs, LLMResearcher
 from .random_researcher import RandomArgs, RandomResearcher
 from .scripted_researcher import ScriptedArgs, ScriptedResearcher
 
 RESEARCHERS: dict[str, Callable[[], Researcher]] = {
+    "llm": LLMResearcher,
     "random": RandomResearcher,
     "scripted": ScriptedResearcher,
 }
@@ -28,4 +30,4 @@ def make_researcher(name: str) -> Researcher:
     return RESEARCHERS[name]()
 
 
-__all__ = ["RESEARCHERS", "RandomArgs", "RandomResearcher", "ScriptedArgs", "ScriptedResearcher", "make_researcher"]
+__all__ = ["RESEARCHERS", "LLMArgs", "LLMResearcher", "RandomArgs", "RandomResearcher", "ScriptedArgs", "ScriptedResearcher", "make_researcher"]

@@ -5,12 +5,15 @@
     rsigym scenarios
     rsigym audit verify runs/<run>/ledger.sqlite
     rsigym tools
+    rsigym sweep --agents random,scripted --benchmarks all --seeds 3 --out bench/sweep
+    rsigym sweep --report bench/sweep/results.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from datetime import datetime
@@ -24,7 +27,7 @@ from rich.table import Table
 
 from . import ENV_IDS
 from .baselines import RESEARCHERS, make_researcher
-from .episode import EpisodeResult, run_episode
+from .episode import EpisodeResult, Researcher, run_episode
 from .platform.audit import verify_audit
 from .scenario import list_scenarios, load_scenario
 from .tools import tool_schemas
@@ -46,7 +49,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger = run_dir / "ledger.sqlite"
     env = gym.make(_env_id(scenario.track), scenario=scenario, ledger_path=ledger, run_dir=run_dir)
-    researcher = make_researcher(args.agent)
+    researcher = _researcher(args, run_dir)
     steps_log = (run_dir / "steps.jsonl").open("w")
     console.print(f"[bold]{scenario.name}[/]: {args.agent} researcher, seed {args.seed}, "
                   f"budget ${scenario.budget_usd:g}, {scenario.time_limit_h:g} h, run dir {run_dir}")
@@ -91,6 +94,19 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 10)] + "…"
+
+
+def _researcher(args: argparse.Namespace, run_dir: Path) -> Researcher:
+    """The ``--agent``; an LLM researcher takes its endpoint options and writes its transcript to the run dir."""
+    if args.agent != "llm":
+        return make_researcher(args.agent)
+    from .baselines import LLMArgs, LLMResearcher
+
+    llm = LLMArgs(transcript=str(run_dir / "transcript.jsonl"))
+    for field in ("model", "base_url", "api_key"):
+        if getattr(args, f"llm_{field}"):
+            setattr(llm, field, getattr(args, f"llm_{field}"))
+    return LLMResearcher(llm)
 
 
 def summary_table(result: EpisodeResult, wall_seconds: float) -> Table:
@@ -160,6 +176,86 @@ def cmd_tools(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
+    """agents × benchmarks × seeds through Ray (or in-process with ``--local``), then the report."""
+    from .report import print_report, write_report
+    from .sweep import all_agents, all_benchmarks, load_results, make_grid, sweep
+
+    if args.report:
+        data = load_results(args.report)
+        out = Path(args.out) if args.out else Path(args.report).parent
+        print_report(data, console)
+        paths = write_report(data, out)
+        console.print("report: " + ", ".join(str(p) for p in paths.values()))
+        return 0
+    agents = all_agents() if args.agents == "all" else _split(args.agents)
+    try:
+        benchmarks = all_benchmarks(args.world) if args.benchmarks == "all" else _split(args.benchmarks)
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    if not agents or not benchmarks or args.seeds < 1:
+        console.print("[red]error:[/] need at least one agent, one benchmark and one seed")
+        return 2
+    known = set(all_agents())
+    for name in agents:
+        if name not in known and ":" not in name:
+            console.print(f"[yellow]warning:[/] unknown agent {name!r} (known: {', '.join(sorted(known))}); "
+                          "its episodes will be reported as failed")
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    specs = make_grid(agents, benchmarks, seeds, track=args.track, budget_usd=args.budget, world=args.world,
+                      max_steps=args.max_steps)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out or Path("runs") / f"sweep-{stamp}")
+    command = ["rsigym", "sweep", "--agents", ",".join(agents), "--benchmarks", ",".join(benchmarks) if args.benchmarks != "all" else "all",
+               "--seeds", str(args.seeds), "--track", args.track, "--budget", f"{args.budget:g}", "--out", str(out)]
+    command += (["--first-seed", str(args.first_seed)] if args.first_seed else []) + (["--world", args.world] if args.world != "sim" else [])
+    command += (["--max-steps", str(args.max_steps)] if args.max_steps else []) + (["--chunk", str(args.chunk)] if args.chunk else [])
+    command += (["--address", args.address] if args.address else []) + (["--local"] if args.local else [])
+    where = "in-process (--local)" if args.local else (f"on the Ray cluster at {args.address}" if args.address else "on a local Ray instance")
+    console.print(f"[bold]sweep[/]: {len(agents)} agent(s) × {len(benchmarks)} benchmark(s) × {args.seeds} seed(s) = "
+                  f"{len(specs)} episodes, {args.track} track, ${args.budget:g}, {where}; each episode has its own env, "
+                  f"ledger and platform key; output {out}")
+    failed = 0
+    with Progress(TextColumn("[bold blue]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console,
+                  disable=args.quiet) as progress:
+        task = progress.add_task("starting Ray" if not args.local else "episodes", total=len(specs), status="")
+
+        def on_ready(timing: dict[str, float]) -> None:
+            if timing.get("ray_init_s"):
+                progress.console.print(f"Ray ready in {timing['ray_init_s']:.1f} s")
+            progress.update(task, description="episodes")
+
+        def on_done(records: list[Any]) -> None:
+            nonlocal failed
+            failed += sum(1 for r in records if not r.ok)
+            progress.update(task, advance=len(records), status=f"[red]{failed} failed[/]" if failed else "")
+
+        try:
+            result = sweep(specs, local=args.local, address=args.address, num_cpus=args.num_cpus, chunk=args.chunk,
+                           on_done=on_done, on_ready=on_ready)
+        except Exception as exc:  # the cluster itself (not an episode) failed: nothing to report
+            console.print(f"[red]error:[/] could not run the sweep: {type(exc).__name__}: {exc}")
+            return 1
+    result.config["command"] = shlex.join(command)
+    data = result.to_dict()
+    result.save(out / "results.json")
+    print_report(data, console)
+    paths = write_report(data, out, command=result.config["command"])
+    timing = result.timing
+    console.print(f"{len(specs)} episodes in {timing['sweep_s']:.2f} s ({timing['episodes_per_s']:.0f}/s)"
+                  + (f", Ray {'connect' if args.address else 'start-up'} {timing['ray_init_s']:.1f} s" if "ray_init_s" in timing else "")
+                  + (f", {result.config['chunk']} episodes per task" if result.config.get("chunk") else "")
+                  + f"; {failed} failed")
+    console.print(f"results: {out / 'results.json'}; report: " + ", ".join(str(p) for p in paths.values()))
+    return 1 if (args.strict and failed) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rsigym", description="RSIGym-Env: research runs as Gymnasium environments.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -173,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-steps", type=int, help="tool calls per episode")
     run.add_argument("--agent", default="scripted", choices=sorted(RESEARCHERS), help="researcher (default: scripted)")
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--llm-model", help="--agent llm: model name (default: $RSIGYM_LLM_MODEL)")
+    run.add_argument("--llm-base-url", help="--agent llm: OpenAI-compatible base URL (default: $OPENAI_BASE_URL)")
+    run.add_argument("--llm-api-key", help="--agent llm: API key (default: $OPENAI_API_KEY)")
     run.add_argument("--json", metavar="PATH", help="also write the result as JSON here")
     run.add_argument("--run-dir", help="where to keep the ledger, audit log and step log (default: runs/...)")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no per-step lines")
@@ -192,6 +291,31 @@ def build_parser() -> argparse.ArgumentParser:
     tools = sub.add_parser("tools", help="list the researcher's tools")
     tools.add_argument("--json", action="store_true", help="print the function-calling schemas as JSON")
     tools.set_defaults(func=cmd_tools)
+
+    sw = sub.add_parser("sweep", help="agents x benchmarks x seeds as Ray tasks; Figure-2 table, heatmap, anytime curves",
+                        description="Run every (agent, benchmark, seed) episode, each in its own env with its own "
+                                    "platform key and ledger, as Ray tasks of --chunk episodes (or in-process with "
+                                    "--local), then print the Figure-2 table and write results.json, table.md, "
+                                    "heatmap.png and anytime.png to --out. A failed episode is reported, not fatal.")
+    sw.add_argument("--agents", default="random,scripted",
+                    help="comma-separated researcher names, 'module:Factory' paths, or 'all' (every registered one)")
+    sw.add_argument("--benchmarks", default="all", help="comma-separated benchmark ids or 'all' (default)")
+    sw.add_argument("--seeds", type=int, default=3, help="seeds per (agent, benchmark): first-seed .. first-seed+N-1")
+    sw.add_argument("--first-seed", type=int, default=0)
+    sw.add_argument("--track", default="joint", choices=["joint", "data", "harness"])
+    sw.add_argument("--budget", type=float, default=500.0, help="budget in dollars per episode (default 500)")
+    sw.add_argument("--world", default="sim")
+    sw.add_argument("--max-steps", type=int, help="tool calls per episode (default: the scenario's)")
+    sw.add_argument("--address", help="join this Ray cluster (e.g. ray://host:10001 or host:6379; its workers "
+                                      "must have rsigym-env installed); default: start a local Ray")
+    sw.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all cores)")
+    sw.add_argument("--chunk", type=int, help="episodes per Ray task (default: about 4 tasks per CPU, at most 25)")
+    sw.add_argument("--local", action="store_true", help="run in this process without Ray (the reference)")
+    sw.add_argument("--out", help="output directory (default runs/sweep-<timestamp>; with --report: next to the file)")
+    sw.add_argument("--report", metavar="RESULTS_JSON", help="only re-make the table and plots from a saved results.json")
+    sw.add_argument("--strict", action="store_true", help="exit 1 if any episode failed")
+    sw.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    sw.set_defaults(func=cmd_sweep)
     return parser
 
 

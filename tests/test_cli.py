@@ -44,3 +44,17 @@ def test_scenarios_and_tools_and_errors(capsys):
 def test_console_script_is_installed():
     proc = subprocess.run([sys.executable, "-m", "rsigym_env.cli", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "scenarios" in proc.stdout
+
+
+def test_run_with_the_llm_researcher_over_http(tmp_path, capsys):
+    from rsigym_env.serving import ModelRegistry, OpenAIServer, ScriptedChatModel
+
+    script = ScriptedChatModel([("evaluate", '{"k": 1, "n_tasks": 5}'), ("wait", "{}"), ("submit", "{}")])
+    with OpenAIServer(ModelRegistry({"scripted": script})) as server:
+        code = main(["run", "--agent", "llm", "--llm-base-url", server.base_url, "--llm-model", "scripted",
+                     "--llm-api-key", "x", "--benchmark", "aime", "--track", "harness", "--quiet",
+                     "--run-dir", str(tmp_path / "run")])
+    assert code == 0
+    assert "by the agent" in capsys.readouterr().out
+    transcript = (tmp_path / "run" / "transcript.jsonl").read_text().splitlines()
+    assert len(transcript) >= 3 and len(script.requests) == 3

@@ -1,0 +1,429 @@
+"""An OpenAI-compatible HTTP server for any :class:`~rsigym_env.serving.models.ChatModel`.
+
+Endpoints (under ``/v1``): ``GET /models``, ``GET /models/{id}``, ``POST /chat/completions``
+(non-streaming and streaming server-sent events, ``tools``/``tool_calls``, ``n``, ``usage``,
+``finish_reason`` ``stop``/``length``/``tool_calls``, ``stream_options.include_usage``); plus
+``GET /health``. Errors have OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``:
+400 for a malformed body, invalid messages or parameter values and ``context_length_exceeded``;
+404 ``model_not_found``; 500 ``model_error`` when a model raises; 504 ``model_timeout``. Models run
+in worker threads, so a slow or failing model never blocks or takes down the server.
+
+The server runs uvicorn in a background thread on a port the OS picks (``port=0``); models can be
+added to and removed from its registry while it runs:
+
+>>> from openai import OpenAI
+>>> from rsigym_env.serving import EchoModel, ModelRegistry
+>>> with OpenAIServer(ModelRegistry({"echo": EchoModel(prefix="you said: ")})) as server:
+...     client = OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+...     reply = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}])
+>>> reply.choices[0].message.content, reply.usage.completion_tokens
+('you said: hi', 4)
+
+By hand::
+
+    python -m rsigym_env.serving.openai_server --port 8000 [--scripted FILE]
+
+serves ``echo`` (:class:`EchoModel`: replies with the last user message) and, with ``--scripted``,
+``scripted`` (:class:`ScriptedChatModel` playing the turns in FILE: a JSON list or JSONL of
+``{"say": text}`` / ``{"tool": name, "arguments": {...} or "raw text"}``), until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import signal
+import socket
+import threading
+import time
+import uuid
+from typing import Any, Iterator, Mapping
+
+import anyio
+import anyio.to_thread
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .models import (
+    ChatChoice, ChatModel, ChatRequest, EchoModel, InvalidParam, ModelRegistry, ScriptedChatModel,
+    estimate_completion_tokens, estimate_prompt_tokens,
+)
+
+log = logging.getLogger("rsigym_env.serving")
+
+STREAM_TEXT_PIECE = 2      # words per streamed content delta
+STREAM_ARGS_PIECE = 16     # characters per streamed tool-argument delta
+
+
+def error_response(status: int, message: str, type_: str = "invalid_request_error",
+                   param: str | None = None, code: str | None = None) -> JSONResponse:
+    """A response in OpenAI's error shape."""
+    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}},
+                        status_code=status)
+
+
+def _param(error: dict[str, Any]) -> str:
+    """The OpenAI-style parameter path of a pydantic error: ``("messages", 0, "role")`` → ``messages[0].role``;
+    a request-level :class:`InvalidParam` names its own."""
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, InvalidParam):
+        return cause.param
+    out = ""
+    for part in error["loc"]:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part == "str" or str(part).startswith(("list[", "literal[", "function-", "union[", "dict[")):
+            continue  # pydantic's labels of union branches
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+_CODES = {"missing": "missing_required_parameter", "extra_forbidden": "unknown_parameter"}
+
+
+def validation_error_response(exc: ValidationError) -> JSONResponse:
+    """400 naming the offending parameters; of the branches of a union, only the deepest errors are kept."""
+    errors = [(_param(e), e) for e in exc.errors(include_url=False)]
+    errors = [(p, e) for p, e in errors
+              if not any(q != p and q.startswith(p) and q[len(p):][:1] in ".[" for q, _ in errors)]
+    param, first = errors[0]
+    message = "; ".join(f"{p or 'body'}: {str(e['msg']).removeprefix('Value error, ')}" for p, e in errors[:5])
+    if len(errors) > 5:
+        message += f" (and {len(errors) - 5} more)"
+    code = _CODES.get(first["type"], "invalid_type" if first["type"].endswith("_type") else "invalid_value")
+    return error_response(400, f"Invalid request: {message}", param=param or None, code=code)
+
+
+# --------------------------------------------------------------------------------------------
+# Response assembly
+
+
+def _finish(choice: ChatChoice) -> str:
+    return choice.resolved_finish_reason
+
+
+def _tool_calls(choice: ChatChoice) -> list[dict[str, Any]]:
+    return [{"id": c.id or f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}} for c in choice.tool_calls]
+
+
+def usage_of(model: ChatModel, request: ChatRequest, choices: list[ChatChoice]) -> dict[str, int]:
+    """Prompt tokens once per request (as OpenAI counts with ``n > 1``), completion tokens summed."""
+    prompt = next((c.prompt_tokens for c in choices if c.prompt_tokens is not None), None)
+    if prompt is None:
+        prompt = count_prompt_tokens(model, request)
+    completion = sum(c.completion_tokens if c.completion_tokens is not None else estimate_completion_tokens(c)
+                     for c in choices)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def count_prompt_tokens(model: ChatModel, request: ChatRequest) -> int:
+    counter = getattr(model, "count_prompt_tokens", None)
+    return int(counter(request)) if callable(counter) else estimate_prompt_tokens(request)
+
+
+def completion_body(cid: str, created: int, name: str, choices: list[ChatChoice], tool_calls: list[list[dict]],
+                    usage: dict[str, int]) -> dict[str, Any]:
+    out = []
+    for i, choice in enumerate(choices):
+        message: dict[str, Any] = {"role": "assistant", "content": choice.content, "refusal": None}
+        if tool_calls[i]:
+            message["tool_calls"] = tool_calls[i]
+        out.append({"index": i, "message": message, "logprobs": None, "finish_reason": _finish(choice)})
+    return {"id": cid, "object": "chat.completion", "created": created, "model": name,
+            "system_fingerprint": None, "choices": out, "usage": usage}
+
+
+def _pieces(text: str, words: int) -> list[str]:
+    """``text`` in pieces of ``words`` words each (whitespace kept), joining back to exactly ``text``."""
+    parts = re.split(r"(?<=\s)(?=\S)", text)
+    return ["".join(parts[i:i + words]) for i in range(0, len(parts), words)] or [""]
+
+
+def stream_events(cid: str, created: int, name: str, choices: list[ChatChoice], tool_calls: list[list[dict]],
+                  usage: dict[str, int], include_usage: bool) -> Iterator[str]:
+    """Server-sent events of a completion in ``chat.completion.chunk`` form, then ``[DONE]``.
+
+    Per choice: a role delta, content deltas, then per tool call a header delta (``index``, ``id``,
+    ``type``, ``function.name``) and argument deltas (``index`` + ``function.arguments``), then an
+    empty delta with the ``finish_reason`` — the format the openai SDK accumulates.
+    """
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> str:
+        body: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
+                                "system_fingerprint": None,
+                                "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        if include_usage:
+            body["usage"] = None
+        return f"data: {json.dumps(body)}\n\n"
+
+    for i, choice in enumerate(choices):
+        has_text = choice.content is not None
+        yield chunk(i, {"role": "assistant", "content": "" if has_text else None})
+        if choice.content:
+            for piece in _pieces(choice.content, STREAM_TEXT_PIECE):
+                yield chunk(i, {"content": piece})
+        for j, call in enumerate(tool_calls[i]):
+            yield chunk(i, {"tool_calls": [{"index": j, "id": call["id"], "type": "function",
+                                             "function": {"name": call["function"]["name"], "arguments": ""}}]})
+            args = call["function"]["arguments"]
+            for k in range(0, len(args), STREAM_ARGS_PIECE):
+                yield chunk(i, {"tool_calls": [{"index": j, "function": {"arguments": args[k:k + STREAM_ARGS_PIECE]}}]})
+        yield chunk(i, {}, _finish(choice))
+    if include_usage:
+        body = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
+                "system_fingerprint": None, "choices": [], "usage": usage}
+        yield f"data: {json.dumps(body)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+# --------------------------------------------------------------------------------------------
+# The app
+
+
+def create_app(registry: ModelRegistry, model_timeout_s: float | None = None) -> Starlette:
+    """The Starlette app serving ``registry`` (usable without :class:`OpenAIServer`, e.g. mounted)."""
+
+    async def list_models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": e.name, "object": "model", "created": e.created, "owned_by": e.owned_by}
+            for e in registry.entries()]})
+
+    async def get_model(request: Request) -> Response:
+        name = request.path_params["model"]
+        entry = registry.entry(name)
+        if entry is None:
+            return _model_not_found(name)
+        return JSONResponse({"id": entry.name, "object": "model", "created": entry.created, "owned_by": entry.owned_by})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "models": len(registry)})
+
+    async def chat_completions(request: Request) -> Response:
+        raw = await request.body()
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return error_response(400, f"We could not parse the JSON body of your request ({exc}). The body "
+                                       "must be a JSON object.", code="invalid_json")
+        if not isinstance(data, dict):
+            return error_response(400, f"The request body must be a JSON object, got {type(data).__name__}.",
+                                  code="invalid_json")
+        try:
+            chat = ChatRequest.model_validate(data)
+        except ValidationError as exc:
+            return validation_error_response(exc)
+        entry = registry.entry(chat.model)
+        if entry is None:
+            return _model_not_found(chat.model)
+        model = entry.model
+
+        context = getattr(model, "context_length", None)
+        if context is not None:
+            try:
+                prompt = await anyio.to_thread.run_sync(count_prompt_tokens, model, chat)
+            except Exception as exc:
+                return _model_failed(chat.model, exc)
+            wanted = prompt + (chat.completion_limit or 0)
+            if prompt >= context or wanted > context:
+                return error_response(
+                    400, f"This model's maximum context length is {context} tokens. However, you requested "
+                         f"{wanted} tokens ({prompt} in the messages, {chat.completion_limit or 0} in the "
+                         "completion). Please reduce the length of the messages or completion.",
+                    param="messages", code="context_length_exceeded")
+
+        try:
+            with anyio.fail_after(model_timeout_s):
+                result = await anyio.to_thread.run_sync(model.complete, chat, abandon_on_cancel=True)
+            choices = [c if isinstance(c, ChatChoice) else ChatChoice.model_validate(c) for c in result]
+            if not choices:
+                raise ValueError("the model returned no choices")
+            usage = usage_of(model, chat, choices)
+        except TimeoutError:
+            log.error("model %r timed out after %s s", chat.model, model_timeout_s)
+            return error_response(504, f"The model {chat.model!r} did not answer within {model_timeout_s} s.",
+                                  type_="timeout", code="model_timeout")
+        except Exception as exc:  # a failing model must never take the server down
+            return _model_failed(chat.model, exc)
+
+        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        calls = [_tool_calls(c) for c in choices]
+        if chat.stream:
+            include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
+            return StreamingResponse(stream_events(cid, created, chat.model, choices, calls, usage, include_usage),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return JSONResponse(completion_body(cid, created, chat.model, choices, calls, usage))
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=kind)
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+        return error_response(500, f"internal server error: {type(exc).__name__}: {exc}", type_="server_error",
+                              code="internal_error")
+
+    routes = [
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+
+
+def _model_not_found(name: str) -> Response:
+    return error_response(404, f"The model `{name}` does not exist or you do not have access to it.",
+                          param="model", code="model_not_found")
+
+
+def _model_failed(name: str, exc: Exception) -> Response:
+    log.warning("model %r raised %s: %s", name, type(exc).__name__, exc)
+    return error_response(500, f"The model {name!r} failed: {type(exc).__name__}: {exc}", type_="server_error",
+                          code="model_error")
+
+
+# --------------------------------------------------------------------------------------------
+# The server in a background thread
+
+
+class OpenAIServer:
+    """Serve ``registry`` over HTTP on ``host:port`` (``port=0``: the OS picks a free one).
+
+    ``start()``/``stop()`` or use it as a context manager; ``base_url`` is what ``OpenAI(base_url=...)``
+    takes. A model's ``complete`` that runs longer than ``model_timeout_s`` gets a 504 (its thread is
+    abandoned, not killed). ``registry`` may also be a plain ``{name: model}`` mapping.
+    """
+
+    def __init__(self, registry: ModelRegistry | Mapping[str, ChatModel] | None = None, host: str = "127.0.0.1",
+                 port: int = 0, *, model_timeout_s: float | None = 600.0, log_level: str = "warning"):
+        self.registry = registry if isinstance(registry, ModelRegistry) else ModelRegistry(registry)
+        self.host = host
+        self._requested_port = port
+        self.model_timeout_s = model_timeout_s
+        self.log_level = log_level
+        self.app = create_app(self.registry, model_timeout_s)
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None
+        self._error: BaseException | None = None
+        self.port: int | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and bool(self._server and self._server.started)
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("the server is not started")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """``http://HOST:PORT/v1``."""
+        return f"{self.url}/v1"
+
+    def start(self, timeout_s: float = 10.0) -> "OpenAIServer":
+        """Bind the port, start uvicorn in a daemon thread and wait until it accepts connections."""
+        import uvicorn
+
+        if self._thread is not None:
+            return self
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
+        # and without it every response waits ~40 ms for a delayed ACK (headers and body are two writes).
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            sock.bind((self.host, self._requested_port))
+        except OSError:
+            sock.close()
+            raise
+        self._socket, self.port = sock, sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level=self.log_level, access_log=False, lifespan="off", ws="none",
+                                timeout_graceful_shutdown=2, timeout_keep_alive=5)
+        self._server = uvicorn.Server(config)
+        self._error = None
+        self._thread = threading.Thread(target=self._serve, name=f"openai-server:{self.port}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the OpenAI-compatible server did not start: {self._error!r}")
+            time.sleep(0.005)
+        return self
+
+    def _serve(self) -> None:
+        try:
+            self._server.run(sockets=[self._socket])
+        except BaseException as exc:  # SystemExit from uvicorn's start-up failure included
+            self._error = exc
+            log.error("OpenAI-compatible server stopped: %r", exc)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop serving (in-flight requests get up to ~2 s) and free the port. Safe to call twice."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                self._server.force_exit = True
+                self._thread.join(timeout_s)
+        if self._socket is not None:
+            self._socket.close()
+        self._thread = self._socket = self._server = None
+
+    def __enter__(self) -> "OpenAIServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        where = self.base_url if self.port is not None else "not started"
+        return f"OpenAIServer({where}, models={self.registry.names()})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m rsigym_env.serving.openai_server",
+        description="Serve offline chat models over the OpenAI HTTP protocol: 'echo' (replies with the "
+                    "last user message) and, with --scripted, 'scripted' (plays the turns in FILE).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0 lets the OS pick a free port (printed)")
+    parser.add_argument("--scripted", metavar="FILE",
+                        help='JSON list or JSONL of turns: {"say": text} or {"tool": name, "arguments": {...}}')
+    parser.add_argument("--repeat-last", action="store_true", help="the scripted model repeats its last turn")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+
+    registry = ModelRegistry({"echo": EchoModel()})
+    if args.scripted:
+        registry.add("scripted", ScriptedChatModel.from_file(args.scripted, repeat_last=args.repeat_last))
+    server = OpenAIServer(registry, host=args.host, port=args.port, log_level=args.log_level).start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print(f"serving {', '.join(registry.names())} at {server.base_url} (Ctrl-C to stop)", flush=True)
+    try:
+        while not stop.wait(0.5) and server.running:
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
