@@ -18,6 +18,7 @@ sys.path.insert(0, str(HERE))
 
 import bench_env  # noqa: E402
 import bench_ledger  # noqa: E402
+import bench_sweep  # noqa: E402
 
 START, END = "<!-- figures:start -->", "<!-- figures:end -->"
 
@@ -28,8 +29,9 @@ def main() -> None:
     args = parser.parse_args()
     env = bench_env.measure(args.seconds)
     ledger = bench_ledger.measure(args.seconds)
+    sweep = bench_sweep.measure()
     results = {"date": date.today().isoformat(), "python": platform.python_version(), "cpus": os.cpu_count(),
-               "env": env, "ledger": ledger}
+               "env": env, "ledger": ledger, "sweep": sweep}
     (HERE / "results.json").write_text(json.dumps(results, indent=2))
     lines = [
         START,
@@ -44,6 +46,12 @@ def main() -> None:
         "| ledger operation | per second |",
         "|---|---:|",
         *[f"| {k} | {v:,.0f} |" for k, v in ledger.items()],
+        "",
+        "| sweep (random + scripted × 5 benchmarks × 40 seeds) | seconds | speed-up |",
+        "|---|---:|---:|",
+        f"| one process, one episode after another (reference) | {sweep['sequential_s']:.2f} | 1.00 |",
+        f"| Ray, {sweep["cpus"]:.0f} CPUs, {sweep["chunk"]:.0f} episodes per task | {sweep['ray_s']:.2f} | {sweep['speedup']:.2f}× |",
+        f"| Ray start-up / worker warm-up (not counted above) | {sweep['ray_init_s']:.1f} / {sweep['ray_warmup_s']:.1f} | |",
         END,
     ]
     readme = HERE / "README.md"

@@ -227,8 +227,9 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
         task = progress.add_task("starting Ray" if not args.local else "episodes", total=len(specs), status="")
 
         def on_ready(timing: dict[str, float]) -> None:
-            if timing.get("ray_init_s"):
-                progress.console.print(f"Ray ready in {timing['ray_init_s']:.1f} s")
+            if "ray_init_s" in timing:
+                progress.console.print(f"Ray ready in {timing['ray_init_s']:.1f} s"
+                                       f" (+ {timing.get('ray_warmup_s', 0.0):.1f} s warming up the workers)")
             progress.update(task, description="episodes")
 
         def on_done(records: list[Any]) -> None:
@@ -249,7 +250,8 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     paths = write_report(data, out, command=result.config["command"])
     timing = result.timing
     console.print(f"{len(specs)} episodes in {timing['sweep_s']:.2f} s ({timing['episodes_per_s']:.0f}/s)"
-                  + (f", Ray {'connect' if args.address else 'start-up'} {timing['ray_init_s']:.1f} s" if "ray_init_s" in timing else "")
+                  + (f", Ray {'connect' if args.address else 'start-up'} {timing['ray_init_s']:.1f} s"
+                     f" + worker warm-up {timing.get('ray_warmup_s', 0.0):.1f} s" if "ray_init_s" in timing else "")
                   + (f", {result.config['chunk']} episodes per task" if result.config.get("chunk") else "")
                   + f"; {failed} failed")
     console.print(f"results: {out / 'results.json'}; report: " + ", ".join(str(p) for p in paths.values()))

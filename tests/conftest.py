@@ -1,0 +1,26 @@
+"""Shared fixtures.
+
+``ray_session``: one local Ray (2 CPUs, no dashboard) per test process, started only when a test asks
+for it and shut down at the end of the session. Ray tests share it; ``rsigym_env.sweep`` reuses a
+running Ray instead of starting its own, and leaves it running.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[Any]:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray = pytest.importorskip("ray")
+    from rsigym_env.sweep import init_ray
+
+    started, _ = init_ray(num_cpus=2)
+    yield ray
+    if started:
+        ray.shutdown()
