@@ -50,7 +50,7 @@ def main() -> None:
         "| sweep (random + scripted × 5 benchmarks × 40 seeds) | seconds | speed-up |",
         "|---|---:|---:|",
         f"| one process, one episode after another (reference) | {sweep['sequential_s']:.2f} | 1.00 |",
-        f"| Ray, {sweep["cpus"]:.0f} CPUs, {sweep["chunk"]:.0f} episodes per task | {sweep['ray_s']:.2f} | {sweep['speedup']:.2f}× |",
+        f"| Ray, {sweep['cpus']:.0f} CPUs, {sweep['chunk']:.0f} episodes per task | {sweep['ray_s']:.2f} | {sweep['speedup']:.2f}× |",
         f"| Ray start-up / worker warm-up (not counted above) | {sweep['ray_init_s']:.1f} / {sweep['ray_warmup_s']:.1f} | |",
         END,
     ]
