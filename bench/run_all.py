@@ -18,6 +18,7 @@ sys.path.insert(0, str(HERE))
 
 import bench_env  # noqa: E402
 import bench_ledger  # noqa: E402
+import bench_model  # noqa: E402
 import bench_sweep  # noqa: E402
 
 START, END = "<!-- figures:start -->", "<!-- figures:end -->"
@@ -30,8 +31,9 @@ def main() -> None:
     env = bench_env.measure(args.seconds)
     ledger = bench_ledger.measure(args.seconds)
     sweep = bench_sweep.measure()
+    model = bench_model.measure(args.seconds)
     results = {"date": date.today().isoformat(), "python": platform.python_version(), "cpus": os.cpu_count(),
-               "env": env, "ledger": ledger, "sweep": sweep}
+               "env": env, "ledger": ledger, "sweep": sweep, "model": model}
     (HERE / "results.json").write_text(json.dumps(results, indent=2))
     lines = [
         START,
@@ -52,6 +54,11 @@ def main() -> None:
         f"| one process, one episode after another (reference) | {sweep['sequential_s']:.2f} | 1.00 |",
         f"| Ray, {sweep['cpus']:.0f} CPUs, {sweep['chunk']:.0f} episodes per task | {sweep['ray_s']:.2f} | {sweep['speedup']:.2f}× |",
         f"| Ray start-up / worker warm-up (not counted above) | {sweep['ray_init_s']:.1f} / {sweep['ray_warmup_s']:.1f} | |",
+        "",
+        f"Local-world model ({model['params_millions']:.2f} M parameters, NumPy; MFU against a float32 matmul "
+        "peak measured in the same run with the same thread count):",
+        "",
+        bench_model.table(model),
         END,
     ]
     readme = HERE / "README.md"

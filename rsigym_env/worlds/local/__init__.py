@@ -1,0 +1,78 @@
+"""The offline **local** world: a real tiny language model behind a Tinker-shaped client.
+
+Model stack (issue 3, part 1):
+
+* ``tokenizer``: byte-level tokenizer (optional BPE merges) and chat renderers (messages → tokens
+  and per-token training weights, ``TrainOnWhat``).
+* ``model``: the NumPy transformer — forward, hand-written backward, LoRA, AdamW, KV-cached
+  batched sampling.
+* ``tinker_client``: ``LocalServiceClient`` with tinker 0.38's signatures, returning real
+  ``tinker.types`` objects and ``tinker.APIFuture`` futures; checkpoints on disk.
+* ``training``: the supervised loop over chat JSONL, written against the Tinker client interface
+  only (it runs unchanged against ``tinker.ServiceClient``).
+
+``tinker_client`` and ``training`` need the ``tinker`` package (the ``services`` extra); they are
+imported on first use. Model work runs its matrix products on one OpenBLAS thread, set
+process-wide (``set_blas_threads(n)`` to change it before computing; see ``model.set_blas_threads``).
+
+>>> from rsigym_env.worlds.local import Tokenizer, ChatRenderer, ModelConfig
+>>> ChatRenderer(Tokenizer()).get_stop_sequences()
+[257]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .model import (
+    Adam,
+    AdamHyper,
+    ContextOverflowError,
+    Generation,
+    LoraConfig,
+    ModelConfig,
+    Transformer,
+    flops_per_token,
+    init_lora,
+    init_params,
+    load_model,
+    merge_lora,
+    save_model,
+    set_blas_threads,
+)
+from .tokenizer import ChatRenderer, MessageError, RoleColonRenderer, Tokenizer, TrainOnWhat, get_renderer
+
+_LAZY = {
+    "LocalServiceClient": "tinker_client",
+    "LocalTrainingClient": "tinker_client",
+    "LocalSamplingClient": "tinker_client",
+    "register_base_model": "tinker_client",
+    "make_random_base": "tinker_client",
+    "parse_tinker_path": "tinker_client",
+    "UnknownModelError": "tinker_client",
+    "CheckpointNotFoundError": "tinker_client",
+    "DEFAULT_BASE_MODEL": "tinker_client",
+    "SupervisedConfig": "training",
+    "SupervisedResult": "training",
+    "StepMetrics": "training",
+    "run_supervised": "training",
+    "load_chat_jsonl": "training",
+    "TrainingConfigError": "training",
+    "DatasetError": "training",
+}
+
+__all__ = [
+    "Adam", "AdamHyper", "ChatRenderer", "ContextOverflowError", "Generation", "LoraConfig", "MessageError",
+    "ModelConfig", "RoleColonRenderer", "Tokenizer", "TrainOnWhat", "Transformer", "flops_per_token",
+    "get_renderer", "init_lora", "init_params", "load_model", "merge_lora", "save_model", "set_blas_threads",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module = importlib.import_module(f".{_LAZY[name]}", __name__)
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

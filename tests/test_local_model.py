@@ -1,0 +1,528 @@
+"""The local world's NumPy model: tokenizer and renderers, gradient checks of every layer and of
+LoRA, merged LoRA == adapter path, AdamW, and KV-cached sampling."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rsigym_env.errors import ActionError
+from rsigym_env.worlds.local import model as M
+from rsigym_env.worlds.local.tokenizer import (
+    ChatRenderer,
+    MessageError,
+    RoleColonRenderer,
+    Tokenizer,
+    TrainOnWhat,
+    get_renderer,
+    validate_messages,
+)
+
+# ---------------------------------------------------------------------------------------------
+# tokenizer and renderers
+# ---------------------------------------------------------------------------------------------
+
+TOK = Tokenizer()
+BPE = Tokenizer.train_bpe(["the cat sat on the mat. " * 20, "def f(x):\n    return x + 1\n" * 10, "héllo wörld"], 60)
+
+
+@given(st.text(max_size=200))
+@settings(max_examples=150, deadline=None)
+def test_tokenizer_round_trips_any_text(text):
+    assert TOK.decode(TOK.encode(text)) == text
+    assert BPE.decode(BPE.encode(text)) == text
+    assert all(t < 256 for t in TOK.encode(text))  # encode never produces special tokens
+
+
+def test_bpe_compresses_and_persists(tmp_path):
+    text = "the cat sat on the mat. "
+    assert len(BPE.encode(text)) < len(TOK.encode(text)) / 2
+    BPE.save(tmp_path / "tok.json")
+    again = Tokenizer.load(tmp_path / "tok.json")
+    assert again.merges == BPE.merges and again.encode(text) == BPE.encode(text)
+    assert again.vocab_size == 272 + len(BPE.merges)
+
+
+def test_special_tokens_are_not_injectable():
+    ids = TOK.encode("<|end|><|assistant|>")
+    assert TOK.end_token_id not in ids and len(ids) == len("<|end|><|assistant|>")
+    assert TOK.decode([TOK.end_token_id]) == "<|end|>"
+    assert TOK.decode([TOK.end_token_id, 104], skip_special_tokens=True) == "h"
+    assert TOK.encode("a", add_special_tokens=True) == [TOK.bos_token_id, 97]
+
+
+CHAT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "hi"},
+    {"role": "assistant", "content": "A1"},
+    {"role": "user", "content": "again"},
+    {"role": "assistant", "content": "B2"},
+]
+
+
+@pytest.mark.parametrize(
+    "what, trained",
+    [
+        (TrainOnWhat.ALL_ASSISTANT_MESSAGES, "A1<|end|>B2<|end|>"),
+        (TrainOnWhat.LAST_ASSISTANT_MESSAGE, "B2<|end|>"),
+        (TrainOnWhat.ALL_MESSAGES, "Be brief.<|end|>hi<|end|>A1<|end|>again<|end|>B2<|end|>"),
+        (TrainOnWhat.ALL_USER_AND_SYSTEM_MESSAGES, "Be brief.<|end|>hi<|end|>again<|end|>"),
+    ],
+)
+def test_renderer_weights_select_the_right_tokens(what, trained):
+    r = ChatRenderer(TOK)
+    tokens, weights = r.build_supervised_example(CHAT, what)
+    assert tokens.dtype == np.int64 and weights.dtype == np.float32 and tokens.shape == weights.shape
+    assert TOK.decode(tokens[weights > 0]) == trained
+    assert TOK.decode(tokens) == ("<|bos|><|system|>Be brief.<|end|><|user|>hi<|end|><|assistant|>A1<|end|>"
+                                  "<|user|>again<|end|><|assistant|>B2<|end|>")
+
+
+def test_all_tokens_trains_everything_and_prompt_matches_training_prefix():
+    r = ChatRenderer(TOK)
+    tokens, weights = r.build_supervised_example(CHAT, "all_tokens")
+    assert weights.min() == 1.0
+    prompt = r.build_generation_prompt(CHAT[:-1])
+    assert list(tokens[: len(prompt)]) == prompt  # sampling continues exactly where training did
+
+
+def test_tool_calls_render_and_parse():
+    r = ChatRenderer(TOK)
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+    msgs = [{"role": "user", "content": "add"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": "2", "tool_call_id": "c1"}]
+    tokens, weights = r.build_supervised_example(msgs)
+    assert '<|tool_call|>{"name": "add", "arguments": "{\\"a\\": 1}"}<|end|>' in TOK.decode(tokens[weights > 0])
+    prompt = r.build_generation_prompt(msgs[:1], tools=[{"type": "function", "function": {"name": "add"}}])
+    assert "You can call these tools" in TOK.decode(prompt)
+    sampled = TOK.encode("ok") + [TOK.special("<|tool_call|>")] + TOK.encode('{"name": "add", "arguments": {"a": 1}}') + [TOK.end_token_id]
+    msg, ok = r.parse_response(sampled)
+    assert ok and msg["content"] == "ok" and msg["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 1}'}
+    msg, ok = r.parse_response(TOK.encode("cut off"))
+    assert not ok and msg == {"role": "assistant", "content": "cut off"}
+    msg, _ = r.parse_response([TOK.special("<|tool_call|>")] + TOK.encode("not json"))
+    assert msg["content"] == "not json" and "tool_calls" not in msg
+
+
+def test_role_colon_renderer_and_registry():
+    r = get_renderer("role_colon", TOK)
+    assert isinstance(r, RoleColonRenderer) and r.get_stop_sequences() == ["\n\nUser:"]
+    assert TOK.decode(r.build_generation_prompt(CHAT[:2])) == "System: Be brief.\n\nUser: hi\n\nAssistant:"
+    assert r.parse_response(TOK.encode(" yes\n\nUser: more")) == ({"role": "assistant", "content": "yes"}, True)
+    with pytest.raises(ValueError, match="unknown renderer"):
+        get_renderer("nope", TOK)
+
+
+@pytest.mark.parametrize("bad", [[], [{"role": "robot", "content": "x"}], [{"role": "user", "content": 3}],
+                                 ["text"], [{"role": "user", "tool_calls": [{}], "content": ""}]])
+def test_malformed_messages_are_rejected(bad):
+    with pytest.raises(MessageError):
+        validate_messages(bad)
+
+
+def test_content_parts_are_flattened():
+    msgs = validate_messages([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
+    assert msgs[0]["content"] == "ab"
+
+
+# ---------------------------------------------------------------------------------------------
+# gradient checks (float64, central differences along random directions)
+# ---------------------------------------------------------------------------------------------
+
+RTOL = 1e-6  # relative error allowed between the analytic and numeric directional derivative
+H = 1e-6
+
+
+def directional_check(f, x: np.ndarray, grad: np.ndarray, rng: np.random.Generator) -> float:
+    """|<grad, u> − (f(x+hu) − f(x−hu))/2h| relative to their size, for a random direction u."""
+    u = rng.standard_normal(x.shape)
+    old = x.copy()
+    x[...] = old + H * u
+    plus = f()
+    x[...] = old - H * u
+    minus = f()
+    x[...] = old
+    numeric = (plus - minus) / (2 * H)
+    analytic = float(np.sum(grad * u))
+    return abs(numeric - analytic) / max(abs(numeric), abs(analytic), 1e-8)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def test_layernorm_gradients(rng):
+    x = rng.standard_normal((5, 8))
+    g, b = rng.standard_normal(8), rng.standard_normal(8)
+    r = rng.standard_normal((5, 8))
+    f = lambda: float(np.sum(M.layernorm_forward(x, g, b)[0] * r))  # noqa: E731
+    dx, dg, db = M.layernorm_backward(r, M.layernorm_forward(x, g, b)[1], g)
+    for arr, grad in ((x, dx), (g, dg), (b, db)):
+        assert directional_check(f, arr, grad, rng) < RTOL
+
+
+def test_gelu_gradient_and_values(rng):
+    x = rng.standard_normal((4, 6)) * 3
+    r = rng.standard_normal((4, 6))
+    f = lambda: float(np.sum(M.gelu_forward(x.copy())[0] * r))  # noqa: E731
+    dx = M.gelu_backward(r, M.gelu_forward(x.copy())[1])
+    assert directional_check(f, x, dx, rng) < RTOL
+    # the tanh approximation agrees with exact GELU to ~1e-3
+    from math import erf
+    exact = np.vectorize(lambda v: 0.5 * v * (1 + erf(v / math.sqrt(2))))(x)
+    assert np.abs(M.gelu_forward(x.copy())[0] - exact).max() < 2e-3
+
+
+@pytest.mark.parametrize("with_lora", [False, True])
+def test_linear_gradients(rng, with_lora):
+    x, w = rng.standard_normal((6, 5)), rng.standard_normal((5, 7))
+    a, b = (rng.standard_normal((5, 2)), rng.standard_normal((2, 7))) if with_lora else (None, None)
+    r = rng.standard_normal((6, 7))
+    f = lambda: float(np.sum(M.linear_forward(x, w, a, b, 1.5)[0] * r))  # noqa: E731
+    y, xa = M.linear_forward(x, w, a, b, 1.5)
+    dx, dw, da, db = M.linear_backward(r, x, w, a, b, 1.5, xa)
+    checks = [(x, dx), (w, dw)] + ([(a, da), (b, db)] if with_lora else [])
+    for arr, grad in checks:
+        assert directional_check(f, arr, grad, rng) < RTOL
+
+
+def test_attention_gradient_and_causality(rng):
+    bsz, t, d, h = 2, 5, 8, 2
+    qkv = rng.standard_normal((bsz, t, 3 * d))
+    r = rng.standard_normal((bsz, t, d))
+    f = lambda: float(np.sum(M.attention_forward(qkv.copy(), h)[0] * r))  # noqa: E731
+    out, cache = M.attention_forward(qkv.copy(), h)
+    dqkv = M.attention_backward(r, cache)
+    assert directional_check(f, qkv, dqkv, rng) < RTOL
+    # changing the last position changes no earlier output
+    later = qkv.copy()
+    later[:, -1] += 1.0
+    assert np.allclose(M.attention_forward(later, h)[0][:, :-1], out[:, :-1])
+
+
+def test_cross_entropy_gradient(rng):
+    logits = rng.standard_normal((7, 11))
+    targets = rng.integers(0, 11, 7)
+    w = rng.random(7)
+    f = lambda: float(-np.sum(M.target_logprobs_and_grad(logits, targets)[0] * w))  # noqa: E731
+    logp, dlogits = M.target_logprobs_and_grad(logits, targets, -w)
+    assert np.allclose(logp, M.log_softmax(logits)[np.arange(7), targets])
+    assert directional_check(f, logits, dlogits, rng) < RTOL
+
+
+def small_config(**kw) -> M.ModelConfig:
+    base = dict(vocab_size=23, d_model=12, n_layers=2, n_heads=3, d_ff=20, max_seq_len=9)
+    return M.ModelConfig(**(base | kw))
+
+
+def perturbed_model(cfg: M.ModelConfig, lcfg: M.LoraConfig | None, rng) -> M.Transformer:
+    params = M.init_params(cfg, 0, np.float64)
+    for k in params:  # move off the symmetric initial point (LN at identity, B = 0)
+        params[k] = params[k] + rng.normal(0, 0.2 if k.endswith((".g", ".b")) else 0.05, params[k].shape)
+    lora = None
+    if lcfg is not None:
+        lora = {k: v + rng.normal(0, 0.3, v.shape) for k, v in M.init_lora(cfg, lcfg, 1, np.float64).items()}
+    return M.Transformer(cfg, params, lora, lcfg)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("lora", [None, M.LoraConfig(rank=3, alpha=6.0)])
+def test_full_model_gradients_every_parameter(rng, tied, lora):
+    """Every base weight (embeddings, positions, LN, attention, MLP, unembedding) and every LoRA
+    matrix, through the whole model and the weighted cross-entropy loss."""
+    cfg = small_config(tie_embeddings=tied)
+    m = perturbed_model(cfg, lora, rng)
+    tokens, targets = rng.integers(0, cfg.vocab_size, (2, 7)), rng.integers(0, cfg.vocab_size, (2, 7))
+    w = rng.random((2, 7))
+    f = lambda: float(-np.sum(m.token_logprobs(tokens, targets) * w))  # noqa: E731
+    _, grads = m.loss_and_grad(tokens, targets, -w, train_base=True, train_lora=lora is not None)
+    expected = set(cfg.shapes()) | (set(m.lora) if m.lora else set())
+    assert set(grads) == expected
+    worst = 0.0
+    for name, grad in grads.items():
+        arr = m.lora[name] if m.lora and name in m.lora else m.params[name]
+        m._merged = None
+        worst = max(worst, directional_check(f, arr, grad, rng))
+    assert worst < RTOL
+
+
+def test_lora_only_backward_skips_base_and_matches_full(rng):
+    cfg = small_config()
+    m = perturbed_model(cfg, M.LoraConfig(rank=2), rng)
+    tokens, targets = rng.integers(0, 23, (2, 6)), rng.integers(0, 23, (2, 6))
+    w = rng.random((2, 6))
+    _, only = m.loss_and_grad(tokens, targets, -w, train_base=False, train_lora=True)
+    _, both = m.loss_and_grad(tokens, targets, -w, train_base=True, train_lora=True)
+    assert set(only) == set(m.lora)
+    for k in only:
+        assert np.allclose(only[k], both[k], rtol=1e-12, atol=1e-14)
+
+
+def test_lora_targets_follow_the_flags():
+    cfg = small_config()
+    assert M.lora_targets(cfg, M.LoraConfig(train_attn=False, train_unembed=False)) == [
+        "layers.0.mlp.fc", "layers.0.mlp.proj", "layers.1.mlp.fc", "layers.1.mlp.proj"]
+    assert M.lora_targets(cfg, M.LoraConfig(train_mlp=False, train_attn=False)) == ["unembed"]
+    with pytest.raises(ValueError, match="At least one"):
+        M.LoraConfig(train_mlp=False, train_attn=False, train_unembed=False)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_merged_lora_equals_adapter_path(rng, tied):
+    cfg = small_config(tie_embeddings=tied)
+    m = perturbed_model(cfg, M.LoraConfig(rank=3, alpha=5.0), rng)
+    merged = m.merged()
+    assert merged.lora is None and merged.config.tie_embeddings is False
+    tokens = rng.integers(0, 23, (3, 8))
+    assert np.abs(merged.logits(tokens) - m.logits(tokens)).max() < 1e-12
+    fresh = M.Transformer(cfg, m.params, M.init_lora(cfg, M.LoraConfig(rank=3), 5, np.float64), M.LoraConfig(rank=3))
+    assert np.array_equal(fresh.logits(tokens), M.Transformer(cfg, m.params).logits(tokens))  # B = 0 at init
+
+
+def test_float32_is_kept_end_to_end(rng):
+    cfg = small_config()
+    m = M.Transformer(cfg, M.init_params(cfg, 0), M.init_lora(cfg, M.LoraConfig(rank=2), 0), M.LoraConfig(rank=2))
+    tokens = rng.integers(0, 23, (2, 5))
+    logp, grads = m.loss_and_grad(tokens, tokens, -np.ones((2, 5), np.float32))
+    assert m.logits(tokens).dtype == np.float32 and logp.dtype == np.float32
+    assert all(g.dtype == np.float32 for g in grads.values())
+
+
+def test_sequence_longer_than_context_is_refused(rng):
+    cfg = small_config()
+    m = M.Transformer(cfg, M.init_params(cfg, 0))
+    with pytest.raises(M.ContextOverflowError) as e:
+        m.logits(np.zeros((1, cfg.max_seq_len + 1), np.int64))
+    assert isinstance(e.value, ActionError) and isinstance(e.value, ValueError) and e.value.code == "invalid_args"
+    with pytest.raises(ValueError, match="token ids"):
+        m.logits(np.array([[cfg.vocab_size]]))
+
+
+# ---------------------------------------------------------------------------------------------
+# AdamW
+# ---------------------------------------------------------------------------------------------
+
+
+def reference_adamw(p, grads, lr, b1, b2, eps, wd, clip):
+    """torch.optim.AdamW + clip_grad_norm_, written out independently, in float64."""
+    m, v = np.zeros_like(p), np.zeros_like(p)
+    for t, g in enumerate(grads, 1):
+        norm = np.linalg.norm(g)
+        if clip > 0 and norm > clip:
+            g = g * (clip / (norm + 1e-6))
+        p = p * (1 - lr * wd)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        p = p - lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
+    return p
+
+
+@pytest.mark.parametrize("wd, clip", [(0.0, 0.0), (0.1, 0.0), (0.0, 0.5), (0.05, 2.0)])
+def test_adam_matches_torch_adamw_semantics(rng, wd, clip):
+    p0 = rng.standard_normal(6)
+    grads = [rng.standard_normal(6) for _ in range(5)]
+    hp = M.AdamHyper(learning_rate=0.01, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=wd, grad_clip_norm=clip)
+    params, opt = {"w": p0.copy()}, M.Adam()
+    for g in grads:
+        stats = opt.step(params, {"w": g}, hp)
+    assert np.allclose(params["w"], reference_adamw(p0, grads, 0.01, 0.9, 0.95, 1e-8, wd, clip), rtol=1e-12, atol=1e-14)
+    assert stats["grad_norm"] == pytest.approx(np.linalg.norm(grads[-1]))
+    again = M.Adam.from_state(opt.state())
+    assert again.t == 5 and np.array_equal(again.m["w"], opt.m["w"])
+
+
+def test_adam_accepts_tinker_adam_params_and_refuses_bad_values():
+    tinker = pytest.importorskip("tinker")
+    params = {"w": np.ones(3, np.float32)}
+    M.Adam().step(params, {"w": np.ones(3, np.float32)}, tinker.types.AdamParams(learning_rate=0.1))
+    assert params["w"].dtype == np.float32 and np.allclose(params["w"], 0.9)
+    with pytest.raises(ValueError):
+        M.Adam().step(params, {"w": np.ones(3)}, M.AdamHyper(learning_rate=-1))
+    with pytest.raises(FloatingPointError):
+        M.Adam().step(params, {"w": np.array([np.nan, 0, 0])}, M.AdamHyper())
+
+
+# ---------------------------------------------------------------------------------------------
+# sampling
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sampler_model() -> M.Transformer:
+    cfg = M.ModelConfig(vocab_size=272, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_seq_len=48)
+    params = M.init_params(cfg, 3)
+    params["wte"] *= 20  # sharper distributions, so sampling choices matter
+    lcfg = M.LoraConfig(rank=2)
+    lora = {k: v + 0.1 for k, v in M.init_lora(cfg, lcfg, 0).items()}
+    return M.Transformer(cfg, params, lora, lcfg)
+
+
+PROMPTS = [[256, 259, 104, 105], [256, 259, 97], [256, 259, 98, 99, 100, 101, 102]]
+
+
+def flat(out):
+    return [(g.tokens, g.stop_reason) for row in out for g in row]
+
+
+def test_kv_cache_gives_the_same_samples_as_full_recompute(sampler_model):
+    for kw in (dict(temperature=0.0), dict(temperature=1.0, seed=7), dict(temperature=0.8, top_k=5, top_p=0.9, seed=1)):
+        a = sampler_model.generate(PROMPTS, 12, num_samples=2, **kw)
+        b = sampler_model.generate(PROMPTS, 12, num_samples=2, use_cache=False, **kw)
+        assert flat(a) == flat(b)
+        la = np.array([g.logprobs for row in a for g in row])
+        lb = np.array([g.logprobs for row in b for g in row])
+        assert np.abs(la - lb).max() < 1e-4
+
+
+def test_cached_logits_match_the_training_forward(sampler_model):
+    m = sampler_model
+    out = m.generate([PROMPTS[2]], 6, temperature=0.0)[0][0]
+    full = np.array(PROMPTS[2] + out.tokens)
+    logp = m.token_logprobs(full[None, :-1], full[None, 1:])[0][len(PROMPTS[2]) - 1:]
+    assert np.abs(logp - np.array(out.logprobs)).max() < 1e-4
+
+
+def test_batched_prompts_match_one_at_a_time(sampler_model):
+    batched = sampler_model.generate(PROMPTS, 10, temperature=0.0)
+    for prompt, row in zip(PROMPTS, batched):
+        alone = sampler_model.generate([prompt], 10, temperature=0.0)[0]
+        assert alone[0].tokens == row[0].tokens
+        assert np.allclose(alone[0].logprobs, row[0].logprobs, atol=1e-4)
+
+
+def test_seeded_sampling_is_deterministic_and_seeds_differ(sampler_model):
+    a = sampler_model.generate(PROMPTS, 15, temperature=1.0, seed=3, num_samples=3)
+    b = sampler_model.generate(PROMPTS, 15, temperature=1.0, seed=3, num_samples=3)
+    c = sampler_model.generate(PROMPTS, 15, temperature=1.0, seed=4, num_samples=3)
+    assert flat(a) == flat(b) and flat(a) != flat(c)
+    assert len({tuple(g.tokens) for g in a[0]}) > 1  # samples of one prompt differ
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy(sampler_model):
+    greedy = flat(sampler_model.generate(PROMPTS, 10, temperature=0.0))
+    assert flat(sampler_model.generate(PROMPTS, 10, temperature=1.0, top_k=1, seed=0)) == greedy
+    assert flat(sampler_model.generate(PROMPTS, 10, temperature=1.0, top_p=1e-9, seed=0)) == greedy
+
+
+def test_top_k_and_top_p_restrict_the_support():
+    rng = np.random.default_rng(0)
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]] * 4000))
+    seen_k = set(M._sample(logits, M.SamplingOptions(top_k=2), rng)[0].tolist())
+    seen_p = M._sample(logits, M.SamplingOptions(top_p=0.7), rng)[0]
+    seen_all = M._sample(logits, M.SamplingOptions(), rng)[0]
+    assert seen_k == {0, 1} and set(seen_p.tolist()) == {0, 1} and set(seen_all.tolist()) == {0, 1, 2, 3}
+    assert abs(np.mean(seen_all == 0) - 0.5) < 0.03  # unbiased draws
+    hot = M._sample(logits, M.SamplingOptions(temperature=0.25), rng)[0]
+    assert np.mean(hot == 0) > 0.85
+
+
+def test_stop_tokens_stop_strings_and_length(sampler_model):
+    m = sampler_model
+    base = m.generate([PROMPTS[0]], 20, temperature=0.0)[0][0]
+    first = base.tokens[2]
+    stopped = m.generate([PROMPTS[0]], 20, temperature=0.0, stop_tokens=[first])[0][0]
+    assert stopped.stop_reason == "stop" and stopped.tokens == base.tokens[: base.tokens.index(first) + 1]
+    letter = lambda t: bytes([65 + t % 26])  # noqa: E731  (a token → bytes map of our choosing)
+    text = (letter(base.tokens[2]) + letter(base.tokens[3])).decode()
+    by_string = m.generate([PROMPTS[0]], 20, temperature=0.0, stop_strings=[text], token_bytes=letter)[0][0]
+    spelled = b"".join(letter(t) for t in by_string.tokens).decode()
+    assert by_string.stop_reason == "stop" and spelled.endswith(text) and text not in spelled[:-1]
+    assert by_string.tokens == base.tokens[: len(by_string.tokens)] and len(by_string.tokens) <= 4
+    assert base.stop_reason == "length" and len(base.tokens) == 20
+    # the context bounds generation: prompt 7 tokens + 41 = 48
+    longest = m.generate([PROMPTS[2]], None, temperature=0.0)[0][0]
+    assert longest.stop_reason == "length" and len(longest.tokens) == 48 - len(PROMPTS[2])
+    with pytest.raises(ValueError, match="token_bytes"):
+        m.generate([PROMPTS[0]], 5, stop_strings=["x"])
+
+
+def test_sampling_arguments_are_validated(sampler_model):
+    m = sampler_model
+    with pytest.raises(M.ContextOverflowError):
+        m.generate([[1] * 48], 1)
+    for bad in (dict(temperature=-1.0), dict(top_p=0.0), dict(top_k=0), dict(max_tokens=0)):
+        with pytest.raises(ValueError):
+            m.generate([PROMPTS[0]], **({"max_tokens": 3} | bad))
+    with pytest.raises(ValueError):
+        m.generate([[]], 3)
+    assert m.generate([], 3) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# accounting and files
+# ---------------------------------------------------------------------------------------------
+
+
+def test_flop_counts_follow_the_usual_formulas():
+    cfg = M.ModelConfig()
+    n = cfg.n_layers * 12 * cfg.d_model ** 2 + cfg.d_model * cfg.vocab_size
+    fwd = M.flops_per_token(cfg, 256, "forward")
+    assert fwd == 2 * n + 4 * 256 * cfg.d_model * cfg.n_layers
+    assert M.flops_per_token(cfg, 256, "full") == 3 * fwd
+    assert 2 * fwd < M.flops_per_token(cfg, 256, "lora") < 3 * fwd
+
+
+def test_npz_files_are_byte_reproducible(tmp_path):
+    arrays = {"b": np.arange(5, dtype=np.float32), "a": np.eye(3), "t": np.array(7)}
+    M.save_npz(tmp_path / "one.npz", arrays)
+    M.save_npz(tmp_path / "two.npz", dict(reversed(list(arrays.items()))))
+    assert (tmp_path / "one.npz").read_bytes() == (tmp_path / "two.npz").read_bytes()
+    loaded = M.load_npz(tmp_path / "one.npz")
+    assert set(loaded) == {"a", "b", "t"} and np.array_equal(loaded["a"], np.eye(3)) and loaded["t"].shape == ()
+
+
+def test_save_and_load_model(tmp_path):
+    cfg = small_config()
+    params = M.init_params(cfg, 1)
+    M.save_model(tmp_path / "m", cfg, params, BPE, extra={"origin": "test"})
+    cfg2, params2, meta = M.load_model(tmp_path / "m")
+    assert cfg2 == cfg and meta["origin"] == "test" and all(np.array_equal(params[k], params2[k]) for k in params)
+    assert Tokenizer.load(tmp_path / "m" / "tokenizer.json").merges == BPE.merges
+
+
+def test_model_work_runs_on_the_chosen_blas_threads():
+    cfg = small_config()
+    m = M.Transformer(cfg, M.init_params(cfg, 0))
+    m.logits(np.zeros((1, 3), np.int64))
+    if M.blas_threads() is None:
+        pytest.skip("OpenBLAS's thread count cannot be read here")
+    assert M.blas_threads() == 1
+    M.set_blas_threads(2)
+    try:
+        m.logits(np.zeros((1, 3), np.int64))
+        assert M.blas_threads() == 2
+    finally:
+        M.set_blas_threads(1)
+    assert M.blas_threads() == 1
+    with pytest.raises(ValueError):
+        M.set_blas_threads(0)
+
+
+def test_results_do_not_depend_on_concurrent_computations():
+    """Threads computing at once (small and large batches) give bitwise the results of computing
+    alone: nothing changes the BLAS thread count under a running computation."""
+    import threading
+
+    cfg = M.ModelConfig(d_model=64, n_layers=1, n_heads=2, d_ff=128, max_seq_len=256)
+    m = M.Transformer(cfg, M.init_params(cfg, 0))
+    rng = np.random.default_rng(0)
+    big, small = rng.integers(0, 272, (32, 256)), rng.integers(0, 272, (1, 8))
+    alone = (m.logits(big), m.logits(small))
+    results = []
+
+    def work(tokens):
+        for _ in range(3):
+            results.append((tokens.shape, m.logits(tokens)))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in (big, small, big, small)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for shape, out in results:
+        assert np.array_equal(out, alone[0] if shape == big.shape else alone[1])
