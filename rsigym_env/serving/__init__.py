@@ -14,15 +14,15 @@ from __future__ import annotations
 from typing import Any
 
 from .models import (
-    Call, ChatChoice, ChatMessage, ChatModel, ChatRequest, EchoModel, InvalidParam, ModelRegistry, Say,
-    ScriptedChatModel, ScriptExhausted, ToolCall, estimate_prompt_tokens, estimate_tokens,
+    Call, ChatChoice, ChatMessage, ChatModel, ChatRequest, EchoModel, InvalidParam, ModelRegistry, ModelRequestError,
+    Say, ScriptedChatModel, ScriptExhausted, ToolCall, estimate_prompt_tokens, estimate_tokens,
 )
 
 _LAZY = {"OpenAIServer", "create_app"}
 
 __all__ = [
     "Call", "ChatChoice", "ChatMessage", "ChatModel", "ChatRequest", "EchoModel", "InvalidParam", "ModelRegistry",
-    "OpenAIServer",
+    "ModelRequestError", "OpenAIServer",
     "Say", "ScriptExhausted", "ScriptedChatModel", "ToolCall", "create_app", "estimate_prompt_tokens",
     "estimate_tokens",
 ]

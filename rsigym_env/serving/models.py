@@ -12,6 +12,9 @@ the choices into OpenAI's response (or stream). Optional attributes a model may 
   context check); without it the server uses :func:`estimate_prompt_tokens`;
 * a choice may carry ``prompt_tokens`` / ``completion_tokens``; the server estimates what is missing.
 
+A model that raises :class:`ModelRequestError` (or :class:`InvalidParam`) gets that client error
+(4xx) back to the caller; any other exception is a 500 ``model_error``.
+
 ``complete`` may be called from several threads at once; a model that is not thread-safe guards
 itself (both models here do).
 
@@ -50,6 +53,20 @@ class InvalidParam(ValueError):
     def __init__(self, param: str, message: str):
         super().__init__(message)
         self.param = param
+
+
+class ModelRequestError(Exception):
+    """Raised by a model's ``complete`` or ``count_prompt_tokens`` when the request cannot be served
+    for a reason that is the caller's (a checkpoint that no longer exists, a parameter value this model
+    does not support): the server answers with ``status`` and OpenAI's error shape instead of a 500.
+    A model may also raise :class:`InvalidParam` (answered 400 with its ``param``)."""
+
+    def __init__(self, message: str, *, status: int = 400, code: str | None = None, param: str | None = None,
+                 type: str = "invalid_request_error"):
+        if not 400 <= status < 500:
+            raise ValueError("ModelRequestError is for client errors (HTTP 4xx)")
+        super().__init__(message)
+        self.status, self.code, self.param, self.type = status, code, param, type
 
 
 class FunctionCall(BaseModel):
@@ -562,7 +579,7 @@ class EchoModel:
 
 __all__ = [
     "Call", "ChatChoice", "ChatMessage", "ChatModel", "ChatRequest", "EchoModel", "InvalidParam", "ModelRegistry",
-    "RegisteredModel", "Say", "ScriptExhausted", "ScriptedChatModel", "ToolCall", "ToolDef",
+    "ModelRequestError", "RegisteredModel", "Say", "ScriptExhausted", "ScriptedChatModel", "ToolCall", "ToolDef",
     "apply_limits", "estimate_completion_tokens", "estimate_prompt_tokens", "estimate_tokens",
     "truncate_to_tokens",
 ]

@@ -5,7 +5,8 @@ Endpoints (under ``/v1``): ``GET /models``, ``GET /models/{id}``, ``POST /chat/c
 ``finish_reason`` ``stop``/``length``/``tool_calls``, ``stream_options.include_usage``); plus
 ``GET /health``. Errors have OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``:
 400 for a malformed body, invalid messages or parameter values and ``context_length_exceeded``;
-404 ``model_not_found``; 500 ``model_error`` when a model raises; 504 ``model_timeout``. Models run
+404 ``model_not_found``; a model's own ``ModelRequestError``/``InvalidParam`` as the 4xx it names;
+500 ``model_error`` when a model raises anything else; 504 ``model_timeout``. Models run
 in worker threads, so a slow or failing model never blocks or takes down the server.
 
 The server runs uvicorn in a background thread on a port the OS picks (``port=0``); models can be
@@ -51,7 +52,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .models import (
-    ChatChoice, ChatModel, ChatRequest, EchoModel, InvalidParam, ModelRegistry, ScriptedChatModel,
+    ChatChoice, ChatModel, ChatRequest, EchoModel, InvalidParam, ModelRegistry, ModelRequestError, ScriptedChatModel,
     estimate_completion_tokens, estimate_prompt_tokens,
 )
 
@@ -285,6 +286,10 @@ def _model_not_found(name: str) -> Response:
 
 
 def _model_failed(name: str, exc: Exception) -> Response:
+    if isinstance(exc, ModelRequestError):  # the model refuses the request: the caller's error, not the server's
+        return error_response(exc.status, str(exc), exc.type, exc.param, exc.code)
+    if isinstance(exc, InvalidParam):
+        return error_response(400, str(exc), param=exc.param, code="invalid_value")
     log.warning("model %r raised %s: %s", name, type(exc).__name__, exc)
     return error_response(500, f"The model {name!r} failed: {type(exc).__name__}: {exc}", type_="server_error",
                           code="model_error")

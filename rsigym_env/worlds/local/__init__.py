@@ -59,6 +59,12 @@ _LAZY = {
     "load_chat_jsonl": "training",
     "TrainingConfigError": "training",
     "DatasetError": "training",
+    "LocalChatModel": "chat",
+    "chat_model": "chat",
+    "register_base": "chat",
+    "register_checkpoint": "chat",
+    "serve_checkpoints": "chat",
+    "sampler_checkpoints": "chat",
 }
 
 __all__ = [
