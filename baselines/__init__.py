@@ -1,7 +1,7 @@
 """Baseline researchers. Each is one readable file with a typed arguments dataclass.
 
 >>> sorted(RESEARCHERS)
-['llm', 'random', 'scripted']
+['llm', 'random', 'rl', 'scripted']
 >>> make_researcher("scripted").name
 'scripted'
 """
@@ -14,11 +14,13 @@ from rsigym_env.episode import Researcher
 
 from .llm_researcher import LLMArgs, LLMResearcher
 from .random_researcher import RandomArgs, RandomResearcher
+from .rl_researcher import RLResearcher, RLResearcherArgs
 from .scripted_researcher import ScriptedArgs, ScriptedResearcher
 
 RESEARCHERS: dict[str, Callable[[], Researcher]] = {
     "llm": LLMResearcher,
     "random": RandomResearcher,
+    "rl": RLResearcher,
     "scripted": ScriptedResearcher,
 }
 
@@ -30,4 +32,4 @@ def make_researcher(name: str) -> Researcher:
     return RESEARCHERS[name]()
 
 
-__all__ = ["RESEARCHERS", "LLMArgs", "LLMResearcher", "RandomArgs", "RandomResearcher", "ScriptedArgs", "ScriptedResearcher", "make_researcher"]
+__all__ = ["RESEARCHERS", "LLMArgs", "LLMResearcher", "RLResearcher", "RLResearcherArgs", "RandomArgs", "RandomResearcher", "ScriptedArgs", "ScriptedResearcher", "make_researcher"]

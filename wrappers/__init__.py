@@ -4,6 +4,7 @@
 * :class:`FlatObservation`: a float32 ``Box`` observation (standard RL libraries).
 * :class:`DevScoreShaping`: potential-based shaping with the best dev score so far.
 * :class:`RecordEpisode`: each episode's trajectory as JSONL.
+* :class:`DiscreteMenu`: ``Discrete`` macro-actions with an action mask (RL policies).
 
 >>> import gymnasium as gym, rsigym_env
 >>> from rsigym_env.wrappers import DevScoreShaping, FlatObservation
@@ -15,15 +16,15 @@ True
 from __future__ import annotations
 
 from .flatten import FlatObservation
+from .menu import DiscreteMenu, MenuAdapter
 from .recorder import RecordEpisode, load_actions, read_episode, to_jsonable
 from .shaping import DevScoreShaping
 from .tool_calls import ToolCallError, ToolCallWrapper, parse_tool_call
 
-# More wrappers are added here as plain imports (e.g. ``from .menu import DiscreteMenu``), plus their
-# names in ``__all__``.
-
 __all__ = [
     "DevScoreShaping",
+    "DiscreteMenu",
+    "MenuAdapter",
     "FlatObservation",
     "RecordEpisode",
     "ToolCallError",
