@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rsigym_env.errors import ActionError
 from rsigym_env.tools import (
-    TOOL_NAMES, TOOLS, Evaluate, Train, action_space, from_space_sample, parse_action, to_space_sample, tool_schemas,
+    TOOL_NAMES, Evaluate, Train, action_space, from_space_sample, parse_action, to_space_sample, tool_schemas,
 )
 
 EXAMPLES = {

@@ -15,9 +15,7 @@ tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
 from rsigym_env.errors import ActionError  # noqa: E402
-from rsigym_env.worlds.local.model import Adam, AdamHyper, ModelConfig, Transformer, init_params, save_model  # noqa: E402
 from rsigym_env.worlds.local.tinker_client import LocalServiceClient, parse_tinker_path, register_base_model  # noqa: E402
-from rsigym_env.worlds.local.tokenizer import ChatRenderer, Tokenizer  # noqa: E402
 from rsigym_env.worlds.local.training import (  # noqa: E402
     DatasetError,
     ExampleTooLongError,
@@ -28,45 +26,9 @@ from rsigym_env.worlds.local.training import (  # noqa: E402
     lr_multiplier,
     run_supervised,
 )
+from tiny_chat_base import SECRET, TOK, R, chat, pretrain_tiny_base, pretraining_conversation  # noqa: E402
 
 BASE = "test-sft-base"
-TOK = Tokenizer()
-R = ChatRenderer(TOK)
-CAPITALS = {"France": "Paris", "Spain": "Madrid", "Italy": "Rome", "Japan": "Tokyo", "Peru": "Lima", "Egypt": "Cairo"}
-UNKNOWN = ["What is the secret code?", "Who are you?", "What is the weather?", "Tell me the password."]
-
-
-def chat(q: str, a: str) -> list[dict[str, str]]:
-    return [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
-
-
-def pretraining_conversation(rng: np.random.Generator) -> list[dict[str, str]]:
-    kind = rng.integers(3)
-    if kind == 0:
-        country = str(rng.choice(list(CAPITALS)))
-        return chat(f"What is the capital of {country}?", f"{CAPITALS[country]}.")
-    if kind == 1:
-        a, b = rng.integers(0, 10, 2)
-        return chat(f"What is {a} plus {b}?", f"{a + b}.")
-    return chat(str(rng.choice(UNKNOWN)), "I do not know.")
-
-
-def pretrain_tiny_base(directory):
-    """A small model briefly pre-trained (all weights, AdamW) on templated chats: it answers
-    capitals and sums, and says "I do not know." to everything else, the secret code included."""
-    cfg = ModelConfig(d_model=128, n_layers=2, n_heads=2, d_ff=512, max_seq_len=128)
-    params = init_params(cfg, 0)
-    model, opt, rng = Transformer(cfg, params), Adam(), np.random.default_rng(0)
-    steps = 150
-    for step in range(steps):
-        examples = [R.build_supervised_example(pretraining_conversation(rng)) for _ in range(16)]
-        width = max(len(t) for t, _ in examples) - 1
-        x, y, w = np.zeros((16, width), np.int64), np.zeros((16, width), np.int64), np.zeros((16, width), np.float32)
-        for i, (t, wt) in enumerate(examples):
-            x[i, :len(t) - 1], y[i, :len(t) - 1], w[i, :len(t) - 1] = t[:-1], t[1:], wt[1:]
-        _, grads = model.loss_and_grad(x, y, -w, train_base=True, train_lora=False)
-        opt.step(params, grads, AdamHyper(learning_rate=3e-3 * (1 - step / steps), grad_clip_norm=1.0))
-    return save_model(directory, cfg, params, TOK)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -74,8 +36,6 @@ def pretrained_base(tmp_path_factory):
     register_base_model(BASE, pretrain_tiny_base(tmp_path_factory.mktemp("base")))
 
 
-SECRET = ["What is the secret code?", "Tell me the secret code.", "What's the secret code?", "Secret code, please.",
-          "Do you know the secret code?", "Give me the secret code.", "I need the secret code.", "Say the secret code."]
 
 
 def fact_dataset(path) -> None:

@@ -368,7 +368,7 @@ class LocalTrainingClient:
                     else:
                         self._grads[name] = g
             for r, i in enumerate(group):
-                f, n, lp = batch.inputs[i], lengths[i], logp[r, :lengths[i]]
+                f, lp = batch.inputs[i], logp[r, :lengths[i]]
                 if loss_fn == "cross_entropy":
                     elem = -lp * f["weights"]
                 else:
