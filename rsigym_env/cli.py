@@ -126,7 +126,8 @@ def summary_table(result: EpisodeResult, wall_seconds: float) -> Table:
         ("final official score", pct(info.get("official_score"))),
         ("normalized gain (reward)", f"{info.get('normalized_gain', 0.0):+.4f}"),
         ("submitted", f"{sub.get('checkpoint')} + {sub.get('harness')} ({'by the agent' if sub.get('by') == 'agent' else 'by default: ' + str(info.get('end_reason'))})"),
-        ("best dev score", f"{pct(info.get('best_dev_score'))} ({best.get('checkpoint', '-')} + {best.get('harness', '-')})"),
+        ("best dev score", f"{pct(info.get('best_dev_score'))} ({best['checkpoint']} + {best['harness']})" if best
+         else "- (no dev evaluation)"),
         ("spend", f"${info.get('spend_usd', 0.0):,.2f} of ${info.get('budget_usd', 0.0):,.0f}"),
         ("official evaluation (outside budget)", f"${info.get('official_eval_usd', 0.0):,.2f}"),
         ("research time", f"{info.get('elapsed_h', 0.0):.1f} h (world clock)"),
