@@ -168,3 +168,22 @@ def test_render_modes():
     assert "Research run" in text and "Budget $500" in text
     with pytest.raises(ValueError, match="render_mode"), pytest.warns(UserWarning, match="not in the possible"):
         gym.make("RSIGym/Joint-v0", render_mode="rgb_array")
+
+
+def test_printable_keeps_printable_text_and_marks_the_rest():
+    import re
+    import string
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from rsigym_env.env import printable
+
+    reference = re.compile(f"[^{re.escape(string.printable)}]")
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.text(max_size=200))
+    def check(text):
+        assert printable(text, limit=10_000) == reference.sub("?", text)
+
+    check()
