@@ -335,22 +335,23 @@ class MenuAdapter:
             return self.latest_candidate()
         return max(self.s.scores, key=lambda c: float(np.mean(self.s.scores[c])))
 
-    def _unfixed(self, defect: str) -> bool:
+    def _fix_state(self, defect: str) -> str:
+        """``unknown`` (harness not read yet), ``missing`` (no such option), ``fixed`` or ``unfixed``."""
         text = self.s.harness_text
         if text is None:
-            return True
+            return "unknown"
         key, fixed, _ = FIXES[defect]
         line = _option_line(text, key)
-        return line is None or line.group(1).strip() != fixed
+        if line is None:
+            return "missing"
+        return "fixed" if line.group(1).strip() == fixed else "unfixed"
+
+    def _unfixed(self, defect: str) -> bool:
+        return self._fix_state(defect) != "fixed"
 
     def _fixable(self, defect: str) -> bool:
         """A fix would change the file: unknown text, or the option present with another value."""
-        text = self.s.harness_text
-        if text is None:
-            return True
-        key, fixed, _ = FIXES[defect]
-        line = _option_line(text, key)
-        return line is not None and line.group(1).strip() != fixed
+        return self._fix_state(defect) in ("unknown", "unfixed")
 
     def _raws(self) -> list[Dataset]:
         """Generated datasets not cleaned yet, oldest first."""

@@ -36,7 +36,7 @@ import re
 from collections import Counter
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -302,6 +302,24 @@ def _trained(role: str, index: int, last_assistant: int, what: TrainOnWhat) -> b
     return role in ("user", "system")  # ALL_USER_AND_SYSTEM_MESSAGES
 
 
+def _supervised_example(
+    messages: Sequence[Message], train_on_what: TrainOnWhat | str, prefix: list[int],
+    render: Callable[[Message], tuple[list[int], list[int]]],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Shared by the renderers: ``prefix``, then each message's (header, body) from ``render``; headers
+    are trained only with ``ALL_TOKENS``, bodies as ``train_on_what`` says."""
+    what = TrainOnWhat(train_on_what)
+    msgs = validate_messages(messages)
+    last = max((i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=-1)
+    everything = 1.0 if what is TrainOnWhat.ALL_TOKENS else 0.0
+    segments: list[tuple[list[int], float]] = [(prefix, everything)] if prefix else []
+    for i, m in enumerate(msgs):
+        header, body = render(m)
+        segments.append((header, everything))
+        segments.append((body, 1.0 if _trained(m["role"], i, last, what) else 0.0))
+    return _segments_to_arrays(segments)
+
+
 def _segments_to_arrays(segments: list[tuple[list[int], float]]) -> tuple[np.ndarray, np.ndarray]:
     tokens = np.fromiter((t for seg, _ in segments for t in seg), dtype=np.int64)
     weights = np.fromiter((w for seg, w in segments for _ in seg), dtype=np.float32)
@@ -341,16 +359,12 @@ class ChatRenderer:
         self, messages: Sequence[Message], train_on_what: TrainOnWhat | str = TrainOnWhat.ALL_ASSISTANT_MESSAGES
     ) -> tuple[np.ndarray, np.ndarray]:
         """Messages → (tokens int64, weights float32), one weight per token."""
-        what = TrainOnWhat(train_on_what)
-        msgs = validate_messages(messages)
-        last = max((i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=-1)
-        everything = 1.0 if what is TrainOnWhat.ALL_TOKENS else 0.0
-        segments: list[tuple[list[int], float]] = [([self.tokenizer.bos_token_id], everything)]
-        for i, m in enumerate(msgs):
+
+        def render(m: Message) -> tuple[list[int], list[int]]:
             header, body = self._render_message(m)
-            segments.append(([header], everything))
-            segments.append((body, 1.0 if _trained(m["role"], i, last, what) else 0.0))
-        return _segments_to_arrays(segments)
+            return [header], body
+
+        return _supervised_example(messages, train_on_what, [self.tokenizer.bos_token_id], render)
 
     def build_generation_prompt(self, messages: Sequence[Message], tools: Sequence[Mapping] | None = None) -> list[int]:
         """Messages (+ offered tools) → prompt tokens ending with the assistant header."""
@@ -429,15 +443,8 @@ class RoleColonRenderer:
     def build_supervised_example(
         self, messages: Sequence[Message], train_on_what: TrainOnWhat | str = TrainOnWhat.ALL_ASSISTANT_MESSAGES
     ) -> tuple[np.ndarray, np.ndarray]:
-        what = TrainOnWhat(train_on_what)
-        msgs = validate_messages(messages)
-        last = max((i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=-1)
-        everything = 1.0 if what is TrainOnWhat.ALL_TOKENS else 0.0
-        segments: list[tuple[list[int], float]] = []
-        for i, m in enumerate(msgs):
-            segments.append((self._enc(f"{m['role'].capitalize()}: "), everything))
-            segments.append((self._enc(m["content"] + "\n\n"), 1.0 if _trained(m["role"], i, last, what) else 0.0))
-        return _segments_to_arrays(segments)
+        return _supervised_example(messages, train_on_what, [], lambda m: (
+            self._enc(f"{m['role'].capitalize()}: "), self._enc(m["content"] + "\n\n")))
 
     def build_generation_prompt(self, messages: Sequence[Message], tools: Sequence[Mapping] | None = None) -> list[int]:
         msgs = validate_messages(messages)
