@@ -2,13 +2,17 @@
 
 A scenario is YAML validated by :class:`Scenario`. A file may ``extends:`` another (a path
 relative to itself); keys of the child override the parent's, recursively for mappings. The
-bundled scenarios live in ``scenarios/`` and are found by name:
+bundled scenarios live in ``scenarios/`` and are found by name. Under every scenario lie its
+world's defaults (``scenarios/worlds/<world>.yaml``: budget, time, teachers), so a track taken to
+another world gets that world's teachers:
 
 >>> s = load_scenario("sim-data-aime-500")
 >>> s.track, s.benchmark, s.budget_usd, s.permissions.train.lock["learning_rate"]
 ('data', 'aime', 500.0, 0.0003)
 >>> load_scenario(track="harness", benchmark="gpqa-diamond", budget_usd=50).tools()
 ['infer', 'edit_harness', 'sandbox_exec', 'evaluate', 'read', 'wait', 'submit']
+>>> load_scenario(world="local", benchmark="aime").permissions.teachers
+['teacher-large', 'teacher-small']
 """
 
 from __future__ import annotations
@@ -121,7 +125,17 @@ def scenario_dir() -> Path:
 def list_scenarios() -> dict[str, Path]:
     """Bundled scenario names (file stem) → path, sorted; base files under ``tracks/`` excluded."""
     root = scenario_dir()
-    return {p.stem: p for p in sorted(root.rglob("*.yaml")) if p.parent.name != "tracks"}
+    return {p.stem: p for p in sorted(root.rglob("*.yaml")) if p.parent.name not in ("tracks", "worlds")}
+
+
+def world_defaults(world: str) -> dict[str, Any]:
+    """A world's defaults (``scenarios/worlds/<world>.yaml``: budget, time, teachers...), ``{}`` if it has none.
+
+    >>> world_defaults("local")["permissions"]["teachers"]
+    ['teacher-large', 'teacher-small']
+    """
+    path = scenario_dir() / "worlds" / f"{world}.yaml"
+    return _read(path) if path.exists() else {}
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -165,6 +179,8 @@ def load_scenario(scenario: str | Path | None = None, **overrides: Any) -> Scena
         if not path.exists():
             raise ValueError(f"scenario file {path} does not exist")
     data = _read(path.resolve())
+    world = overrides.get("world", data.get("world", "sim"))
+    data = _merge(world_defaults(world), {**data, "world": world})  # track < world < scenario < overrides
     if overrides:
         data = _merge(data, overrides)
         if scenario is None:

@@ -11,12 +11,28 @@ BENCHMARKS = ["swe-bench-verified", "terminal-bench-2", "aime", "gpqa-diamond", 
 
 def test_three_tracks_by_five_benchmarks_by_two_budgets():
     names = list_scenarios()
-    assert len(names) == 30
+    assert len([n for n in names if n.startswith("sim-")]) == 30
     for track in TRACK_TOOLS:
         for bench in BENCHMARKS:
             for budget in (500, 1000):
                 s = load_scenario(f"sim-{track}-{bench}-{budget}")
                 assert (s.track, s.benchmark, s.budget_usd, s.world) == (track, bench, budget, "sim")
+
+
+def test_local_scenarios_cover_three_tracks_by_five_benchmarks_with_local_teachers():
+    for track in TRACK_TOOLS:
+        for bench in BENCHMARKS:
+            s = load_scenario(f"local-{track}-{bench}")
+            assert (s.track, s.benchmark, s.world) == (track, bench, "local")
+            assert s.permissions.teachers == ["teacher-large", "teacher-small"]
+
+
+def test_world_defaults_lie_under_the_scenario_and_follow_a_world_override():
+    assert load_scenario(world="local").permissions.teachers == ["teacher-large", "teacher-small"]
+    assert load_scenario(world="local").budget_usd == 5
+    assert load_scenario("local-joint-aime", world="sim").permissions.teachers[0] == "claude-opus-5"
+    assert load_scenario("sim-joint-aime-1000", world="local").budget_usd == 1000   # the scenario's own key wins
+    assert load_scenario("sim-data-aime-500").permissions.train.lock["num_epochs"] == 1  # the track's keys stay
 
 
 def test_tracks_allow_what_rsigym_allows():
