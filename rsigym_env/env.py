@@ -31,6 +31,7 @@ Episode End
 
 from __future__ import annotations
 
+import functools
 import re
 import string
 from pathlib import Path
@@ -65,6 +66,14 @@ def printable(text: str, limit: int = LOG_MAX) -> str:
         return clean
     note = f"\n... ({len(clean) - limit + 80} more characters; read with @offset to continue)"
     return clean[: limit - len(note)] + note
+
+
+@functools.cache
+def _action_mask(allowed: tuple[str, ...]) -> np.ndarray:
+    """The ``action_mask`` of ``allowed`` tools (shared and read-only: copy it for an observation)."""
+    mask = np.array([name in allowed for name in TOOL_NAMES], dtype=np.int8)
+    mask.flags.writeable = False
+    return mask
 
 
 class ResearchEnv(gym.Env[dict[str, Any], Any]):
@@ -170,7 +179,7 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         assert run is not None
         def score(value: float | None) -> float:
             return -1.0 if value is None else value
-        allowed = set(run.allowed_tools()) if run.end_info is None else set()
+        allowed = tuple(run.allowed_tools()) if run.end_info is None else ()
         return {
             "log": printable(self._log),
             "budget_left_usd": np.array([min(run.budget_left, self.scenario.budget_usd)], dtype=np.float64),
@@ -178,5 +187,5 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
             "step": np.array([min(run.steps, self.scenario.max_steps)], dtype=np.int64),
             "dev_scores": np.array([score(run.initial_dev), score(run.best_dev), score(run.last_dev)], dtype=np.float64),
             "running_jobs": np.array([min(len(run.running), self.scenario.max_steps)], dtype=np.int64),
-            "action_mask": np.array([name in allowed for name in TOOL_NAMES], dtype=np.int8),
+            "action_mask": _action_mask(allowed).copy(),
         }

@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rsigym_env.platform.audit import GENESIS, AuditReport, canonical_json, chain_hash, verify_audit
@@ -48,6 +50,36 @@ def test_chain_hash_and_canonical_json() -> None:
     assert canonical_json(event) == '{"a":"/x","b":[1,2]}'
     assert canonical_json(event) == json.dumps(event, sort_keys=True, separators=(",", ":"), default=str)
     assert chain_hash(GENESIS, '{"a":1}') == hashlib.sha256((GENESIS + '{"a":1}').encode()).hexdigest()
+
+
+STDLIB_ONLY = {  # values orjson refuses or writes differently: the stdlib encoder writes these events
+    "nan": float("nan"), "inf": [1, {"x": float("-inf")}], "big int": 2**64, "surrogate": "\ud800",
+    "int key": {2: "b", 1: "a"}, "numpy": [np.float64(0.5), np.int64(3)], "datetime": datetime(2026, 1, 2),
+    "dataclass": AuditReport(True, 0, None, "x"), "str subclass": type("Label", (str,), {})("x"),
+}
+
+
+@pytest.mark.parametrize("value", STDLIB_ONLY.values(), ids=STDLIB_ONLY.keys())
+def test_canonical_json_falls_back_to_the_stdlib(value: object) -> None:
+    event = {"b": value, "a": None}
+    assert canonical_json(event) == json.dumps(event, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def test_canonical_json_of_plain_events_reads_back_the_same() -> None:
+    event = {"b": [1, 2.5, None, True, (3, "é")], "a": {"z": "ü\n\"", "y": -0.0}, "c": 1e-7, "d": 2**63}
+    text = canonical_json(event)
+    assert json.loads(text) == json.loads(json.dumps(event, sort_keys=True, default=str))
+    assert list(json.loads(text)) == ["a", "b", "c", "d"] and ": " not in text and ", " not in text
+    assert "é" in text  # written by orjson (the stdlib would escape it)
+    assert canonical_json(json.loads(text)) == text  # re-encoding a stored event gives its text back
+
+
+def test_chain_of_every_kind_of_event_verifies(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "ledger.db") as led:
+        for value in [*STDLIB_ONLY.values(), "plain", "é"]:
+            led.record({"value": value})
+        assert [r.event["seq"] for r in led.audit_records()] == list(range(1, len(STDLIB_ONLY) + 3))
+    assert verify_audit(tmp_path / "ledger.db") == AuditReport(True, len(STDLIB_ONLY) + 2, None, "chain intact")
 
 
 def test_intact_chain_verifies(db: Path) -> None:
@@ -145,3 +177,13 @@ def test_in_memory_ledger_queues_rows_and_keeps_the_chain_whole():
     for r in records:
         assert r.prev_hash == prev and r.hash == chain_hash(prev, canonical_json(r.event))
         prev = r.hash
+
+
+def test_arguments_with_keys_of_mixed_types_are_audited_not_crashed():
+    import gymnasium as gym
+
+    env = gym.make("RSIGym/Joint-v0", benchmark="aime")
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step({"tool": "train", "args": {1: 2, "a": 3, None: [{3: 1, "x": 2}]}})
+    assert info["error"] == "invalid_args" and "Keys should be strings" in obs["log"] and reward == 0
+    assert canonical_json({1: 2, "a": 3}) == '{"1":2,"a":3}'

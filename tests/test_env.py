@@ -161,6 +161,15 @@ def test_harness_track_mask_and_refusal():
     assert info["error"] == "forbidden_tool" and "harness track does not allow 'train'" in obs["log"]
 
 
+def test_action_mask_is_a_fresh_writable_array_every_step():
+    env = gym.make("RSIGym/Joint-v0", benchmark="aime")
+    obs, _ = env.reset(seed=0)
+    mask = obs["action_mask"].copy()
+    obs["action_mask"][:] = 0  # a policy scribbling on its observation changes nothing for the next one
+    obs, *_ = env.step({"tool": "read", "args": {"ref": "budget"}})
+    assert obs["action_mask"].flags.writeable and np.array_equal(obs["action_mask"], mask)
+
+
 def test_render_modes():
     env = gym.make("RSIGym/Joint-v0", benchmark="aime", render_mode="ansi")
     env.reset(seed=0)

@@ -227,6 +227,31 @@ def test_record(ledger: Ledger) -> None:
     assert chain_intact([first, second])
 
 
+def test_balances_follow_every_write(ledger: Ledger) -> None:
+    """In memory, balances are cached between writes: every write must be seen by the next read."""
+    seen = []
+
+    def read(key: str) -> None:
+        ledger.record({"key": key})
+        seen.append(ledger.balance(key).available_usd)
+
+    read("run")
+    hold = ledger.reserve("run", 2.5)
+    read("run")
+    ledger.mint_subkey("run", "sub", 1.0)
+    read("run"), read("sub")
+    ledger.settle(hold, 1.0)
+    read("run")
+    ledger.close_subkey("sub")
+    read("run"), read("sub")
+    with pytest.raises(InsufficientBudget):
+        ledger.reserve("run", 100.0, audit={})
+    read("run")
+    assert seen == [10.0, 7.5, 6.5, 1.0, 8.0, 9.0, 0.0, 9.0]
+    assert [r.event["available_usd"] for r in ledger.audit_records() if r.event["op"] == "record"] == seen
+    assert ledger.balance("run") == Balance(10.0, 1.0, 0.0, 0.0, 9.0, False)
+
+
 class Boom:
     def __str__(self) -> str:
         raise RuntimeError("boom")
@@ -472,8 +497,24 @@ class LedgerMachine(RuleBasedStateMachine):
                 assert sum(map(nano, parts)) == acct.budget
 
 
+class MemoryLedgerMachine(LedgerMachine):
+    """The same against an in-memory ledger, which caches balances between writes and queues audit rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ledger.close()
+        self.ledger = Ledger()
+
+    def teardown(self) -> None:
+        records = self.ledger.audit_records()
+        self.ledger.close()
+        shutil.rmtree(self.dir)
+        assert chain_intact(records) and len(records) == self.audited
+
+
 TestLedgerMachine = LedgerMachine.TestCase
-TestLedgerMachine.settings = settings(
+TestMemoryLedgerMachine = MemoryLedgerMachine.TestCase
+TestLedgerMachine.settings = TestMemoryLedgerMachine.settings = settings(
     max_examples=200, stateful_step_count=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 

@@ -346,6 +346,11 @@ def test_sandbox_models_a_few_commands():
     assert run("wc -l /data/nope.jsonl").exit_code == 1
     missing = run("python train.py")
     assert missing.exit_code == 127 and "runs no code" in missing.stderr
+    for _ in range(2):  # the second time from the cache of parsed commands
+        broken = run("echo 'unclosed")
+        assert broken.exit_code == 2 and broken.stderr == "sim sandbox: cannot parse command: No closing quotation\n"
+    world.rollout.generate(GenerateData(teacher="claude-opus-5", n_examples=5), "ds-2")
+    assert run("ls /data").stdout == "ds-1.jsonl\nds-2.jsonl\n"  # parsed once, run against today's data
 
 
 def test_billed_cost_never_exceeds_the_quote():

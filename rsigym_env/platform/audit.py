@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sqlite3
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
+
+import orjson
 
 GENESIS = "0" * 64
 """The ``prev_hash`` of the first record."""
@@ -61,15 +64,59 @@ class AuditReport:
 
 
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
+# Every type orjson would write differently from the stdlib encoder (dataclasses, datetimes, subclasses
+# of str/int/dict/list) is passed through to it, and with no ``default`` that raises ``TypeError``.
+_ORJSON = (
+    orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+)
 
 
 def canonical_json(event: dict[str, Any]) -> str:
-    """The exact text an event is stored and hashed as (sorted keys, no spaces, ``str`` for the rest).
+    """The exact text an event is stored and hashed as: sorted keys, no spaces, ``str`` for other types.
 
-    Same as ``json.dumps(event, sort_keys=True, separators=(",", ":"), default=str)``, minus building
-    an encoder per call.
+    Written by orjson when the event is plain JSON (str keys; str, int, float, bool, None, list, tuple
+    and dict values); otherwise by ``json.dumps(event, sort_keys=True, separators=(",", ":"),
+    default=str)``, which also keeps ints beyond 64 bits, lone surrogates, non-string keys and NaN or
+    ±Infinity (orjson would write null). Either way ``json.loads`` of the text gives the same values
+    (one exception: orjson writes an ``Enum`` member as its value, the stdlib as ``str(member)``).
+    :func:`verify_audit` hashes the stored text, so it does not matter which encoder wrote it.
     """
-    return _ENCODER.encode(event)
+    try:
+        text = orjson.dumps(event, option=_ORJSON)
+    except TypeError:  # orjson.JSONEncodeError
+        return _stdlib(event)
+    if b"null" in text and _has_non_finite(event):
+        return _stdlib(event)
+    return text.decode()
+
+
+def _stdlib(event: Any) -> str:
+    try:
+        return _ENCODER.encode(event)
+    except TypeError:  # keys of mixed types cannot be sorted: sort them as the text they are written as
+        return _ENCODER.encode(_str_keys(event))
+
+
+def _str_keys(value: Any) -> Any:
+    """``value`` with every dict key turned into the string JSON would write for it."""
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else json.dumps(k, default=str).strip('"'): _str_keys(v)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_str_keys(v) for v in value]
+    return value
+
+
+def _has_non_finite(value: Any) -> bool:
+    """Whether a NaN or ±inf float is anywhere in ``value`` (lists, tuples and dict values)."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        value = value.values()
+    elif not isinstance(value, (list, tuple)):
+        return False
+    return any(_has_non_finite(v) for v in value)
 
 
 def chain_hash(prev_hash: str, event_json: str) -> str:

@@ -154,10 +154,12 @@ class Ledger:
         self._lock = threading.Lock()
         self._closed = False
         # Only an in-memory log has a single writer, so only there may the chain head live in Python,
-        # and only there are audit rows queued (chained at once, inserted in batches): a database
-        # that lives in this process's memory is exactly as durable as the queue.
+        # only there are audit rows queued (chained at once, inserted in batches): a database that
+        # lives in this process's memory is exactly as durable as the queue; and only there are
+        # balances cached between writes (every write goes through this object and clears them).
         self._head: tuple[int, str] | None = None
         self._pending: list[_audit.Row] = []
+        self._balances: dict[str, Balance] = {}
         with self._transaction():
             for statement in _SCHEMA:
                 self._cur.execute(statement)
@@ -178,6 +180,7 @@ class Ledger:
         """Create a top-level account for the opaque key id ``key``; a duplicate key is a ``ValueError``."""
         budget = _nano_near(_checked(budget_usd))
         with self._lock:
+            self._balances.clear()
             try:
                 self._cur.execute(_OPEN, (key, None, budget))
             except sqlite3.IntegrityError:
@@ -289,9 +292,9 @@ class Ledger:
 
     def _state_fields(self, key: str | None) -> dict[str, Any]:
         fields: dict[str, Any] = {"op": "record"}
-        row = None if key is None else self._cur.execute(_STATE, (key,)).fetchone()
-        if row is not None:
-            fields["available_usd"] = 0.0 if row[1] else row[0] / NANO
+        balance = None if key is None else self._read_balance(key)
+        if balance is not None:
+            fields["available_usd"] = balance.available_usd
         return fields
 
     # --- reading ----------------------------------------------------------------------------------
@@ -299,12 +302,25 @@ class Ledger:
     def balance(self, key: str) -> Balance:
         """The account of ``key``; ``ActionError("unknown_key")`` if there is none."""
         with self._lock:
-            row = self._cur.execute(_BALANCE, (key,)).fetchone()
-        if row is None:
+            balance = self._read_balance(key)
+        if balance is None:
             raise ActionError("unknown_key", f"no account for key {key!r}")
+        return balance
+
+    def _read_balance(self, key: str) -> Balance | None:
+        """The account of ``key`` or ``None`` (lock held). In memory it is cached until the next write."""
+        balance = self._balances.get(key)
+        if balance is not None:
+            return balance
+        row = self._cur.execute(_BALANCE, (key,)).fetchone()
+        if row is None:
+            return None
         budget, spent, reserved, granted, closed = row
         available = 0 if closed else budget - spent - reserved - granted
-        return Balance(budget / NANO, spent / NANO, reserved / NANO, granted / NANO, available / NANO, bool(closed))
+        balance = Balance(budget / NANO, spent / NANO, reserved / NANO, granted / NANO, available / NANO, bool(closed))
+        if self._head is not None:
+            self._balances[key] = balance
+        return balance
 
     def audit_head(self) -> tuple[int, str]:
         """``(seq, hash)`` of the last audit record (``(0, GENESIS)`` if none): anchor it elsewhere to
@@ -323,6 +339,7 @@ class Ledger:
         with self._lock:
             if not self._closed:
                 self._closed = True
+                self._balances.clear()
                 self._cur.close()
                 self._conn.close()
 
@@ -412,6 +429,8 @@ class Ledger:
             except BaseException:
                 self._rollback()
                 raise
+            finally:
+                self._balances.clear()
             for entry in logged:
                 self._advance(entry)
 

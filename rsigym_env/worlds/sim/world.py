@@ -16,6 +16,7 @@ become visible when the clock reaches ``ready_at``. All randomness comes from ge
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -441,6 +442,16 @@ class SimInference:
         return Billed[Completion](value=value, cost_usd=w.prices.sample_usd(prompt_tokens, completion), seconds=seconds)
 
 
+@functools.lru_cache(maxsize=64)
+def _split(command: str) -> tuple[tuple[str, ...], str]:
+    """``(shlex.split(command), "")``, or ``((), message)`` if it does not parse. Cached: a call is
+    parsed by its quote and again by its run, and ``shlex`` is slow on long commands."""
+    try:
+        return tuple(shlex.split(command)), ""
+    except ValueError as exc:
+        return (), str(exc)
+
+
 class SimSandbox:
     """A tiny modelled shell over the world's datasets (``/data/<id>.jsonl``)."""
 
@@ -461,10 +472,9 @@ class SimSandbox:
         def done(stdout: str = "", stderr: str = "", code: int = 0, seconds: float = 1.0) -> CommandResult:
             return CommandResult(stdout=stdout, stderr=stderr, exit_code=code, duration_s=max(1.0, seconds))
 
-        try:
-            argv = shlex.split(call.command)
-        except ValueError as exc:
-            return done(stderr=f"sim sandbox: cannot parse command: {exc}\n", code=2)
+        argv, error = _split(call.command)
+        if error:
+            return done(stderr=f"sim sandbox: cannot parse command: {error}\n", code=2)
         match argv:
             case [] | ["true"]:
                 return done()
