@@ -7,8 +7,8 @@
    dedupe, train once with the default (or locked) hyperparameters.
 4. Compare the candidates on dev (avg@``k``) and submit the best one.
 
-It reads only observations and ``info``; the harness fixes are the ones the sim world's
-``harness.toml`` exposes (a world with other harness files needs another recipe).
+It reads only observations and ``info``; the harness fixes are the switches both the sim and the
+local world's ``harness.toml`` expose (a world with other harness files needs another recipe).
 
 >>> import gymnasium as gym, rsigym_env
 >>> from rsigym_env.episode import run_episode
@@ -34,6 +34,7 @@ FIXES: dict[str, tuple[str, str]] = {
     "lost_shell_state": ("persistent", "true"),
     "action_loop": ("detect", "true"),
     "unchecked_edit": ("check", "true"),
+    "missing_skill": ("load_skills", "true"),   # local world: skill documents the minimal harness never shows
 }
 
 

@@ -7,6 +7,10 @@
     rsigym tools
     rsigym sweep --agents random,scripted --benchmarks all --seeds 3 --out bench/sweep
     rsigym sweep --report bench/sweep/results.json
+    rsigym agents register --from scripted --set data_fraction=0.6 --name scripted-df06
+    rsigym agents list | show ID | diff ID1 ID2
+    rsigym run --agent ag-3f2a... --record tape.jsonl       rsigym run --replay tape.jsonl
+    rsigym recurse --scenario recursive-scripted --rounds 3 --seeds 3 --out runs/recursion
 """
 
 from __future__ import annotations
@@ -38,10 +42,26 @@ def _env_id(track: str) -> str:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    tape_meta: dict[str, Any] = {}
     try:
-        scenario = load_scenario(args.scenario, track=args.track, world=args.world, benchmark=args.benchmark,
-                                 budget_usd=args.budget, max_steps=args.max_steps)
-    except ValueError as exc:
+        if args.replay:  # the recorded scenario, researcher and seed unless given again
+            from .replay import tape_header
+            from .scenario import Scenario
+
+            header = tape_header(args.replay)
+            scenario = Scenario.model_validate(header["scenario"])
+            tape_meta = header.get("meta", {})
+            args.agent = args.agent or tape_meta.get("agent") or "scripted"
+            args.seed = args.seed if args.seed is not None else tape_meta.get("reset_seed", 0)
+        else:
+            scenario = load_scenario(args.scenario, track=args.track, world=args.world, benchmark=args.benchmark,
+                                     budget_usd=args.budget, max_steps=args.max_steps)
+        args.agent = args.agent or "scripted"
+        args.seed = 0 if args.seed is None else args.seed
+        if args.agent not in RESEARCHERS and not args.agent.startswith("ag-"):
+            raise ValueError(f"unknown agent {args.agent!r}; bundled: {', '.join(sorted(RESEARCHERS))}, "
+                             "or a registered id 'ag-...' (rsigym agents list)")
+    except (ValueError, KeyError, OSError) as exc:
         console.print(f"[red]error:[/] {exc}")
         return 2
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -49,7 +69,16 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger = run_dir / "ledger.sqlite"
     env = gym.make(_env_id(scenario.track), scenario=scenario, ledger_path=ledger, run_dir=run_dir)
-    researcher = _researcher(args, run_dir)
+    if args.record or args.replay:
+        from .replay import TapeWrapper
+
+        env = TapeWrapper(env, record=args.record, replay=args.replay, meta={"agent": args.agent})
+    try:
+        researcher = _researcher(args, run_dir)
+    except (ValueError, KeyError) as exc:
+        env.close()
+        console.print(f"[red]error:[/] {exc}")
+        return 2
     steps_log = (run_dir / "steps.jsonl").open("w")
     console.print(f"[bold]{scenario.name}[/]: {args.agent} researcher, seed {args.seed}, "
                   f"budget ${scenario.budget_usd:g}, {scenario.time_limit_h:g} h, run dir {run_dir}")
@@ -89,6 +118,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         Path(args.json).write_text(json.dumps(payload, indent=2, default=str))
     console.print(summary_table(result, wall))
     console.print(f"audit log: rsigym audit verify {ledger}")
+    if args.record:
+        console.print(f"tape: {args.record} (replay: rsigym run --replay {args.record})")
+    if args.replay and getattr(env.unwrapped.run, "world", None) is not None and getattr(env.unwrapped.run.world, "diverged", False):
+        console.print("[yellow]the run departed from the recording (some requests were not on the tape)[/]")
     return 0
 
 
@@ -98,6 +131,15 @@ def _cut(text: str, width: int) -> str:
 
 def _researcher(args: argparse.Namespace, run_dir: Path) -> Researcher:
     """The ``--agent``; an LLM researcher takes its endpoint options and writes its transcript to the run dir."""
+    if args.agent.startswith("ag-"):  # a registered researcher spec
+        from .agents import AgentRegistry, build_researcher
+
+        spec = AgentRegistry().get(args.agent)
+        extra: dict[str, Any] = {}
+        if spec.kind == "llm":
+            extra = {"transcript": str(run_dir / "transcript.jsonl")} | {
+                f: getattr(args, f"llm_{f}") for f in ("model", "base_url", "api_key") if getattr(args, f"llm_{f}")}
+        return build_researcher(spec, **extra)
     if args.agent != "llm":
         return make_researcher(args.agent)
     from .baselines import LLMArgs, LLMResearcher
@@ -203,13 +245,27 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
         console.print("[red]error:[/] need at least one agent, one benchmark and one seed")
         return 2
     known = set(all_agents())
+    registered: dict[str, Any] = {}
     for name in agents:
+        if name.startswith("ag-"):
+            from .agents import AgentRegistry
+
+            try:
+                registered[name] = AgentRegistry().get(name)
+            except KeyError as exc:
+                console.print(f"[yellow]warning:[/] {exc}; its episodes will be reported as failed")
+            continue
         if name not in known and ":" not in name:
             console.print(f"[yellow]warning:[/] unknown agent {name!r} (known: {', '.join(sorted(known))}); "
                           "its episodes will be reported as failed")
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     specs = make_grid(agents, benchmarks, seeds, track=args.track, budget_usd=args.budget, world=args.world,
                       max_steps=args.max_steps)
+    if registered:  # registered researchers travel with their spec: workers need no registry
+        import dataclasses
+
+        specs = [dataclasses.replace(s, agent=registered[s.agent].id, agent_spec=registered[s.agent].content())
+                 if s.agent in registered else s for s in specs]
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out or Path("runs") / f"sweep-{stamp}")
     command = ["rsigym", "sweep", "--agents", ",".join(agents), "--benchmarks", ",".join(benchmarks) if args.benchmarks != "all" else "all",
@@ -259,6 +315,144 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     return 1 if (args.strict and failed) else 0
 
 
+def _parse_set(items: Sequence[str]) -> dict[str, Any]:
+    import tomllib
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key.strip()] = value  # a bare string
+    return out
+
+
+def cmd_agents_register(args: argparse.Namespace, console: Console) -> int:
+    from .agents import AgentRegistry, builtin_spec, spec_from_ref
+
+    registry = AgentRegistry()
+    try:
+        if args.source and args.base:
+            raise ValueError("give a source or --from, not both")
+        ref = args.source or args.base or "scripted"
+        base = builtin_spec(ref) if ref in ("scripted", "llm", "rl", "random") else spec_from_ref(ref, registry)
+        changes: dict[str, Any] = {}
+        if args.set:
+            changes["params"] = _parse_set(args.set)
+        for field, value in (("name", args.name), ("model", args.model)):
+            if value is not None:
+                changes[field] = value
+        if args.prompt_file:
+            changes["system_prompt"] = Path(args.prompt_file).read_text()
+        spec = base.derive(**changes) if changes else base
+        from .agents import check_buildable
+
+        check_buildable(spec)
+    except (ValueError, KeyError, OSError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    agent_id = registry.register(spec, note=args.note)
+    print(agent_id)
+    return 0
+
+
+def cmd_agents_list(args: argparse.Namespace, console: Console) -> int:
+    from .agents import AgentRegistry
+
+    records = list(AgentRegistry())
+    if args.json:
+        print(json.dumps([{"id": r["id"], "registered_at": r["registered_at"], "note": r["note"],
+                           "spec": r["spec"].model_dump(mode="json")} for r in records], indent=1))
+        return 0
+    table = Table(title=f"registered researchers ({AgentRegistry().root})")
+    for col in ("id", "name", "kind", "parent", "params", "registered", "note"):
+        table.add_column(col)
+    for r in records:
+        s = r["spec"]
+        params = ", ".join(f"{k}={v}" for k, v in list(s.params.items())[:6])
+        table.add_row(r["id"], s.name, s.kind, s.parent or "", params, r["registered_at"], r["note"])
+    console.print(table)
+    return 0
+
+
+def cmd_agents_show(args: argparse.Namespace, console: Console) -> int:
+    from .agents import AgentRegistry
+
+    try:
+        record = AgentRegistry().record(args.agent)
+    except KeyError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    spec = record["spec"]
+    if args.files:
+        for path, text in spec.to_files().items():
+            print(f"==> {path} <==\n{text}" + ("" if text.endswith("\n") else "\n"))
+    else:
+        print(json.dumps({"id": spec.id, "registered_at": record["registered_at"], "note": record["note"],
+                          "spec": spec.model_dump(mode="json")}, indent=1))
+    return 0
+
+
+def cmd_agents_diff(args: argparse.Namespace, console: Console) -> int:
+    from .agents import AgentRegistry, diff_specs
+
+    registry = AgentRegistry()
+    try:
+        a, b = registry.get(args.a), registry.get(args.b)
+    except KeyError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    text = diff_specs(a, b)
+    print(text if text else f"{a.id} and {b.id} have the same content", end="" if text else "\n")
+    return 0
+
+
+def cmd_recurse(args: argparse.Namespace, console: Console) -> int:
+    from .recursion import markdown, recurse, to_json
+
+    try:
+        scenario = load_scenario(args.scenario)
+        if scenario.world != "recursive":
+            raise ValueError(f"scenario {scenario.name!r} is not recursive (world {scenario.world!r})")
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out or Path("runs") / f"recursion-{stamp}")
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    command = ["rsigym", "recurse", "--scenario", args.scenario, "--rounds", str(args.rounds), "--seeds", str(args.seeds),
+               "--improver", args.improver, "--mode", args.mode, "--out", str(out)]
+    command += (["--first-seed", str(args.first_seed)] if args.first_seed else []) + (["--target", args.target] if args.target else [])
+    command += ["--ray"] if args.ray else []
+
+    def on_round(row: dict[str, Any]) -> None:
+        if not args.quiet:
+            console.print(f"seed {row['seed']} round {row['round']}: {row['target']} -> {row['improved']} "
+                          f"index {row['index_before']:+.4f} -> {row['index_after']:+.4f} "
+                          f"(gain {row['improver_gain']:+.4f}; best dev {row['best_dev_score'] or 0:.4f}, "
+                          f"{row['dev_evaluations']} dev evaluations, ${row['spend_usd']:,.0f})", highlight=False)
+
+    started = time.perf_counter()
+    try:
+        result = recurse(scenario, rounds=args.rounds, seeds=seeds, improver=args.improver, target=args.target,
+                         mode=args.mode, ray=args.ray or None, on_round=on_round)
+    except (ValueError, KeyError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    result["config"]["command"] = shlex.join(command)
+    result["config"]["wall_s"] = time.perf_counter() - started
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recursion.json").write_text(to_json(result))
+    text = markdown(result, shlex.join(command))
+    (out / "recursion.md").write_text(text)
+    console.print(text, markup=False, highlight=False)
+    console.print(f"{out / 'recursion.json'}, {out / 'recursion.md'} ({result['config']['wall_s']:.1f} s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rsigym", description="RSIGym-Env: research runs as Gymnasium environments.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -270,8 +464,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--track", choices=["joint", "data", "harness"], help="track (default: the scenario's)")
     run.add_argument("--budget", type=float, help="budget in dollars")
     run.add_argument("--max-steps", type=int, help="tool calls per episode")
-    run.add_argument("--agent", default="scripted", choices=sorted(RESEARCHERS), help="researcher (default: scripted)")
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--agent", help=f"researcher: {', '.join(sorted(RESEARCHERS))} or a registered id 'ag-...' "
+                                      "(default: scripted; with --replay: the recorded one)")
+    run.add_argument("--seed", type=int, help="reset seed (default 0; with --replay: the recorded one)")
+    run.add_argument("--record", metavar="PATH", help="record every service request/response and clock reading to this tape")
+    run.add_argument("--replay", metavar="PATH", help="replay a tape: its scenario, researcher and seed, served from the "
+                                                     "recording (a request it never recorded is refused)")
     run.add_argument("--llm-model", help="--agent llm: model name (default: $RSIGYM_LLM_MODEL)")
     run.add_argument("--llm-base-url", help="--agent llm: OpenAI-compatible base URL (default: $OPENAI_BASE_URL)")
     run.add_argument("--llm-api-key", help="--agent llm: API key (default: $OPENAI_API_KEY)")
@@ -319,6 +517,46 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--strict", action="store_true", help="exit 1 if any episode failed")
     sw.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     sw.set_defaults(func=cmd_sweep)
+
+    ag = sub.add_parser("agents", help="the registry of researcher specs (content-addressed, in $RSIGYM_HOME/agents)")
+    ag_sub = ag.add_subparsers(dest="agents_command", required=True)
+    reg = ag_sub.add_parser("register", help="register a spec; prints its id")
+    reg.add_argument("source", nargs="?", help="a spec JSON file, a directory of spec files (spec.json, params.toml, "
+                                                "prompt.md, skills/, memory/) or a registered id to derive from")
+    reg.add_argument("--from", dest="base", help="derive from a bundled researcher (scripted, llm, rl, random) or an id")
+    reg.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set a parameter (TOML value)")
+    reg.add_argument("--name", help="the spec's name")
+    reg.add_argument("--model", help="the model (LLM researchers)")
+    reg.add_argument("--prompt-file", help="system prompt from this file")
+    reg.add_argument("--note", default="", help="a note kept with the registration (not part of the content)")
+    reg.set_defaults(func=cmd_agents_register)
+    ls = ag_sub.add_parser("list", help="list registered specs")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_agents_list)
+    show = ag_sub.add_parser("show", help="show a spec (JSON, or its files)")
+    show.add_argument("agent")
+    show.add_argument("--files", action="store_true", help="print the files view")
+    show.set_defaults(func=cmd_agents_show)
+    diff = ag_sub.add_parser("diff", help="unified diff of two specs' files")
+    diff.add_argument("a")
+    diff.add_argument("b")
+    diff.set_defaults(func=cmd_agents_diff)
+
+    rec = sub.add_parser("recurse", help="rounds of researcher improvement on a recursive scenario; improver gain, compounding",
+                         description="Each round runs the improver on the recursive scenario whose target is the current "
+                                     "researcher; the submitted spec is registered and becomes the next round's target "
+                                     "(--mode target) or improver and target (--mode improver). Chains are independent per seed.")
+    rec.add_argument("--scenario", default="recursive-scripted", help="a recursive scenario (default recursive-scripted)")
+    rec.add_argument("--rounds", type=int, default=3)
+    rec.add_argument("--seeds", type=int, default=3, help="independent chains: seeds first-seed .. first-seed+N-1")
+    rec.add_argument("--first-seed", type=int, default=0)
+    rec.add_argument("--improver", default="scripted", help="registered id or bundled name (default scripted)")
+    rec.add_argument("--target", help="registered id or bundled name (default: the scenario's)")
+    rec.add_argument("--mode", choices=["target", "improver"], default="target")
+    rec.add_argument("--ray", action="store_true", help="run the measuring episodes as Ray tasks")
+    rec.add_argument("--out", help="directory for recursion.json and recursion.md (default runs/recursion-<timestamp>)")
+    rec.add_argument("-q", "--quiet", action="store_true")
+    rec.set_defaults(func=cmd_recurse)
     return parser
 
 

@@ -166,6 +166,30 @@ def gain_table(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def quality_table(data: dict[str, Any]) -> str:
+    """Research-quality metrics per agent as Markdown (means over successful episodes that have them):
+    discovery (best dev score), selection (official score of the submitted minus the best dev candidate),
+    retention (final official minus best dev), efficiency (normalized gain per dollar). See
+    :mod:`rsigym_env.metrics`. Empty when no episode carries metrics (results saved before they existed)."""
+    agg = _aggregates(data)
+    rows = agg["agents"]
+    if not any(rows[a].get("discovery_mean") is not None or rows[a].get("efficiency_mean") is not None
+               for a in agg["agent_order"]):
+        return ""
+
+    def fmt(value: float | None, spec: str) -> str:
+        return "—" if value is None else format(value, spec)
+
+    lines = ["| agent | discovery (best dev) | selection | retention | efficiency (gain / $1000) |",
+             "|---|---:|---:|---:|---:|"]
+    for agent in agg["agent_order"]:
+        a = rows[agent]
+        eff = a.get("efficiency_mean")
+        lines.append(f"| {agent} | {fmt(a.get('discovery_mean'), '.4f')} | {fmt(a.get('selection_mean'), '+.4f')} | "
+                     f"{fmt(a.get('retention_mean'), '+.4f')} | {fmt(None if eff is None else 1000 * eff, '+.4f')} |")
+    return "\n".join(lines)
+
+
 def failures(data: dict[str, Any]) -> list[tuple[str, str, list[tuple[str, int]]]]:
     """Failed episodes grouped by (agent, first error line): ``[(agent, error, [(benchmark, seed), ...])]``."""
     groups: dict[tuple[str, str], list[tuple[str, int]]] = {}
@@ -350,6 +374,9 @@ def markdown_report(data: dict[str, Any], command: str | None = None) -> str:
         gain_table(data),
         "",
     ]
+    quality = quality_table(data)
+    if quality:
+        lines += ["Research quality (mean over episodes; see `rsigym_env.metrics`):", "", quality, ""]
     paper = [b for b in agg["benchmark_order"] if b in PAPER]
     if paper:
         lines += ["For reference, the RSIGym paper (real agents, $500): initial "
@@ -380,4 +407,4 @@ def write_report(data: dict[str, Any], out_dir: str | Path, command: str | None 
 
 
 __all__ = ["anytime_curves", "anytime_matrix", "figure2", "gain_table", "heatmap", "markdown_report",
-           "markdown_table", "print_report", "rich_table", "write_report"]
+           "markdown_table", "print_report", "quality_table", "rich_table", "write_report"]

@@ -460,6 +460,24 @@ class ResearchRun:
             "steps": self.steps,
             "elapsed_h": now / 3600.0,
         }
+        # research-quality metrics (rsigym_env.metrics); the best dev candidate's official score is measured
+        # only when it is not the submitted (or the initial) system, outside the budget like the submission
+        from .metrics import episode_metrics
+
+        best_official, extra_usd = None, 0.0
+        if self.best is not None:
+            best_key = (self.best.checkpoint, self.best.harness)
+            if best_key == (checkpoint, version):
+                best_official = final.value.score
+            elif best_key == ("base", self.harness.initial):
+                best_official = initial.value.score
+            else:
+                try:
+                    billed = self.world.evaluation.official(self._eval_request(*best_key, "official", k, None))
+                    best_official, extra_usd = billed.value.score, billed.cost_usd
+                except Exception:  # a metric must never break the end of an episode
+                    best_official = None
+        self.end_info["metrics"] = episode_metrics(self.end_info, best_official) | {"selection_eval_usd": extra_usd}
         self.platform.ledger.record({"key": self.key.id, "tool": "official_evaluation", "decision": "allowed", "billed": "outside budget",
                                      "submitted": self.end_info["submitted"], "official_score": final.value.score,
                                      "initial_score": initial.value.score, "cost_usd": self.end_info["official_eval_usd"]})

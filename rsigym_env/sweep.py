@@ -62,6 +62,7 @@ class EpisodeSpec:
     budget_usd: float = 500.0
     world: str = "sim"
     max_steps: int | None = None
+    agent_spec: str | None = None  # a researcher spec's JSON (rsigym_env.agents): wins over the name; no registry needed
 
 
 @dataclass
@@ -94,6 +95,7 @@ class EpisodeRecord:
     key_id: str | None = None
     worker: str = ""
     curve: list[list[float]] = field(default_factory=list)
+    metrics: dict[str, Any] | None = None  # research-quality metrics (rsigym_env.metrics) at the episode's end
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,6 +140,11 @@ def resolve_agent(name: str) -> Callable[[], Researcher]:
     """
     from .baselines import RESEARCHERS, make_researcher
 
+    if name.startswith("ag-"):  # a registered researcher spec (rsigym_env.agents)
+        from .agents import AgentRegistry, build_researcher
+
+        spec = AgentRegistry().get(name)
+        return lambda: build_researcher(spec)
     if name in RESEARCHERS or ":" not in name:
         return lambda: make_researcher(name)  # raises the registry's "unknown researcher" error
     module, _, attr = name.partition(":")
@@ -173,7 +180,12 @@ def run_spec(spec: EpisodeSpec) -> EpisodeRecord:
     try:
         if spec.track not in TRACKS:
             raise ValueError(f"unknown track {spec.track!r}; known: {', '.join(TRACKS)}")
-        researcher = resolve_agent(spec.agent)()
+        if spec.agent_spec is not None:
+            from .agents import AgentSpec, build_researcher
+
+            researcher = build_researcher(AgentSpec.model_validate_json(spec.agent_spec))
+        else:
+            researcher = resolve_agent(spec.agent)()
         kwargs: dict[str, Any] = {"world": spec.world, "benchmark": spec.benchmark, "budget_usd": spec.budget_usd}
         if spec.max_steps is not None:
             kwargs["max_steps"] = spec.max_steps
@@ -205,6 +217,7 @@ def run_spec(spec: EpisodeSpec) -> EpisodeRecord:
         record.end_reason = info.get("end_reason")
         record.submitted_by = (info.get("submitted") or {}).get("by")
         record.steps = result.steps
+        record.metrics = info.get("metrics")
     except Exception as exc:  # a failed episode is data, not a crash
         record.ok, record.error = False, _error_text(exc)
     finally:
@@ -454,7 +467,7 @@ def aggregate(records: Iterable[EpisodeRecord | dict[str, Any]]) -> dict[str, An
                 "spend_mean_usd": _mean([float(r["spend_usd"]) for r in ok]),
                 "elapsed_mean_h": _mean([float(r["elapsed_h"]) for r in ok]),
                 "steps_mean": _mean([float(r["steps"]) for r in ok]),
-            }
+            } | _metric_means(ok)
             cells.append(cell)
             if cell["reward_mean"] is None:
                 complete = False
@@ -466,9 +479,20 @@ def aggregate(records: Iterable[EpisodeRecord | dict[str, Any]]) -> dict[str, An
             "spend_mean_usd": _mean([float(r["spend_usd"]) for r in ok_all]),
             "elapsed_mean_h": _mean([float(r["elapsed_h"]) for r in ok_all]),
             "episodes": len(mine), "failed": len(mine) - len(ok_all),
-        }
+        } | _metric_means(ok_all)
     return {"agents": per_agent, "cells": cells, "benchmark_order": benchmarks, "agent_order": agents,
             "failed": sum(1 for r in rows if not r["ok"]), "episodes": len(rows)}
+
+
+def _metric_means(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """``<metric>_mean`` over the rows that have it (discovery, selection, retention, efficiency)."""
+    from .metrics import METRIC_KEYS
+
+    out: dict[str, float | None] = {}
+    for key in METRIC_KEYS:
+        values = [float(m[key]) for r in rows if (m := r.get("metrics")) and m.get(key) is not None]
+        out[f"{key}_mean"] = _mean(values)
+    return out
 
 
 def load_results(path: str | Path) -> dict[str, Any]:

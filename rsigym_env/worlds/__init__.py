@@ -3,7 +3,7 @@
 Add a world by writing a factory ``(scenario, seed, run_dir) -> World`` and registering it:
 
 >>> sorted(WORLDS)
-['sim']
+['local', 'recursive', 'sim']
 >>> world = make_world(load_scenario(benchmark="aime"), seed=0)
 >>> world.name, "harness.toml" in world.initial_harness()
 ('sim', True)
@@ -29,7 +29,19 @@ def _sim(scenario: Scenario, seed: int, run_dir: Path | None) -> World:
     )
 
 
-WORLDS: dict[str, WorldFactory] = {"sim": _sim}
+def _local(scenario: Scenario, seed: int, run_dir: Path | None) -> World:
+    from .local.world import LocalWorld
+
+    return LocalWorld(scenario, seed, run_dir)
+
+
+def _recursive(scenario: Scenario, seed: int, run_dir: Path | None) -> World:
+    from ..recursion import RecursiveOptions, RecursiveWorld
+
+    return RecursiveWorld(RecursiveOptions.model_validate(scenario.world_options), seed)
+
+
+WORLDS: dict[str, WorldFactory] = {"sim": _sim, "local": _local, "recursive": _recursive}
 
 
 def register_world(name: str, factory: WorldFactory) -> None:
