@@ -1,12 +1,12 @@
 # Two commands do all the set-up on a fresh machine:
-#   make run    build the venv, then run one research episode (sim world, scripted researcher)
+#   make run    build the venv, then run one research episode (local world, scripted researcher)
 #   make test   build the venv, then run the whole test suite
 # Everything else is optional: `make help` lists the targets.
 
 VENV     ?= .venv
 PY       := $(VENV)/bin/python
 STAMP    := $(VENV)/.installed
-RUN_ARGS ?= --world sim --benchmark swe-bench-verified --track joint --agent scripted --seed 0
+RUN_ARGS ?= --world local --benchmark terminal-bench-2 --track joint --agent scripted --seed 0
 TEST_ARGS ?=
 export HARBOR_TELEMETRY=0
 export LITELLM_LOCAL_MODEL_COST_MAP=True
@@ -23,6 +23,17 @@ $(STAMP): pyproject.toml constraints.txt
 	  { [ -x $(PY) ] || $$PYBIN -m venv $(VENV); }
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	@# the local world isolates sandbox commands with bubblewrap
+	@if ! command -v bwrap >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing bubblewrap (sandbox isolation of the local world)"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; } || \
+	      echo "WARNING: could not install bubblewrap; local-world sandboxes will refuse to run" >&2; \
+	  else \
+	    echo "WARNING: bubblewrap (bwrap) is missing: local-world sandboxes will refuse to run." \
+	      "Install it as root: apt-get install -y bubblewrap (or dnf/apk install bubblewrap)." >&2; \
+	  fi; \
+	fi
 	@touch $(STAMP)
 
 setup: $(STAMP)  ## create .venv and install the package with every extra the tests need

@@ -138,8 +138,9 @@ class ScriptedResearcher:
             _, info = yield {"tool": "generate_data", "args": {"teacher": teacher, "n_examples": n}}
             if info["ok"]:
                 dataset = info["result"]["id"]
-            elif info.get("error") == "insufficient_budget":
-                n //= 2
+            elif info.get("error") == "insufficient_budget":  # the worst case did not fit: scale to what does
+                scale = info.get("available_usd", 0.0) / max(info.get("requested_usd", 0.0), 1e-12)
+                n = min(n - 1, int(n * scale * 0.98)) if scale > 0 else n // 2
             else:
                 return None
         if dataset is None:

@@ -17,6 +17,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import bench_env  # noqa: E402
+import bench_eval  # noqa: E402
+import bench_local_episode  # noqa: E402
 import bench_ledger  # noqa: E402
 import bench_model  # noqa: E402
 import bench_sweep  # noqa: E402
@@ -32,8 +34,11 @@ def main() -> None:
     ledger = bench_ledger.measure(args.seconds)
     sweep = bench_sweep.measure()
     model = bench_model.measure(args.seconds)
+    evaluation = bench_eval.measure()
+    episodes = bench_local_episode.measure()
     results = {"date": date.today().isoformat(), "python": platform.python_version(), "cpus": os.cpu_count(),
-               "env": env, "ledger": ledger, "sweep": sweep, "model": model}
+               "env": env, "ledger": ledger, "sweep": sweep, "model": model, "eval": evaluation,
+               "local_episodes": episodes}
     (HERE / "results.json").write_text(json.dumps(results, indent=2))
     lines = [
         START,
@@ -59,6 +64,13 @@ def main() -> None:
         "peak measured in the same run with the same thread count):",
         "",
         bench_model.table(model),
+        "",
+        *eval_table(evaluation),
+        "",
+        "Local-world research episodes (`bench_local_episode.py`: scripted researcher, joint track, seed 0; "
+        "seconds per phase, jobs run in the background so waiting on them shows under `wait`):",
+        "",
+        *bench_local_episode.table(episodes),
         END,
     ]
     readme = HERE / "README.md"
@@ -67,6 +79,25 @@ def main() -> None:
     _, _, tail = rest.partition(END)
     readme.write_text(head + "\n".join(lines) + tail)
     print("\n".join(lines[1:-1]))
+
+
+def eval_table(e: dict) -> list[str]:
+    if "skipped" in e:
+        return [f"Local evaluation: skipped ({e['skipped']})."]
+    h, d = e["harbor"], e["direct"]
+    return [
+        f"Local evaluation ({e['n_tasks']} tasks × k={e['k']}, {e['concurrency']} trials at once, a trivial harness):",
+        "",
+        "| path | trials/s | vs direct (same run) |",
+        "|---|---:|---:|",
+        f"| the same trial commands straight through `run_isolated` (reference) | {d['trials_per_s']:.1f} | 1.00 |",
+        f"| Harbor's `Job` (environment, agent, verifier, bookkeeping) | {h['trials_per_s']:.1f} | "
+        f"{h['trials_per_s'] / d['trials_per_s']:.2f} |",
+        "",
+        f"Per trial: environment start {h.get('env_start_ms', 0):.0f} ms, agent {h.get('agent_ms', 0):.0f} ms, verifier "
+        f"{h.get('verifier_ms', 0):.0f} ms, Harbor's own bookkeeping {h.get('harbor_ms', 0):.0f} ms; an empty sandbox "
+        f"starts in {e['sandbox_start_ms']:.0f} ms.",
+    ]
 
 
 if __name__ == "__main__":

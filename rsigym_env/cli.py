@@ -56,6 +56,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         else:
             scenario = load_scenario(args.scenario, track=args.track, world=args.world, benchmark=args.benchmark,
                                      budget_usd=args.budget, max_steps=args.max_steps)
+        if getattr(args, "dry_run", False):
+            return cmd_dry_run(scenario, console)
         args.agent = args.agent or "scripted"
         args.seed = 0 if args.seed is None else args.seed
         if args.agent not in RESEARCHERS and not args.agent.startswith("ag-"):
@@ -122,6 +124,41 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         console.print(f"tape: {args.record} (replay: rsigym run --replay {args.record})")
     if args.replay and getattr(env.unwrapped.run, "world", None) is not None and getattr(env.unwrapped.run.world, "diverged", False):
         console.print("[yellow]the run departed from the recording (some requests were not on the tape)[/]")
+    return 0
+
+
+def cmd_dry_run(scenario: Any, console: Console) -> int:
+    """Check credentials, scenario, prices and dataset references without spending; 1 if anything is missing."""
+    from .worlds.remote.dryrun import all_ok, render, run_checks
+
+    checks = run_checks(scenario)
+    console.print(render(checks))
+    bad = [c.name for c in checks if c.status in ("missing", "fail")]
+    console.print("[green]ready: nothing is missing[/]" if not bad else f"[red]not ready:[/] {', '.join(bad)}")
+    return 0 if all_ok(checks) else 1
+
+
+def cmd_prices(args: argparse.Namespace, console: Console) -> int:
+    """``prices show`` (the price list in use) and ``prices refresh`` (download Tinker's models.json)."""
+    from .worlds.remote import pricing
+
+    if args.prices_command == "refresh":
+        try:
+            path = pricing.refresh(args.url, Path(args.out) if args.out else None)
+        except (OSError, ValueError) as exc:
+            console.print(f"[red]error:[/] could not refresh from {args.url}: {exc}")
+            return 1
+        console.print(f"Tinker price list: {path} ({len(pricing.load_tinker_models(path))} models)")
+        return 0
+    path, meta = pricing.price_source()
+    table = Table(title=f"Tinker prices, $ per million tokens ({path}, {meta.get('retrieved', 'undated')})")
+    for col in ("model", "context", "prefill", "cached", "sample", "train"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for row in pricing.load_tinker_models(path):
+        price = pricing.model_price(row["tinker_id"], [row])
+        table.add_row(row["tinker_id"], str(row.get("context", "")), f"{price.prefill:g}", f"{price.cached:g}",
+                      f"{price.sample:g}", f"{price.train:g}")
+    console.print(table)
     return 0
 
 
@@ -477,7 +514,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", help="where to keep the ledger, audit log and step log (default: runs/...)")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no per-step lines")
     run.add_argument("-v", "--verbose", action="store_true", help="print every observation's full log")
+    run.add_argument("--dry-run", action="store_true", help="check credentials, scenario, prices and dataset "
+                                                            "references without spending; exit 1 if anything is missing")
     run.set_defaults(func=cmd_run)
+
+    pr = sub.add_parser("prices", help="the remote world's price list (Tinker's models.json)")
+    pr_sub = pr.add_subparsers(dest="prices_command", required=True)
+    pr_sub.add_parser("show", help="the price list in use and its date").set_defaults(func=cmd_prices)
+    refresh = pr_sub.add_parser("refresh", help="download Tinker's live models.json (needs the network)")
+    refresh.add_argument("--url", default="https://tinker-docs.thinkingmachines.ai/tinker/models.json")
+    refresh.add_argument("--out", help="where to write it (default: $RSIGYM_HOME/prices/tinker_models.json)")
+    refresh.set_defaults(func=cmd_prices)
 
     scen = sub.add_parser("scenarios", help="list the bundled scenarios")
     scen.add_argument("--track", choices=["joint", "data", "harness"])

@@ -85,6 +85,8 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         seed: the seed of the first ``reset`` when it is given none.
         ledger_path: an SQLite file to keep the ledger and audit log in (default: in memory).
         render_mode: ``"ansi"`` (``render()`` returns the log) or ``"human"`` (prints it).
+        world_options: merged over the scenario's ``world_options`` (e.g. the local world's
+            ``base_model`` or ``eval_concurrency``).
     """
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
@@ -103,6 +105,7 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         ledger_path: str | Path | None = None,
         run_dir: str | Path | None = None,
         render_mode: str | None = None,
+        world_options: dict[str, Any] | None = None,
     ):
         overrides = dict(track=track, world=world, benchmark=benchmark, budget_usd=budget_usd,
                          max_steps=max_steps, time_limit_h=time_limit_h)
@@ -114,6 +117,9 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
             raise ValueError(f"scenario {base.name!r} is a {base.track}-track scenario; use "
                              f"RSIGym/{base.track.capitalize()}-v0 (or ResearchEnv) for it")
         self.scenario = base.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+        if world_options:
+            self.scenario = self.scenario.model_copy(
+                update={"world_options": {**self.scenario.world_options, **world_options}})
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.render_mode = render_mode

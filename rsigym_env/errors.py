@@ -38,10 +38,12 @@ class ActionError(Exception):
 
 
 class InsufficientBudget(ActionError):
-    """The worst-case cost of a call does not fit the key's available balance."""
+    """The worst-case cost of a call does not fit the key's available balance (both in dollars)."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, requested_usd: float | None = None, available_usd: float | None = None):
         super().__init__("insufficient_budget", message)
+        self.requested_usd = requested_usd
+        self.available_usd = available_usd
 
 
 class ServiceError(ActionError):

@@ -360,7 +360,6 @@ class ScriptedImprover:
             params = tomllib.loads(text)
         except tomllib.TOMLDecodeError:
             params = {}
-        budget_left = [float(obs["budget_left_usd"][0])]
         evaluations = [0]
 
         def evaluate(version: str) -> Generator[dict[str, Any], tuple[dict, dict], float | None]:
@@ -576,4 +575,4 @@ def to_json(result: dict[str, Any]) -> str:
 
 
 __all__ = ["ImproverArgs", "Measurement", "RecursiveOptions", "RecursiveWorld", "ScriptedAgent", "ScriptedImprover",
-           "markdown", "measure", "recurse", "register", "split_tasks", "to_json"]
+           "markdown", "measure", "recurse", "split_tasks", "to_json"]

@@ -157,6 +157,8 @@ class ResearchRun:
             text = f"ERROR {err.code}: {err.message}"
             info = {"tool": tool_label(tool if tool is not None else action), "ok": False,
                     "error": err.code, "message": err.message}
+            if isinstance(err, InsufficientBudget) and err.requested_usd is not None:
+                info.update(requested_usd=err.requested_usd, available_usd=err.available_usd)
         except Exception as exc:  # a service failed: nothing stays reserved (charge/open release on error)
             err = ActionError("service_error", f"{type(exc).__name__}: {exc}")
             self.platform.refuse(self.key, tool if tool is not None else action, err)
@@ -408,6 +410,9 @@ class ResearchRun:
             return _dump(self.platform.balance(self.key).__dict__)
         if ref == "scenario":
             return _dump(self.scenario.model_dump())
+        world_read = getattr(self.world, "read", None)  # world artifacts, e.g. a dev evaluation's trajectories
+        if world_read is not None and (text := world_read(ref)) is not None:
+            return text
         raise ActionError("unknown_ref", f"read: nothing called {ref!r}; try a job, dataset or checkpoint id, "
                                          "harness:latest/<file>, jobs, artifacts, budget or scenario")
 

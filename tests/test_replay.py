@@ -67,7 +67,7 @@ def _wallclock_world(scenario, seed, run_dir):
         def wrapped(*args):
             job = start(*args)
             fut: Future = Future()
-            threading.Timer(0.004, lambda: fut.set_result(job.future.result())).start()
+            threading.Timer(0.2, lambda: fut.set_result(job.future.result())).start()  # long enough to be seen running, even under load
             return Job(id=job.id, kind=job.kind, started_at=world.clock.now(), future=fut, ready_at=None, meta=job.meta)
         return wrapped
 

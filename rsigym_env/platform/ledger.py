@@ -375,7 +375,7 @@ class Ledger:
         else:
             err = InsufficientBudget(
                 f"{fields['request']} needs ${nano / NANO:.4f} but only ${row[0] / NANO:.4f} "
-                f"is available on key {key!r}"
+                "is available on this key", requested_usd=nano / NANO, available_usd=row[0] / NANO
             )
         fields = {**fields, "op": "refuse", "decision": "refused", "code": err.code, "message": err.message,
                   "requested_usd": nano / NANO}

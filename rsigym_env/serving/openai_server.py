@@ -27,6 +27,23 @@ By hand::
 serves ``echo`` (:class:`EchoModel`: replies with the last user message) and, with ``--scripted``,
 ``scripted`` (:class:`ScriptedChatModel` playing the turns in FILE: a JSON list or JSONL of
 ``{"say": text}`` / ``{"tool": name, "arguments": {...} or "raw text"}``), until Ctrl-C.
+
+**Unix domain socket.** ``uds=PATH`` also listens on a unix socket (the same app; ``port=None``
+listens on the socket only). Sandboxed code without network reaches the model through it:
+
+>>> import tempfile, http.client
+>>> sock = tempfile.mkdtemp() + "/model.sock"
+>>> with OpenAIServer({"echo": EchoModel()}, port=None, uds=sock) as server:
+...     conn = UnixHTTPConnection(server.uds)
+...     conn.request("POST", "/v1/chat/completions", body=json.dumps(
+...         {"model": "echo", "messages": [{"role": "user", "content": "hi there"}]}))
+...     body = json.loads(conn.getresponse().read())
+...     used = server.usage.get("echo")
+>>> body["choices"][0]["message"]["content"], used.requests, used.completion_tokens
+('hi there', 1, 2)
+
+**Usage meter.** The server counts the tokens it serves per model id (``server.usage``, a
+:class:`UsageMeter`): billing reads these counters, never what a client reports about itself.
 """
 
 from __future__ import annotations
@@ -39,7 +56,12 @@ import signal
 import socket
 import threading
 import time
+import http.client
+import os
+import stat
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import anyio
@@ -185,11 +207,75 @@ def stream_events(cid: str, created: int, name: str, choices: list[ChatChoice], 
 
 
 # --------------------------------------------------------------------------------------------
+# Usage counted server side
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens served to one model id: successful completion requests, prompt and completion tokens."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: "Usage") -> "Usage":
+        return Usage(self.requests + other.requests, self.prompt_tokens + other.prompt_tokens,
+                     self.completion_tokens + other.completion_tokens)
+
+
+class UsageMeter:
+    """Thread-safe per-model-id token counters, written by the server for every completion it serves.
+
+    >>> meter = UsageMeter()
+    >>> meter.record("ckpt-3@ev-7", 10, 4); meter.record("ckpt-3@ev-7", 5, 1)
+    >>> meter.get("ckpt-3@ev-7")
+    Usage(requests=2, prompt_tokens=15, completion_tokens=5)
+    >>> meter.reset("ckpt-3@ev-7").total_tokens, meter.get("ckpt-3@ev-7").total_tokens
+    (20, 0)
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, Usage] = {}
+
+    def record(self, model: str, prompt_tokens: int, completion_tokens: int) -> None:
+        """Add one served request to ``model``'s counters."""
+        with self._lock:
+            self._counts[model] = self._counts.get(model, Usage()) + Usage(1, int(prompt_tokens),
+                                                                           int(completion_tokens))
+
+    def get(self, model: str) -> Usage:
+        """``model``'s counters (zero if it served nothing since the last reset)."""
+        with self._lock:
+            return self._counts.get(model, Usage())
+
+    def reset(self, model: str | None = None) -> Usage:
+        """Zero ``model``'s counters (every model's if None) and return what they held (summed)."""
+        with self._lock:
+            if model is not None:
+                return self._counts.pop(model, Usage())
+            total = sum(self._counts.values(), Usage())
+            self._counts.clear()
+            return total
+
+    def snapshot(self) -> dict[str, Usage]:
+        """Every model id's counters."""
+        with self._lock:
+            return dict(self._counts)
+
+
+# --------------------------------------------------------------------------------------------
 # The app
 
 
-def create_app(registry: ModelRegistry, model_timeout_s: float | None = None) -> Starlette:
-    """The Starlette app serving ``registry`` (usable without :class:`OpenAIServer`, e.g. mounted)."""
+def create_app(registry: ModelRegistry, model_timeout_s: float | None = None,
+               usage: UsageMeter | None = None) -> Starlette:
+    """The Starlette app serving ``registry`` (usable without :class:`OpenAIServer`, e.g. mounted);
+    every served completion is counted in ``usage`` (if given) under the requested model id."""
 
     async def list_models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
@@ -245,7 +331,7 @@ def create_app(registry: ModelRegistry, model_timeout_s: float | None = None) ->
             choices = [c if isinstance(c, ChatChoice) else ChatChoice.model_validate(c) for c in result]
             if not choices:
                 raise ValueError("the model returned no choices")
-            usage = usage_of(model, chat, choices)
+            usage_counts = usage_of(model, chat, choices)
         except TimeoutError:
             log.error("model %r timed out after %s s", chat.model, model_timeout_s)
             return error_response(504, f"The model {chat.model!r} did not answer within {model_timeout_s} s.",
@@ -253,13 +339,16 @@ def create_app(registry: ModelRegistry, model_timeout_s: float | None = None) ->
         except Exception as exc:  # a failing model must never take the server down
             return _model_failed(chat.model, exc)
 
+        if usage is not None:
+            usage.record(chat.model, usage_counts["prompt_tokens"], usage_counts["completion_tokens"])
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         calls = [_tool_calls(c) for c in choices]
         if chat.stream:
             include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
-            return StreamingResponse(stream_events(cid, created, chat.model, choices, calls, usage, include_usage),
+            events = stream_events(cid, created, chat.model, choices, calls, usage_counts, include_usage)
+            return StreamingResponse(events,
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return JSONResponse(completion_body(cid, created, chat.model, choices, calls, usage))
+        return JSONResponse(completion_body(cid, created, chat.model, choices, calls, usage_counts))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -299,25 +388,47 @@ def _model_failed(name: str, exc: Exception) -> Response:
 # The server in a background thread
 
 
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """``http.client`` over a unix domain socket (stdlib only), e.g. for :class:`OpenAIServer`'s ``uds``."""
+
+    def __init__(self, path: str | Path, timeout: float = 60.0):
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = str(path)
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.socket_path)
+        self.sock = sock
+
+
 class OpenAIServer:
-    """Serve ``registry`` over HTTP on ``host:port`` (``port=0``: the OS picks a free one).
+    """Serve ``registry`` over HTTP on ``host:port`` (``port=0``: the OS picks a free one) and/or on the
+    unix socket ``uds`` (``port=None``: the socket only).
 
     ``start()``/``stop()`` or use it as a context manager; ``base_url`` is what ``OpenAI(base_url=...)``
     takes. A model's ``complete`` that runs longer than ``model_timeout_s`` gets a 504 (its thread is
-    abandoned, not killed). ``registry`` may also be a plain ``{name: model}`` mapping.
+    abandoned, not killed). ``registry`` may also be a plain ``{name: model}`` mapping. ``usage``
+    (a :class:`UsageMeter`) counts the tokens served per model id, over both listeners.
     """
 
     def __init__(self, registry: ModelRegistry | Mapping[str, ChatModel] | None = None, host: str = "127.0.0.1",
-                 port: int = 0, *, model_timeout_s: float | None = 600.0, log_level: str = "warning"):
+                 port: int | None = 0, *, uds: str | Path | None = None, model_timeout_s: float | None = 600.0,
+                 log_level: str = "warning", usage: UsageMeter | None = None):
+        if port is None and uds is None:
+            raise ValueError("give a TCP port (0 for any free one), a unix socket path (uds), or both")
         self.registry = registry if isinstance(registry, ModelRegistry) else ModelRegistry(registry)
         self.host = host
         self._requested_port = port
+        self.uds: Path | None = Path(uds) if uds is not None else None
         self.model_timeout_s = model_timeout_s
         self.log_level = log_level
-        self.app = create_app(self.registry, model_timeout_s)
+        self.usage = usage if usage is not None else UsageMeter()
+        self.app = create_app(self.registry, model_timeout_s, self.usage)
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
+        self._unix_socket: socket.socket | None = None
         self._error: BaseException | None = None
         self.port: int | None = None
 
@@ -328,7 +439,8 @@ class OpenAIServer:
     @property
     def url(self) -> str:
         if self.port is None:
-            raise RuntimeError("the server is not started")
+            raise RuntimeError("the server is not started" if self._requested_port is not None
+                               else "the server listens on a unix socket only (see .uds)")
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
@@ -337,12 +449,7 @@ class OpenAIServer:
         """``http://HOST:PORT/v1``."""
         return f"{self.url}/v1"
 
-    def start(self, timeout_s: float = 10.0) -> "OpenAIServer":
-        """Bind the port, start uvicorn in a daemon thread and wait until it accepts connections."""
-        import uvicorn
-
-        if self._thread is not None:
-            return self
+    def _bind_tcp(self) -> None:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
         # and without it every response waits ~40 ms for a delayed ACK (headers and body are two writes).
@@ -355,11 +462,44 @@ class OpenAIServer:
             sock.close()
             raise
         self._socket, self.port = sock, sock.getsockname()[1]
+
+    def _bind_unix(self) -> None:
+        assert self.uds is not None
+        try:  # a stale socket from a dead server is replaced; any other file is not
+            if stat.S_ISSOCK(self.uds.lstat().st_mode):
+                self.uds.unlink()
+        except FileNotFoundError:
+            pass
+        self.uds.parent.mkdir(parents=True, exist_ok=True)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(str(self.uds))
+            os.chmod(self.uds, 0o666)  # who may connect is decided by who can reach the path (mounts)
+        except OSError:
+            sock.close()
+            raise
+        self._unix_socket = sock
+
+    def start(self, timeout_s: float = 10.0) -> "OpenAIServer":
+        """Bind the port and/or socket, start uvicorn in a daemon thread and wait until it accepts connections."""
+        import uvicorn
+
+        if self._thread is not None:
+            return self
+        if self._requested_port is not None:
+            self._bind_tcp()
+        if self.uds is not None:
+            try:
+                self._bind_unix()
+            except OSError:
+                self._close_sockets()
+                raise
         config = uvicorn.Config(self.app, log_level=self.log_level, access_log=False, lifespan="off", ws="none",
                                 timeout_graceful_shutdown=2, timeout_keep_alive=5)
         self._server = uvicorn.Server(config)
         self._error = None
-        self._thread = threading.Thread(target=self._serve, name=f"openai-server:{self.port}", daemon=True)
+        name = f"openai-server:{self.port if self.port is not None else self.uds}"
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._server.started:
@@ -371,13 +511,26 @@ class OpenAIServer:
 
     def _serve(self) -> None:
         try:
-            self._server.run(sockets=[self._socket])
+            self._server.run(sockets=[s for s in (self._socket, self._unix_socket) if s is not None])
         except BaseException as exc:  # SystemExit from uvicorn's start-up failure included
             self._error = exc
             log.error("OpenAI-compatible server stopped: %r", exc)
 
+    def _close_sockets(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+        if self._unix_socket is not None:
+            self._unix_socket.close()
+            try:
+                if self.uds is not None and stat.S_ISSOCK(self.uds.lstat().st_mode):
+                    self.uds.unlink()
+            except FileNotFoundError:
+                pass
+        self._socket = self._unix_socket = None
+
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop serving (in-flight requests get up to ~2 s) and free the port. Safe to call twice."""
+        """Stop serving (in-flight requests get up to ~2 s), free the port and remove the socket file.
+        Safe to call twice."""
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
@@ -385,9 +538,8 @@ class OpenAIServer:
             if self._thread.is_alive():
                 self._server.force_exit = True
                 self._thread.join(timeout_s)
-        if self._socket is not None:
-            self._socket.close()
-        self._thread = self._socket = self._server = None
+        self._close_sockets()
+        self._thread = self._server = None
 
     def __enter__(self) -> "OpenAIServer":
         return self.start()
@@ -396,8 +548,10 @@ class OpenAIServer:
         self.stop()
 
     def __repr__(self) -> str:
-        where = self.base_url if self.port is not None else "not started"
-        return f"OpenAIServer({where}, models={self.registry.names()})"
+        where = [self.base_url] if self.port is not None else []
+        if self.uds is not None and self._unix_socket is not None:
+            where.append(f"unix:{self.uds}")
+        return f"OpenAIServer({', '.join(where) or 'not started'}, models={self.registry.names()})"
 
 
 def main(argv: list[str] | None = None) -> int:

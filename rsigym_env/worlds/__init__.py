@@ -3,7 +3,7 @@
 Add a world by writing a factory ``(scenario, seed, run_dir) -> World`` and registering it:
 
 >>> sorted(WORLDS)
-['local', 'recursive', 'sim']
+['local', 'recursive', 'remote', 'sim']
 >>> world = make_world(load_scenario(benchmark="aime"), seed=0)
 >>> world.name, "harness.toml" in world.initial_harness()
 ('sim', True)
@@ -35,13 +35,19 @@ def _local(scenario: Scenario, seed: int, run_dir: Path | None) -> World:
     return LocalWorld(scenario, seed, run_dir)
 
 
+def _remote(scenario: Scenario, seed: int, run_dir: Path | None) -> World:
+    from .remote.world import RemoteWorld
+
+    return RemoteWorld(scenario, seed, run_dir)
+
+
 def _recursive(scenario: Scenario, seed: int, run_dir: Path | None) -> World:
     from ..recursion import RecursiveOptions, RecursiveWorld
 
     return RecursiveWorld(RecursiveOptions.model_validate(scenario.world_options), seed)
 
 
-WORLDS: dict[str, WorldFactory] = {"sim": _sim, "local": _local, "recursive": _recursive}
+WORLDS: dict[str, WorldFactory] = {"sim": _sim, "local": _local, "recursive": _recursive, "remote": _remote}
 
 
 def register_world(name: str, factory: WorldFactory) -> None:

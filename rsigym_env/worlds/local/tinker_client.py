@@ -135,6 +135,16 @@ def _random_tiny() -> BaseModel:
 _REGISTRY[DEFAULT_BASE_MODEL] = _random_tiny
 
 
+def _shipped_base() -> BaseModel:
+    """The pretrained checkpoint shipped in ``base/`` (``scripts/build_base_checkpoint.py``)."""
+    from .base import load_base
+
+    return load_base()
+
+
+_REGISTRY["rsigym-base"] = _shipped_base
+
+
 def make_random_base(directory: str | Path, config: ModelConfig, seed: int = 0) -> Path:
     """Write a randomly initialised checkpoint (for tests and examples) and return its directory."""
     return save_model(directory, config, init_params(config, seed), Tokenizer(), extra={"origin": f"random init, seed {seed}"})

@@ -1,0 +1,91 @@
+"""Where the time of a local-world research episode goes, phase by phase.
+
+One scripted-researcher episode per benchmark through ``gymnasium.make(..., world="local")``: the
+wall time of ``reset`` (servers up, task directories built or found in the cache), then of every
+step grouped by tool. Jobs (training, dev evaluations) run in the background, so the time the
+researcher spends blocked on them shows up under ``wait``; ``submit`` is the two official
+evaluations (initial and submitted system). The reference is the whole episode (shares of it).
+
+    python bench/bench_local_episode.py [--benchmarks aime gpqa-diamond] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from typing import Any
+
+import gymnasium as gym
+
+import rsigym_env  # noqa: F401  (registers the ids)
+from rsigym_env.baselines import ScriptedResearcher
+
+BENCHMARKS = ["swe-bench-verified", "terminal-bench-2", "aime", "gpqa-diamond", "skillsbench"]
+
+
+def episode_phases(benchmark: str, seed: int = 0) -> dict[str, Any]:
+    """Seconds per phase of one scripted local episode, the episode's total and its result."""
+    phases: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    t0 = time.perf_counter()
+    env = gym.make("RSIGym/Joint-v0", world="local", benchmark=benchmark)
+    researcher = ScriptedResearcher()
+    try:
+        t = time.perf_counter()
+        obs, info = env.reset(seed=seed)
+        phases["reset (servers, tasks)"] += time.perf_counter() - t
+        researcher.reset(obs, info, seed=seed)
+        done = False
+        while not done:
+            action = researcher.act(obs, info)
+            tool = action["tool"] if isinstance(action, dict) else getattr(action, "name", "?")
+            t = time.perf_counter()
+            obs, reward, terminated, truncated, info = env.step(action)
+            phases[tool] += time.perf_counter() - t
+            calls[tool] += 1
+            done = terminated or truncated
+    finally:
+        t = time.perf_counter()
+        env.close()
+        phases["close"] += time.perf_counter() - t
+    total = time.perf_counter() - t0
+    return {"benchmark": benchmark, "total_s": total, "phases_s": dict(phases), "calls": dict(calls),
+            "reward": float(reward), "initial": info.get("initial_score"), "official": info.get("official_score")}
+
+
+def measure(benchmarks: list[str] | None = None, seed: int = 0) -> list[dict[str, Any]]:
+    return [episode_phases(b, seed) for b in benchmarks or BENCHMARKS]
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    """A Markdown table: one row per benchmark, seconds per phase and the total."""
+    phases = sorted({p for r in rows for p in r["phases_s"]}, key=lambda p: (p.startswith("close"), p))
+    lines = ["| benchmark | " + " | ".join(phases) + " | total s | initial → official |",
+             "|---|" + "---:|" * (len(phases) + 2)]
+    for r in rows:
+        cells = [f"{r['phases_s'].get(p, 0.0):.1f}" for p in phases]
+        lines.append(f"| {r['benchmark']} | " + " | ".join(cells) +
+                     f" | **{r['total_s']:.1f}** | {r['initial']:.3f} → {r['official']:.3f} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--benchmarks", nargs="*", default=BENCHMARKS)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="also write the rows here")
+    args = parser.parse_args()
+    rows = []
+    for b in args.benchmarks:
+        rows.append(episode_phases(b, args.seed))
+        print(f"{b}: {rows[-1]['total_s']:.1f} s", flush=True)
+    print("\n".join(table(rows)))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()

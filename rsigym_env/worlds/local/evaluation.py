@@ -1,0 +1,426 @@
+"""``LocalEvalService``: benchmark evaluation through Harbor's ``Job`` (the ``EvalService`` protocol).
+
+An evaluation of (checkpoint, harness) on a split runs one Harbor job: every task × ``k`` attempts,
+:class:`~.harbor_agent.HarnessAgent` in a :class:`~.harbor_env.BubblewrapEnvironment` per trial,
+``concurrency`` trials at a time, scored by each task's ``tests/test.sh``. The score is avg@k: the
+mean over tasks of the mean reward over the ``k`` attempts.
+
+The checkpoint is served on the evaluation's own unix socket by its own OpenAI-compatible server,
+whose registry holds only that evaluation's per-trial aliases (``{checkpoint}@{eval}/{task}/{k}``,
+each with a token budget): the untrusted harness can reach nothing else, neither teachers nor
+other checkpoints. Tokens are billed from the server's counters (``server.usage`` of the world's
+server if one is given, so the platform can read them too), sandbox time from each trial's
+sandbox lifetime; the bill never exceeds the quote.
+
+Where things are kept (``run_dir/<eval id>/``):
+
+* dev: ``summary.json`` (the :class:`~rsigym_env.services.EvalResult` plus, per task and attempt,
+  the trial directory), ``harness/`` (the files evaluated) and ``harbor/`` (Harbor's job directory:
+  per trial ``agent/trajectory.json`` in ATIF, ``agent/harness-trajectory.json`` as the harness
+  wrote it, harness stdout/stderr, ``verifier/``, ``result.json``);
+* official: ``summary.json`` with the score and per-task rewards only. The Harbor job runs in a
+  private directory outside ``run_dir`` and is deleted afterwards.
+
+Official tests never reach code the researcher controls: the harness runs with ``/tests`` absent
+(it is mounted only for the verifier's commands, after the harness's sandbox is gone, and those
+commands get neither the harness nor the model socket), the task directories and the private job
+directory are never mounted into any sandbox, and official trajectories and logs are not kept.
+
+>>> failure_label(1.0, "answer", None)
+''
+>>> failure_label(0.0, "truncated", None), failure_label(0.0, None, "exit 1"), failure_label(0.0, "answer", None)
+('truncated_output', 'harness_error', 'wrong_answer')
+>>> failure_label(0.0, "max_turns", None, {"repeats": 2}), failure_label(0.0, "answer", None, {"lost_cd": 1})
+('action_loop', 'lost_shell_state')
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import functools
+import json
+import logging
+import os
+import re
+import shutil
+import stat
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Mapping
+
+os.environ.setdefault("HARBOR_TELEMETRY", "0")               # offline: no telemetry,
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no cost-map download (Harbor imports litellm)
+
+from ...errors import ActionError  # noqa: E402
+from ...prices import PER_M, PriceList
+from ...serving.models import ChatModel, ModelRegistry
+from ...serving.openai_server import OpenAIServer, Usage, UsageMeter
+from ...services import Billed, EvalRequest, EvalResult, Job, Quote
+from . import isolation
+from .harbor_agent import IMPORT_PATH as AGENT_IMPORT_PATH
+from .harbor_agent import ModelSession, register_session, unregister_session
+from .harbor_env import IMPORT_PATH as ENV_IMPORT_PATH
+from .harbor_env import SANDBOX_RECORD
+
+log = logging.getLogger("rsigym_env.evaluation")
+
+END_REASON_LABELS: dict[str, str] = {
+    "truncated": "truncated_output",
+    "unverified": "unverified_completion",
+    "loop": "action_loop",
+    "unchecked_edit": "unchecked_edit",
+    "lost_shell_state": "lost_shell_state",
+    "missing_skill": "missing_skill",
+}
+SETUP_SLACK_S = 30.0          # sandbox seconds a trial may spend outside the agent and the verifier
+EXPECTED_TRIAL_S = 1.0        # for the quote's duration estimate only
+AGENT_SLACK_S = 5.0           # Harbor's agent limit beyond the harness's own (upload, trajectory conversion)
+
+
+def failure_label(reward: float, end_reason: str | None, harness_error: str | None,
+                  signals: Mapping[str, Any] | None = None) -> str:
+    """What went wrong in one attempt ('' if it succeeded).
+
+    ``harness_error`` if the harness crashed (or ended with ``error``); an end reason naming a failure
+    mode (``truncated``, ``unverified``, ``loop``, ``unchecked_edit``, ``lost_shell_state``,
+    ``missing_skill``) maps to it; otherwise the minimal harness's ``signals`` decide, as its
+    ``agent.py`` documents (repeats at ``max_turns``/``context_full`` → ``action_loop``, ``lost_cd`` →
+    ``lost_shell_state``, ``broken_edit`` → ``unchecked_edit``, skills present but unseen →
+    ``missing_skill``, an unverified answer while a check existed → ``unverified_completion``); else
+    ``wrong_answer``. The end reason and signals are what the harness reports: diagnostics, not billing.
+    """
+    if reward >= 1.0:
+        return ""
+    if harness_error or end_reason == "error":
+        return "harness_error"
+    if end_reason in END_REASON_LABELS:
+        return END_REASON_LABELS[end_reason]
+    s = signals or {}
+    if end_reason in ("max_turns", "context_full") and s.get("repeats", 0) >= 1:
+        return "action_loop"
+    if s.get("lost_cd"):
+        return "lost_shell_state"
+    if s.get("broken_edit"):
+        return "unchecked_edit"
+    if s.get("skills_present") and not s.get("skill_seen"):
+        return "missing_skill"
+    if end_reason in ("done", "answer") and s.get("check_available") and not s.get("verified"):
+        return "unverified_completion"
+    return "wrong_answer"
+
+
+def list_tasks(split_dir: Path) -> list[Path]:
+    """The task directories (those with a ``task.toml``) in ``split_dir``, sorted by name."""
+    return sorted(p for p in Path(split_dir).iterdir() if (p / "task.toml").is_file())
+
+
+def write_harness(files: Mapping[str, str], target: Path) -> None:
+    """Write the harness's files under ``target`` (readable by the sandbox user; paths must stay inside)."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        rel = PurePosixPath(name)
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+            raise ActionError("invalid_args", f"harness file {name!r}: paths must be relative, without '..'")
+        path = target.joinpath(*rel.parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(0o644)
+    for d in [target, *(p for p in target.rglob("*") if p.is_dir())]:
+        d.chmod(0o755)
+
+
+class LocalEvalService:
+    """The local world's ``EvalService``: Harbor jobs over the benchmark's task directories.
+
+    ``model_for(checkpoint)`` gives the servable chat model of ``'base'`` or a checkpoint id (raising
+    :class:`~rsigym_env.errors.ActionError` for an unknown one); ``tasks`` maps a split (``"dev"``,
+    ``"official"``) to the directory holding its task directories; ``server`` (optional) lends its
+    :class:`~rsigym_env.serving.openai_server.UsageMeter` so the platform sees each evaluation's
+    aliases there. Per trial at most ``tokens_per_trial`` tokens are served, the harness may run
+    ``agent_timeout_s`` and the tests ``verifier_timeout_s``; ``vcpus``/``memory_gib`` price the
+    sandbox. ``private_dir`` holds official jobs while they run (default: a fresh temporary directory).
+    """
+
+    def __init__(self, *, model_for: Callable[[str], ChatModel], tasks: Mapping[str, Path], run_dir: Path,
+                 prices: PriceList, seed: int = 0, concurrency: int = 2, server: OpenAIServer | None = None,
+                 tokens_per_trial: int = 8192, agent_timeout_s: float = 120.0, verifier_timeout_s: float = 60.0,
+                 vcpus: float = 2.0, memory_gib: float = 2.0, private_dir: Path | None = None,
+                 environment_kwargs: Mapping[str, Any] | None = None, max_parallel_evals: int = 1,
+                 clock: Callable[[], float] = time.monotonic, environment_type: str | None = None,
+                 model_host: str | None = None, model_port: int = 0, model_url: str | None = None):
+        self.model_for = model_for
+        # Remote reuse (default: bubblewrap trials, the model on a unix socket). ``environment_type``: a Harbor
+        # EnvironmentType value ("docker", "e2b", "daytona", ...) instead of the bubblewrap class;
+        # ``model_host``/``model_port``: serve the evaluation's model on TCP there instead of a socket, and
+        # tell the harness ``model_url`` (``{port}`` is filled in; default: the server's own URL).
+        self.environment_type = environment_type
+        self.model_host, self.model_port, self.model_url = model_host, int(model_port), model_url
+        self.clock = clock
+        self.tasks = {split: Path(path) for split, path in tasks.items()}
+        self.run_dir = Path(run_dir)
+        self.prices = prices
+        self.seed = int(seed)
+        self.concurrency = max(1, int(concurrency))
+        self.meter = server.usage if server is not None else UsageMeter()
+        self.tokens_per_trial = int(tokens_per_trial)
+        self.agent_timeout_s = float(agent_timeout_s)
+        self.verifier_timeout_s = float(verifier_timeout_s)
+        self.vcpus, self.memory_gib = vcpus, memory_gib
+        self._own_private = private_dir is None
+        self.private_dir = Path(private_dir) if private_dir else Path(tempfile.mkdtemp(prefix="rsigym-eval-private-"))
+        self.private_dir.mkdir(parents=True, exist_ok=True)
+        self.private_dir.chmod(0o700)
+        self.environment_kwargs = dict(environment_kwargs or {})
+        self._pool = cf.ThreadPoolExecutor(max_workers=max_parallel_evals, thread_name_prefix="rsigym-eval")
+        self._lock = threading.Lock()
+        self._counter = 0
+        self._running: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = {}
+        self._closed = False
+
+    # ---- EvalService -------------------------------------------------------------------------------
+
+    def trial_cap_s(self) -> float:
+        """The most sandbox seconds one trial is billed."""
+        return self.agent_timeout_s + self.verifier_timeout_s + SETUP_SLACK_S
+
+    def _plan(self, req: EvalRequest, split: str) -> list[Path]:
+        if split not in self.tasks:
+            raise ActionError("not_supported", f"no {split!r} split in this world (splits: {', '.join(self.tasks)})")
+        if "agent.py" not in req.harness_files:
+            raise ActionError("invalid_args", "the harness has no agent.py (it is run as `python3 /harness/agent.py`)")
+        self.model_for(req.checkpoint)  # raises ActionError for an unknown checkpoint
+        tasks = list_tasks(self.tasks[split])
+        if req.n_tasks is not None:
+            if req.n_tasks < 1:
+                raise ActionError("invalid_args", "n_tasks must be at least 1")
+            tasks = tasks[:req.n_tasks]
+        if not tasks:
+            raise ActionError("service_error", f"the {split} split has no tasks")
+        return tasks
+
+    def _quote(self, n_trials: int) -> Quote:
+        rate = max(self.prices.model_price.prefill, self.prices.model_price.sample) * PER_M
+        per_trial = self.tokens_per_trial * rate + self.prices.sandbox_usd(self.trial_cap_s(), self.vcpus,
+                                                                            self.memory_gib)
+        return Quote(usd=n_trials * per_trial, seconds=n_trials * EXPECTED_TRIAL_S / self.concurrency)
+
+    def quote(self, req: EvalRequest) -> Quote:
+        """Worst case: tasks × k × (a trial's token budget at the dearer token rate + its sandbox-second cap)."""
+        return self._quote(len(self._plan(req, req.split)) * req.k)
+
+    def start(self, req: EvalRequest, job_id: str) -> Job:
+        """Run a dev evaluation in a background thread; the job's future is ``Billed[EvalResult]``."""
+        if req.split != "dev":
+            raise ActionError("not_supported", "only dev evaluations run as jobs; the official split is "
+                                               "evaluated by the platform (official())")
+        if self._closed:
+            raise ActionError("service_error", "the evaluation service is closed")
+        tasks = self._plan(req, req.split)
+        quote = self._quote(len(tasks) * req.k)
+        future = self._pool.submit(self._evaluate, req, req.split, job_id, tasks, quote)
+        return Job(id=job_id, kind="evaluate", started_at=self.clock(), future=future,
+                   meta={"checkpoint": req.checkpoint, "harness_version": req.harness_version, "split": req.split,
+                         "k": req.k, "n_tasks": len(tasks), "dir": str(self.run_dir / job_id)})
+
+    def official(self, req: EvalRequest) -> Billed[EvalResult]:
+        """The official split, synchronously; only the score and per-task rewards are kept."""
+        tasks = self._plan(req, "official")
+        with self._lock:
+            self._counter += 1
+            eval_id = f"official-{self._counter}"
+        # its own thread: Harbor's job needs an event loop of its own, whatever the caller's thread runs
+        with cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rsigym-official") as pool:
+            return pool.submit(self._evaluate, req, "official", eval_id, tasks,
+                               self._quote(len(tasks) * req.k)).result()
+
+    def close(self) -> None:
+        """Cancel running evaluations (their futures fail), wait for their sandboxes to stop, and remove
+        the private directory (if this service made it). Safe to call twice."""
+        self._closed = True
+        with self._lock:
+            running = list(self._running.values())
+        for loop, task in running:
+            loop.call_soon_threadsafe(task.cancel)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._own_private:
+            shutil.rmtree(self.private_dir, ignore_errors=True)
+
+    # ---- one evaluation ----------------------------------------------------------------------------
+
+    def _evaluate(self, req: EvalRequest, split: str, eval_id: str, tasks: list[Path], quote: Quote) -> Billed[EvalResult]:
+        if self.environment_type is None and not isolation.bwrap_available():
+            raise isolation.IsolationUnavailable(isolation.INSTALL_HINT)
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,100}", eval_id) or ".." in eval_id:
+            raise ActionError("invalid_args", f"evaluation id {eval_id!r}: letters, digits and _.@- only")
+        started = time.monotonic()
+        public_dir = self.run_dir / eval_id
+        work_dir = public_dir if split == "dev" else self.private_dir / eval_id
+        if work_dir.exists():
+            raise ActionError("invalid_args", f"evaluation {eval_id!r} already exists at {work_dir}")
+        work_dir.mkdir(parents=True)
+        socket_dir = Path(tempfile.mkdtemp(prefix="rsigym-ev-"))  # short: unix socket paths are limited to 108 bytes
+        server: OpenAIServer | None = None
+        session_key = f"{eval_id}-{uuid.uuid4().hex[:12]}"
+        try:
+            harness_dir = work_dir / "harness"
+            write_harness(req.harness_files, harness_dir)
+            registry = ModelRegistry()
+            url: str | None = None
+            prefix = f"{req.checkpoint}@{eval_id}"
+            if self.model_host is None:
+                server = OpenAIServer(registry, port=None, uds=socket_dir / "model.sock", usage=self.meter).start()
+            else:  # reachable over the network: the per-trial alias carries an unguessable token
+                server = OpenAIServer(registry, host=self.model_host, port=self.model_port, usage=self.meter).start()
+                url = (self.model_url or server.base_url).format(port=server.port)
+                prefix = f"{prefix}-{uuid.uuid4().hex}"
+            session = ModelSession(socket=socket_dir / "model.sock", registry=registry, meter=self.meter,
+                                   model=self.model_for(req.checkpoint), prefix=prefix,
+                                   seed=self.seed, tokens_per_trial=self.tokens_per_trial, url=url)
+            register_session(session_key, session)
+            try:
+                results = self._run_job(req, tasks, work_dir, harness_dir, session_key, eval_id)
+                usage = session.usage()
+            finally:
+                unregister_session(session_key)
+                session.close()
+            value, trials = self._collect(req, split, tasks, results, usage, work_dir)
+        finally:
+            if server is not None:
+                server.stop()
+            shutil.rmtree(socket_dir, ignore_errors=True)
+            if split != "dev":
+                shutil.rmtree(work_dir, ignore_errors=True)
+        token_usd = self.prices.sample_usd(usage.prompt_tokens, usage.completion_tokens)
+        sandbox_usd = self.prices.sandbox_usd(value.sandbox_seconds, self.vcpus, self.memory_gib)
+        cost = min(quote.usd, token_usd + sandbox_usd)
+        seconds = time.monotonic() - started
+        public_dir.mkdir(parents=True, exist_ok=True)
+        summary: dict[str, Any] = {"id": eval_id, "split": split, "checkpoint": req.checkpoint,
+                                   "harness_version": req.harness_version, "k": req.k, "score": value.score,
+                                   "tasks": {t: r for t, r in zip(value.task_ids, value.rewards)}}
+        if split == "dev":
+            summary.update(result=value.model_dump(), cost_usd=cost, quote_usd=quote.usd, seconds=seconds,
+                           prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                           trials=trials)
+        (public_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        return Billed[EvalResult](value=value, cost_usd=cost, seconds=seconds)
+
+    def _job_config(self, req: EvalRequest, tasks: list[Path], work_dir: Path, harness_dir: Path,
+                    session_key: str) -> Any:
+        from harbor.models.job.config import JobConfig
+        from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, VerifierConfig
+
+        # the sandbox kills the harness at agent_timeout_s; Harbor's own limit leaves time to collect its output
+        agents = [AgentConfig(import_path=AGENT_IMPORT_PATH, max_timeout_sec=self.agent_timeout_s + AGENT_SLACK_S,
+                              kwargs={"harness_dir": str(harness_dir.resolve()), "session": session_key,
+                                      "attempt": attempt, "harness_version": req.harness_version,
+                                      "timeout_s": self.agent_timeout_s})
+                  for attempt in range(req.k)]
+        return JobConfig(job_name="harbor", jobs_dir=work_dir, n_attempts=1, n_concurrent_trials=self.concurrency,
+                         quiet=True, tasks=[TaskConfig(path=t.resolve()) for t in tasks], agents=agents,
+                         environment=(EnvironmentConfig(import_path=ENV_IMPORT_PATH, kwargs=self.environment_kwargs)
+                                      if self.environment_type is None else
+                                      EnvironmentConfig(type=self.environment_type, kwargs=self.environment_kwargs)),
+                         verifier=VerifierConfig(max_timeout_sec=self.verifier_timeout_s))
+
+    def _run_job(self, req: EvalRequest, tasks: list[Path], work_dir: Path, harness_dir: Path,
+                 session_key: str, eval_id: str) -> list[Any]:
+        """Harbor's ``Job`` over the tasks, in a fresh event loop in this thread (cancelled by :meth:`close`)."""
+        import harbor.job
+        from harbor.job import Job as HarborJob
+
+        if not getattr(harbor.job, "_rsigym_silenced", False):  # Harbor draws a rich progress bar even when quiet
+            harbor.job.Progress = functools.partial(harbor.job.Progress, disable=True)
+            harbor.job._rsigym_silenced = True
+        config = self._job_config(req, tasks, work_dir, harness_dir, session_key)
+
+        async def run() -> list[Any]:
+            task = asyncio.current_task()
+            assert task is not None
+            with self._lock:
+                if self._closed:
+                    raise ActionError("service_error", "the evaluation service is closed")
+                self._running[eval_id] = (asyncio.get_running_loop(), task)
+            try:
+                job = await HarborJob.create(config)
+                return list((await job.run()).trial_results)
+            finally:
+                with self._lock:
+                    self._running.pop(eval_id, None)
+
+        return asyncio.run(run())
+
+    def _collect(self, req: EvalRequest, split: str, tasks: list[Path], results: list[Any], usage: Usage,
+                 work_dir: Path) -> tuple[EvalResult, list[dict[str, Any]]]:
+        task_ids = [t.name for t in tasks]
+        index = {t.resolve(): i for i, t in enumerate(tasks)}
+        rewards = [[0.0] * req.k for _ in tasks]
+        failures = [["harness_error"] * req.k for _ in tasks]
+        sandbox_seconds = 0.0
+        trials: list[dict[str, Any]] = []
+        for result in results:
+            i = index.get(Path(result.task_id.get_local_path()).resolve())
+            attempt = int(result.config.agent.kwargs.get("attempt", 0))
+            if i is None or not 0 <= attempt < req.k:
+                log.warning("a trial of an unplanned task or attempt: %s", result.trial_name)
+                continue
+            reward = 0.0
+            if result.verifier_result is not None and result.verifier_result.rewards:
+                reward = float(result.verifier_result.rewards.get("reward", 0.0))
+            reward = min(max(reward, 0.0), 1.0)
+            meta = (result.agent_result.metadata if result.agent_result is not None else None) or {}
+            harness_error = meta.get("harness_error")
+            if harness_error is None and result.agent_result is None and result.exception_info is not None:
+                harness_error = result.exception_info.exception_type
+            if (result.exception_info is not None
+                    and result.exception_info.exception_type in ("AgentTimeoutError", "NonZeroAgentExitCodeError")):
+                harness_error = harness_error or result.exception_info.exception_message[:300]
+            rewards[i][attempt] = reward
+            signals = meta.get("signals") if isinstance(meta.get("signals"), dict) else None
+            failures[i][attempt] = failure_label(reward, meta.get("end_reason"), harness_error, signals)
+            trial_dir = Path(result.config.trials_dir) / result.trial_name
+            seconds = self._sandbox_seconds(trial_dir) if self.environment_type is None else _trial_seconds(result)
+            sandbox_seconds += min(seconds, self.trial_cap_s())
+            trials.append({"task": task_ids[i], "attempt": attempt, "reward": reward,
+                           "failure": failures[i][attempt],
+                           "dir": str(trial_dir.relative_to(work_dir)) if trial_dir.is_relative_to(work_dir)
+                           else str(trial_dir),
+                           "harness_error": harness_error,
+                           "exception": result.exception_info.exception_type if result.exception_info else None})
+        modes: dict[str, int] = {}
+        for row in failures:
+            for label in row:
+                if label:
+                    modes[label] = modes.get(label, 0) + 1
+        score = sum(sum(r) / req.k for r in rewards) / len(rewards)
+        value = EvalResult(split=split, checkpoint=req.checkpoint, harness_version=req.harness_version, k=req.k,
+                           score=score, task_ids=task_ids, rewards=rewards, failures=failures, failure_modes=modes,
+                           tokens=usage.total_tokens, sandbox_seconds=round(sandbox_seconds, 4))
+        trials.sort(key=lambda t: (t["task"], t["attempt"]))
+        return value, trials
+
+    @staticmethod
+    def _sandbox_seconds(trial_dir: Path) -> float:
+        path = trial_dir / SANDBOX_RECORD
+        try:
+            if not stat.S_ISREG(path.lstat().st_mode):
+                return 0.0
+            return max(0.0, float(json.loads(path.read_text())["seconds"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0.0
+
+
+def _trial_seconds(result: Any) -> float:
+    """A trial's wall time from Harbor's own timing (environments other than bubblewrap keep no record)."""
+    if result.started_at is None:
+        return 0.0
+    if result.finished_at is None:  # unknown end: the caller caps it at the trial's worst case
+        return float("inf")
+    return max(0.0, (result.finished_at - result.started_at).total_seconds())
+
+
+__all__ = ["END_REASON_LABELS", "LocalEvalService", "failure_label", "list_tasks", "write_harness"]

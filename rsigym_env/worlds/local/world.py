@@ -1,0 +1,441 @@
+"""``LocalWorld``: the five services, real and small, on this machine (see ``docs/local-world.md``).
+
+* train      → :func:`~.training.run_supervised` over :class:`~.tinker_client.LocalServiceClient`
+* infer      → the ``openai`` client → :class:`~rsigym_env.serving.OpenAIServer` → the checkpoint
+* generate_data → the ``openai`` client → the same server → a teacher model
+* transform_data, sandbox_exec → the ``e2b`` SDK → the local envd server → bubblewrap
+* evaluate, official → Harbor's ``Job`` over the benchmark's task directories (:mod:`.evaluation`)
+
+Time is wall time: jobs run in worker threads and ``wait`` blocks until one finishes.
+
+>>> from rsigym_env.scenario import load_scenario
+>>> world = LocalWorld(load_scenario("local-joint-aime"), seed=0)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from openai import OpenAI
+
+from rsigym_env.errors import ActionError
+from rsigym_env.prices import DEFAULT_PRICES, PriceList, TeacherPrice
+from rsigym_env.scenario import Scenario
+from rsigym_env.serving import ModelRegistry, OpenAIServer
+from rsigym_env.services import (
+    Billed,
+    Completion,
+    DatasetInfo,
+    Job,
+    Quote,
+    TrainResult,
+)
+from rsigym_env.tools import GenerateData, Infer, Train, TransformData
+
+BASE_MODEL = "rsigym-base"
+CONTEXT_TOKENS = 512
+INFER_TOKENS_PER_SECOND = 1500.0   # for quotes only; actual time is measured
+TRAIN_TOKENS_PER_SECOND = 4000.0
+TRANSFORM_TIMEOUT_S = 60.0
+LOCAL_OPTIONS: dict[str, Any] = {
+    "base_model": BASE_MODEL,   # a registered base model (tinker_client.register_base_model), e.g. a test's tiny one
+    "eval_concurrency": 2,      # trials at once in an evaluation
+    "lr_scale": 10.0,           # learning rates are scaled by this (see LocalTrain)
+}
+
+
+class WallClock:
+    """Seconds since the world started; ``wait`` blocks on the jobs' futures.
+
+    >>> clock = WallClock(); clock.now() < 1.0
+    True
+    """
+
+    def __init__(self) -> None:
+        self._t0 = time.monotonic()
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def spend(self, seconds: float) -> None:
+        """Wall time has already passed."""
+
+    def wait(self, jobs: Sequence[Job], deadline: float) -> Job | None:
+        by_future = {job.future: job for job in jobs}
+        for job in jobs:
+            if job.future.done():
+                return job
+        done, _ = cf.wait(list(by_future), timeout=max(0.0, deadline - self.now()), return_when=cf.FIRST_COMPLETED)
+        return next((job for job in jobs if job.future in done), None)
+
+
+def local_prices(teachers: dict[str, TeacherPrice]) -> PriceList:
+    """The target model billed at Tinker's Qwen3.5-35B-A3B rates (it stands in for it), the local teachers' rates."""
+    return PriceList(model=BASE_MODEL, model_price=DEFAULT_PRICES.model_price, teachers=teachers,
+                     sandbox=DEFAULT_PRICES.sandbox,
+                     source="local world: target at Tinker's Qwen3.5-35B-A3B-Base rates, local teachers, E2B rates")
+
+
+def _count_tokens(text: str) -> int:
+    return len(text.encode())
+
+
+class LocalWorld:
+    """One benchmark's local world for one run. ``run_dir`` keeps every artifact; ``close()`` stops the servers."""
+
+    name = "local"
+
+    def __init__(self, scenario: Scenario, seed: int, run_dir: Path | None = None):
+        from . import benchmarks, teachers
+        from .evaluation import LocalEvalService
+        from .sandbox import LocalSandboxService
+        from .tinker_client import LocalServiceClient
+
+        self.scenario = scenario
+        self.seed = seed
+        unknown = set(scenario.world_options) - set(LOCAL_OPTIONS)
+        if unknown:
+            raise ValueError(f"unknown local-world options {sorted(unknown)}; options: {', '.join(LOCAL_OPTIONS)}")
+        self.options = {**LOCAL_OPTIONS, **scenario.world_options}
+        self.base_model = str(self.options["base_model"])
+        self.benchmark = benchmarks.resolve(scenario.benchmark)
+        self._own_dir = run_dir is None
+        self.run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="rsigym-local-"))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.clock = WallClock()
+        self.prices = local_prices(teachers.TEACHER_PRICES)
+        sandbox = scenario.permissions.sandbox
+        self.vcpus, self.memory_gib = sandbox.vcpus, sandbox.memory_gib
+        self.tasks = self.benchmark.build(tasks_cache())
+        self.tinker = LocalServiceClient(root_dir=self.run_dir / "tinker")
+        self.registry = ModelRegistry()
+        self.checkpoints: dict[str, str] = {}        # checkpoint id -> tinker sampler path
+        self.states: dict[str, str] = {}             # checkpoint id -> tinker state path
+        self._register("base", None)
+        for name in scenario.permissions.teachers:
+            if name in teachers.TEACHERS:
+                self.registry.add(name, teachers.TEACHERS[name]())
+        self.server = OpenAIServer(self.registry).start()   # loopback TCP, for the platform side only
+        self.client = OpenAI(base_url=self.server.base_url, api_key="local", max_retries=0, timeout=600)
+        self.datasets: dict[str, Path] = {}
+        self._pool = cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="rsigym-local-job")
+        self._lock = threading.Lock()
+
+        self.rollout = LocalRollout(self)
+        self.train = LocalTrain(self)
+        self.inference = LocalInference(self)
+        self.sandbox = LocalSandboxService(self.run_dir, network=sandbox.network, prices=self.prices,
+                                           vcpus=self.vcpus, memory_gib=self.memory_gib)
+        self.evaluation = LocalEvalService(
+            model_for=self.chat_model, tasks=self.tasks, run_dir=self.run_dir / "evals", prices=self.prices,
+            seed=seed, server=self.server, vcpus=self.vcpus, memory_gib=self.memory_gib, clock=self.clock.now,
+            concurrency=int(self.options["eval_concurrency"]))
+
+    # ---- models ---------------------------------------------------------------------------------
+
+    def _register(self, checkpoint: str, sampler_path: str | None) -> None:
+        from .chat import register_base, register_checkpoint
+
+        if sampler_path is None:
+            register_base(self.registry, self.tinker, self.base_model, name=checkpoint, replace=True)
+        else:
+            register_checkpoint(self.registry, self.tinker, sampler_path, name=checkpoint, replace=True)
+
+    def chat_model(self, checkpoint: str) -> Any:
+        """The servable model behind a checkpoint id ('base' or 'ckpt-N')."""
+        model = self.registry.get(checkpoint)
+        if model is None:
+            raise ActionError("unknown_ref", f"no checkpoint {checkpoint!r}; checkpoints: {', '.join(['base', *self.checkpoints])}")
+        return model
+
+    # ---- the initial system -----------------------------------------------------------------------
+
+    def initial_harness(self) -> dict[str, str]:
+        from .harness import minimal_harness
+
+        return minimal_harness()
+
+    def describe(self) -> str:
+        b = self.benchmark
+        return (
+            f"local world: {b.name} (mirrors {b.paper_id}; {b.domain}). {b.description}\n"
+            "Everything is real and small: a NumPy transformer (base checkpoint rsigym-base) trained with LoRA "
+            "through a Tinker-shaped client, served by an OpenAI-compatible server; the harness runs inside a "
+            "bubblewrap sandbox and reaches only the model; Harbor runs the tasks and their hidden tests.\n"
+            f"Teachers: {', '.join(t for t in self.scenario.permissions.teachers if t in self.prices.teachers)}. "
+            "Read harness:latest/agent.py and harness.toml for what the harness does."
+        )
+
+    def close(self) -> None:
+        """Stop the servers and workers; remove the run directory if the world made it. Safe to call twice."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for part in ("sandbox", "evaluation"):
+            closer = getattr(getattr(self, part, None), "close", None)
+            if closer is not None:
+                closer()
+        if getattr(self, "server", None) is not None:
+            self.server.stop()
+        self.tinker.close("success") if hasattr(self.tinker, "close") else None
+        if self._own_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    # ---- artifacts the researcher can read ---------------------------------------------------------
+
+    def read(self, ref: str) -> str | None:
+        """World artifacts: ``job-N/<task>`` (every attempt's trajectory in a dev evaluation) or
+        ``job-N/<task>/<attempt>``; ``ds-N`` rows are in ``read ds-N:rows``. ``None`` if ``ref`` is not one."""
+        parts = ref.split("/")
+        if len(parts) in (2, 3) and parts[0].startswith("job-"):
+            return self._trajectories(*parts)
+        if ref.endswith(":rows") and ref[:-5] in self.datasets:
+            rows = read_jsonl(self.datasets[ref[:-5]])
+            return "\n".join(json.dumps(r, sort_keys=True) for r in rows[:20]) + (
+                f"\n... {len(rows) - 20} more" if len(rows) > 20 else "")
+        return None
+
+    def _trajectories(self, job: str, task: str, attempt: str | None = None) -> str:
+        summary_path = self.run_dir / "evals" / job / "summary.json"
+        if not summary_path.is_file():
+            raise ActionError("unknown_ref", f"read: {job} is not a finished dev evaluation of this run")
+        summary = json.loads(summary_path.read_text())
+        trials = [t for t in summary.get("trials", []) if t["task"] == task
+                  and (attempt is None or str(t["attempt"]) == attempt)]
+        if not trials:
+            tasks = sorted({t["task"] for t in summary.get("trials", [])})
+            raise ActionError("unknown_ref", f"read: no {task!r}{'/' + attempt if attempt else ''} in {job}; "
+                                             f"tasks: {', '.join(tasks[:30])}")
+        out = []
+        for t in trials:
+            out.append(f"== {job}/{task} attempt {t['attempt']}: reward {t['reward']:g}"
+                       f"{' (' + t['failure'] + ')' if t['failure'] else ''}")
+            trajectory = self.run_dir / "evals" / job / t["dir"] / "agent" / "harness-trajectory.json"
+            try:
+                data = json.loads(trajectory.read_text())
+            except (OSError, ValueError):
+                out.append("(no trajectory: the harness wrote none)")
+                continue
+            for message in data.get("messages", []):
+                out.append(f"{message.get('role', '?')}: {message.get('content', '')}")
+            out.append(f"end: {data.get('end_reason')}")
+        return "\n".join(out)
+
+    # ---- datasets -------------------------------------------------------------------------------
+
+    def dataset_path(self, ref: str) -> Path:
+        if ref not in self.datasets:
+            raise ActionError("unknown_ref", f"no dataset {ref!r}; datasets: {', '.join(self.datasets) or 'none yet'}")
+        return self.datasets[ref]
+
+    def save_dataset(self, dataset_id: str, rows: list[dict[str, Any]], origin: str) -> DatasetInfo:
+        path = self.run_dir / "datasets" / f"{dataset_id}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+        self.datasets[dataset_id] = path
+        return dataset_info(dataset_id, rows, origin)
+
+
+def tasks_cache() -> Path:
+    """Where generated task directories are kept (``$RSIGYM_HOME/tasks``, default ``~/.cache/rsigym/tasks``)."""
+    import os
+
+    home = os.environ.get("RSIGYM_HOME")
+    return (Path(home) if home else Path.home() / ".cache" / "rsigym") / "tasks"
+
+
+def dataset_info(dataset_id: str, rows: list[dict[str, Any]], origin: str) -> DatasetInfo:
+    tokens = sum(_count_tokens(m["content"]) for r in rows for m in r["messages"])
+    passed = [bool(r.get("meta", {}).get("passed")) for r in rows]
+    stats = {"pass_rate": sum(passed) / len(passed)} if rows else {}
+    return DatasetInfo(id=dataset_id, n_examples=len(rows), tokens=tokens, origin=origin, stats=stats,
+                       preview=[{"messages": r["messages"]} for r in rows[:2]])
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class LocalRollout:
+    """Teacher data through the OpenAI-compatible server; transforms in the sandbox."""
+
+    def __init__(self, world: LocalWorld):
+        self.world = world
+
+    def _teacher(self, call: GenerateData) -> None:
+        w = self.world
+        if call.teacher not in w.prices.teachers or w.registry.get(call.teacher) is None:
+            known = ", ".join(t for t in w.prices.teachers if w.registry.get(t) is not None)
+            raise ActionError("unknown_ref", f"no teacher {call.teacher!r} in this world; teachers: {known}")
+        if call.source != "synthetic":
+            raise ActionError("not_supported", "the local world's teachers answer synthetic prompts only "
+                                               "(source='dev' would leak the dev split into training data)")
+
+    def quote_generate(self, call: GenerateData) -> Quote:
+        self._teacher(call)
+        turns = self.world.benchmark.max_turns
+        cap = min(call.max_tokens_per_example, CONTEXT_TOKENS)
+        usd = self.world.prices.teacher_usd(call.teacher, call.n_examples * turns * CONTEXT_TOKENS, call.n_examples * cap)
+        return Quote(usd=usd, seconds=call.n_examples * 0.01)
+
+    def generate(self, call: GenerateData, dataset_id: str) -> Billed[DatasetInfo]:
+        from .teachers import demonstrate
+
+        self._teacher(call)
+        w = self.world
+        start = time.monotonic()
+        stream = int(hashlib.sha256(f"{w.seed}/{dataset_id}".encode()).hexdigest()[:8], 16)
+        problems = w.benchmark.synthetic(call.n_examples, seed=stream)
+        rows, usage = [], [0, 0]
+        for i, problem in enumerate(problems):
+            messages, prompt_tokens, completion_tokens = demonstrate(
+                w.client, call.teacher, problem, seed=stream + i, max_tokens=call.max_tokens_per_example)
+            usage[0] += prompt_tokens
+            usage[1] += completion_tokens
+            rows.append({"messages": messages,
+                         "meta": {"problem": problem.id, "teacher": call.teacher,
+                                  "passed": bool(w.benchmark.check(problem, messages))}})
+        info = w.save_dataset(dataset_id, rows, f"{call.teacher} x {call.n_examples} (synthetic)")
+        cost = w.prices.teacher_usd(call.teacher, *usage)
+        return Billed[DatasetInfo](value=info, cost_usd=cost, seconds=time.monotonic() - start)
+
+    def quote_transform(self, call: TransformData) -> Quote:
+        for ref in call.datasets:
+            self.world.dataset_path(ref)
+        return self.world.sandbox.quote_script(TRANSFORM_TIMEOUT_S)
+
+    def transform(self, call: TransformData, dataset_id: str) -> Billed[DatasetInfo]:
+        w = self.world
+        if call.operation == "script" and not (call.script or "").strip():
+            raise ActionError("invalid_args", "transform_data: operation 'script' needs a shell command in `script` "
+                                              "that reads /data/in_*.jsonl and writes /data/out.jsonl")
+        inputs: dict[str, bytes | str | Path] = {f"/data/in_{i}.jsonl": w.dataset_path(ref)
+                                                 for i, ref in enumerate(call.datasets)}
+        inputs["/app/transform.py"] = TRANSFORM_PY
+        command = call.script if call.operation == "script" else f"python3 /app/transform.py {call.operation}"
+        job = w.sandbox.run_script(command, inputs, outputs=["/data/out.jsonl"], timeout_s=TRANSFORM_TIMEOUT_S)
+        out = job.outputs.get("/data/out.jsonl")
+        if job.result.exit_code != 0 or out is None:
+            detail = (job.result.stderr or job.result.stdout or "no /data/out.jsonl written")[-400:]
+            raise ActionError("script_failed", f"transform_data {call.operation}: exit {job.result.exit_code}; {detail}")
+        try:
+            rows = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
+            for row in rows:
+                if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
+                    raise ValueError("every line must be an object with a 'messages' list")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ActionError("script_failed", f"transform_data: /data/out.jsonl is not chat JSONL ({exc})") from None
+        info = w.save_dataset(dataset_id, rows, f"{call.operation}({', '.join(call.datasets)})")
+        return Billed[DatasetInfo](value=info, cost_usd=job.cost_usd, seconds=job.seconds)
+
+
+TRANSFORM_PY = '''\
+"""filter | dedupe | mix over /data/in_*.jsonl -> /data/out.jsonl (runs inside the sandbox)."""
+import glob, json, sys
+op = sys.argv[1]
+rows = [json.loads(l) for f in sorted(glob.glob("/data/in_*.jsonl")) for l in open(f) if l.strip()]
+if op == "filter":
+    rows = [r for r in rows if r.get("meta", {}).get("passed")]
+elif op == "dedupe":
+    seen, kept = set(), []
+    for r in rows:
+        key = json.dumps(r["messages"], sort_keys=True)
+        if key not in seen:
+            seen.add(key); kept.append(r)
+    rows = kept
+with open("/data/out.jsonl", "w") as out:
+    for r in rows:
+        out.write(json.dumps(r, sort_keys=True) + "\\n")
+print(f"{op}: {len(rows)} rows")
+'''
+
+
+class LocalTrain:
+    """LoRA fine-tuning through the supervised loop, in a worker thread.
+
+    The researcher's learning rate is multiplied by the world option ``lr_scale`` (default 10): a
+    2 M-parameter model needs about ten times the LoRA learning rate of a 35 B one to move as much,
+    and scaling keeps the tool's meaning the same in every world (3e-4, Tinker's usual LoRA rate and
+    the Data track's lock, is a sensible update here too; 1e-2 is as violent as it sounds).
+    """
+
+    def __init__(self, world: LocalWorld):
+        self.world = world
+
+    def _tokens(self, call: Train) -> int:
+        w = self.world
+        rows = read_jsonl(w.dataset_path(call.dataset))
+        if not rows:
+            raise ActionError("invalid_args", f"dataset {call.dataset!r} is empty")
+        if call.base != "base" and call.base not in w.states:
+            raise ActionError("unknown_ref", f"no finished checkpoint {call.base!r} to continue from")
+        # billed tokens: rendered length ~ bytes + a few special tokens per message
+        per_epoch = sum(_count_tokens(m["content"]) + 2 for r in rows for m in r["messages"]) + len(rows)
+        return per_epoch * call.num_epochs
+
+    def quote(self, call: Train) -> Quote:
+        tokens = self._tokens(call)
+        return Quote(usd=self.world.prices.train_usd(tokens), seconds=tokens / TRAIN_TOKENS_PER_SECOND + 2.0)
+
+    def start(self, call: Train, job_id: str, checkpoint_id: str) -> Job:
+        from .training import SupervisedConfig, run_supervised
+
+        w = self.world
+        self._tokens(call)
+        config = SupervisedConfig(
+            base_model=w.base_model, learning_rate=call.learning_rate * float(w.options["lr_scale"]),
+            lr_schedule=call.lr_schedule, num_epochs=call.num_epochs, batch_size=call.batch_size, lora_rank=call.lora_rank,
+            seed=w.seed, load_checkpoint_path=w.states.get(call.base) if call.base != "base" else None,
+            checkpoint_name=checkpoint_id)
+        path = w.dataset_path(call.dataset)
+
+        def run() -> Billed[TrainResult]:
+            result = run_supervised(w.tinker, config, path)
+            w.checkpoints[checkpoint_id] = result.sampler_path
+            if result.state_path:
+                w.states[checkpoint_id] = result.state_path
+            w._register(checkpoint_id, result.sampler_path)
+            value = TrainResult(checkpoint=checkpoint_id, steps=len(result.steps), tokens=result.billable_tokens,
+                                loss_curve=result.loss_curve, config=call.model_dump())
+            return Billed[TrainResult](value=value, cost_usd=w.prices.train_usd(result.billable_tokens),
+                                       seconds=result.wall_seconds)
+
+        meta = {"checkpoint": checkpoint_id, "dataset": call.dataset, "base": call.base}
+        return Job(id=job_id, kind="train", started_at=w.clock.now(), future=w._pool.submit(run), meta=meta)
+
+
+class LocalInference:
+    """One chat completion from a checkpoint, through the ``openai`` client."""
+
+    def __init__(self, world: LocalWorld):
+        self.world = world
+
+    def quote(self, call: Infer) -> Quote:
+        self.world.chat_model(call.model)
+        prompt = _count_tokens(call.prompt) + 8
+        if prompt >= CONTEXT_TOKENS:
+            raise ActionError("invalid_args", f"infer: the prompt is {prompt} tokens; the model's context is "
+                                              f"{CONTEXT_TOKENS} tokens (bytes)")
+        completion = min(call.max_tokens, CONTEXT_TOKENS - prompt)
+        return Quote(usd=self.world.prices.sample_usd(prompt, completion), seconds=completion / INFER_TOKENS_PER_SECOND)
+
+    def complete(self, call: Infer) -> Billed[Completion]:
+        w = self.world
+        quote = self.quote(call)
+        start = time.monotonic()
+        max_tokens = max(1, min(call.max_tokens, CONTEXT_TOKENS - _count_tokens(call.prompt) - 8))
+        reply = w.client.chat.completions.create(
+            model=call.model, messages=[{"role": "user", "content": call.prompt}], max_tokens=max_tokens,
+            seed=w.seed, temperature=0.7)
+        choice, usage = reply.choices[0], reply.usage
+        value = Completion(text=choice.message.content or "", prompt_tokens=usage.prompt_tokens,
+                           completion_tokens=usage.completion_tokens,
+                           finish_reason="length" if choice.finish_reason == "length" else "stop")
+        cost = min(quote.usd, w.prices.sample_usd(usage.prompt_tokens, usage.completion_tokens))
+        return Billed[Completion](value=value, cost_usd=cost, seconds=time.monotonic() - start)

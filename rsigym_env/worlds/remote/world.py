@@ -1,0 +1,178 @@
+"""``RemoteWorld``: the five services on real providers, built from the local world's service code.
+
+========== ======================================================================================
+service    how
+========== ======================================================================================
+train      :class:`~.services.RemoteTrain` (the local ``LocalTrain`` + ``run_supervised``) over
+           ``tinker.ServiceClient`` (``TINKER_API_KEY``, ``TINKER_BASE_URL``); ``tinker://`` checkpoints
+infer      :class:`~.services.RemoteInference` over Tinker's OpenAI-compatible endpoint (or the
+           scenario's), the base model by its Tinker id, a checkpoint by its sampler path
+rollout    :class:`~.services.RemoteRollout`: catalog teachers over OpenAI-compatible endpoints;
+           transforms in E2B (the local transform code)
+sandbox    :class:`~.sandbox.RemoteSandboxService` (the local service, an E2B cloud factory)
+evaluate   :class:`~.evaluation.RemoteEvalService` (the local service, a Harbor environment type, the
+           model behind a metering proxy at ``RSIGYM_MODEL_URL``)
+========== ======================================================================================
+
+Credentials are checked first: a missing variable raises
+:class:`~.errors.MissingCredentials` naming it, before any client is made or anything spent.
+``rsigym run --world remote --dry-run`` reports every check without spending (:mod:`.dryrun`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ...errors import ActionError
+from ...prices import TeacherPrice
+from ...scenario import Scenario
+from ..local.world import LocalWorld, WallClock
+from .clients import ForwardingChatModel, Route, RoutedClient, openai_completions
+from .config import BENCHMARKS, RemoteBenchmark, RemoteOptions, required_credentials
+from .errors import MissingCredentials
+from .pricing import context_tokens, load_tinker_models, remote_prices
+
+
+def teacher_prices(options: RemoteOptions, allowed: list[str]) -> dict[str, TeacherPrice]:
+    """The catalog's prices of the teachers the scenario allows."""
+    return {n: TeacherPrice(input=options.teachers[n].input, output=options.teachers[n].output)
+            for n in allowed if n in options.teachers}
+
+
+class RemoteWorld:
+    """One benchmark's remote world for one run (see the module docstring).
+
+    Keyword arguments replace the real clients (tests, replays): ``service_client`` (Tinker-shaped),
+    ``inference`` (a ``chat.completions``-like object), ``teachers`` (name → one), ``sandbox_create``
+    (``e2b.Sandbox.create``-like), ``tasks`` (split → task directory).
+    """
+
+    name = "remote"
+
+    def __init__(self, scenario: Scenario, seed: int, run_dir: Path | None = None, *, service_client: Any = None,
+                 inference: Any = None, teachers: Mapping[str, Any] | None = None,
+                 sandbox_create: Callable[..., Any] | None = None, tasks: Mapping[str, Path] | None = None,
+                 environ: Mapping[str, str] | None = None):
+        from .evaluation import RemoteEvalService, prepare_splits
+        from .sandbox import RemoteSandboxService
+        from .services import RemoteInference, RemoteRollout, RemoteTrain
+
+        env = os.environ if environ is None else environ
+        self.scenario, self.seed = scenario, seed
+        self.options = RemoteOptions.model_validate(scenario.world_options)
+        self.benchmark: RemoteBenchmark = BENCHMARKS.get(scenario.benchmark) or RemoteBenchmark(
+            scenario.benchmark, scenario.benchmark, self.options.evaluation.dataset or "", "the benchmark's tasks", 0)
+        replaced = {"TINKER_API_KEY": service_client is not None, "E2B_API_KEY": sandbox_create is not None}
+        missing = [c.variable for c in required_credentials(self.options, scenario.permissions.teachers, scenario.tools())
+                   if not env.get(c.variable) and not replaced.get(c.variable, False)
+                   and not (inference is not None and c.variable == self.options.inference.api_key_env)
+                   and not (teachers is not None and "teacher" in c.purpose)]
+        if missing:
+            raise MissingCredentials(missing, "the remote world reaches real services")
+        rows = load_tinker_models()
+        self.base_model = self.options.base_model
+        allowed = [t for t in scenario.permissions.teachers if t in self.options.teachers]
+        self.prices = remote_prices(self.base_model, teacher_prices(self.options, allowed), rows)
+        self.context_tokens = context_tokens(self.base_model, rows)
+
+        self._own_dir = run_dir is None
+        self.run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="rsigym-remote-"))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.clock = WallClock()
+        self.checkpoints: dict[str, str] = {}   # checkpoint id -> tinker://.../sampler_weights/...
+        self.states: dict[str, str] = {}        # checkpoint id -> tinker://.../weights/...
+        self.datasets: dict[str, Path] = {}
+        self._pool = cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="rsigym-remote-job")
+        self._lock = threading.Lock()
+
+        if service_client is None:
+            import tinker
+
+            service_client = tinker.ServiceClient(base_url=self.options.tinker_base_url,
+                                                  api_key=env.get("TINKER_API_KEY"),
+                                                  user_metadata={"rsigym_scenario": scenario.name, "seed": str(seed)})
+        self.tinker = service_client
+        if inference is None:
+            inference = openai_completions(self.options.inference_base_url(),
+                                           env.get(self.options.inference.api_key_env, ""),
+                                           self.options.inference.timeout_s)
+        self._inference = inference
+        self.client = RoutedClient({"base": Route(inference, self.base_model, "the inference endpoint")})
+        for name in allowed:
+            spec = self.options.teachers[name]
+            completions = (teachers or {}).get(name)
+            if completions is None:
+                url = spec.resolved_url()
+                if url is None:
+                    continue  # required_credentials reported it; a scenario without generate_data needs none
+                completions = openai_completions(url, env.get(spec.api_key_env, ""), spec.timeout_s)
+            self.client.add(name, Route(completions, spec.model or name, f"teacher {name}"))
+
+        sandbox = scenario.permissions.sandbox
+        self.vcpus, self.memory_gib = sandbox.vcpus, sandbox.memory_gib
+        self.rollout = RemoteRollout(self)
+        self.train = RemoteTrain(self)
+        self.inference = RemoteInference(self)
+        self.sandbox = RemoteSandboxService(self.run_dir, options=self.options.sandbox, prices=self.prices,
+                                            vcpus=sandbox.vcpus, memory_gib=sandbox.memory_gib, network=sandbox.network,
+                                            max_sandboxes=sandbox.max_sandboxes, api_key=env.get("E2B_API_KEY"),
+                                            domain=env.get("E2B_DOMAIN"), create=sandbox_create)
+        self.tasks = dict(tasks) if tasks is not None else prepare_splits(
+            self.options.evaluation, self.options.evaluation.dataset or self.benchmark.dataset, self.run_dir / "tasks")
+        self.evaluation = RemoteEvalService(options=self.options.evaluation, model_for=self.chat_model,
+                                            tasks=self.tasks, run_dir=self.run_dir / "evals", prices=self.prices,
+                                            seed=seed, vcpus=sandbox.vcpus, memory_gib=sandbox.memory_gib,
+                                            clock=self.clock.now)
+
+    # ---- models ---------------------------------------------------------------------------------
+
+    def register_checkpoint(self, checkpoint: str, sampler_path: str) -> None:
+        """Make a trained checkpoint answer as ``checkpoint`` (Tinker serves it by its sampler path)."""
+        self.client.add(checkpoint, Route(self._inference, sampler_path, "the inference endpoint"))
+
+    def chat_model(self, checkpoint: str) -> ForwardingChatModel:
+        """A servable model for 'base' or a finished checkpoint (``unknown_ref`` otherwise)."""
+        if checkpoint != "base" and checkpoint not in self.checkpoints:
+            raise ActionError("unknown_ref", f"no checkpoint {checkpoint!r}; checkpoints: "
+                                             f"{', '.join(['base', *self.checkpoints])}")
+        return ForwardingChatModel(self.client, checkpoint)
+
+    # ---- datasets: the local world's own code --------------------------------------------------
+
+    dataset_path = LocalWorld.dataset_path
+    save_dataset = LocalWorld.save_dataset
+
+    # ---- the initial system ---------------------------------------------------------------------
+
+    def initial_harness(self) -> dict[str, str]:
+        from ..local.harness import minimal_harness
+
+        return minimal_harness()
+
+    def describe(self) -> str:
+        b, e = self.benchmark, self.options.evaluation
+        teachers = ", ".join(t for t in self.scenario.permissions.teachers if t in self.prices.teachers) or "none"
+        return (f"remote world: {b.name} ({b.domain}); Harbor dataset {e.dataset or b.dataset}, tasks split into dev "
+                f"({len(list(Path(self.tasks['dev']).iterdir()))}) and held-out official. Base model {self.base_model} "
+                f"on Tinker (LoRA; checkpoints are tinker:// paths), inference at {self.options.inference_base_url()}, "
+                f"trials in Harbor's {e.environment} environment, sandboxes on E2B. Teachers: {teachers}. "
+                f"Prices: {self.prices.source}.")
+
+    def close(self) -> None:
+        """Stop jobs and kill sandboxes; remove the run directory if the world made it. Safe to call twice."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for part in ("sandbox", "evaluation"):
+            closer = getattr(getattr(self, part, None), "close", None)
+            if closer is not None:
+                closer()
+        if getattr(self, "_own_dir", False):
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+__all__ = ["RemoteWorld", "teacher_prices"]

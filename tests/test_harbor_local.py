@@ -1,0 +1,406 @@
+"""Evaluation through Harbor's real ``Job`` in the local world: bubblewrap environment, the harness as
+a Harbor agent, the model over a unix socket, ``LocalEvalService``.
+
+Fixtures are tiny: tasks "write N to /app/answer.txt" (checked by ``tests/test.sh``, with the answer
+also in ``tests/expected.txt``), a stdlib toy harness that asks the model once, and a deterministic
+model whose answer depends only on the request's seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from rsigym_env.errors import ActionError
+from rsigym_env.prices import DEFAULT_PRICES
+from rsigym_env.serving.models import ChatChoice, ChatRequest, ModelRegistry, apply_limits
+from rsigym_env.serving.openai_server import OpenAIServer, UsageMeter
+from rsigym_env.services import Billed, EvalRequest, EvalResult
+from rsigym_env.worlds.local import isolation
+
+pytestmark = pytest.mark.skipif(not isolation.bwrap_available(), reason="bubblewrap does not work here")
+
+os.environ.setdefault("HARBOR_TELEMETRY", "0")
+
+ANSWERS = {"t-add": 42, "t-mul": 56, "t-sub": 7}
+
+TOY_HARNESS = r'''
+import http.client, json, os, socket, subprocess, sys
+
+class Conn(http.client.HTTPConnection):
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(os.environ["RSIGYM_MODEL_SOCKET"])
+
+mode = open("/harness/mode.txt").read().strip() if os.path.exists("/harness/mode.txt") else "normal"
+instruction = open(os.environ["RSIGYM_INSTRUCTION_FILE"]).read()
+steps = [{"role": "user", "content": instruction}]
+snoop = {}
+if mode == "snoop":
+    for path in ("/tests", "/tests/expected.txt", "/solution/solve.sh"):
+        try:
+            snoop[path] = sorted(os.listdir(path)) if os.path.isdir(path) else open(path).read()
+        except OSError as exc:
+            snoop[path] = "ERR " + type(exc).__name__
+    # a process left behind, hoping to outlive the harness and see the tests mounted later
+    subprocess.Popen(["/bin/sh", "-c", "sleep 1.5; ls /tests > /logs/agent/late.txt 2>&1; echo $? >> /logs/agent/late.txt"],
+                     start_new_session=True)
+    try:
+        os.symlink("/etc/hostname", "/logs/agent/escape")
+    except OSError:
+        pass
+if mode == "crash":
+    sys.exit(3)
+if mode == "hang":
+    import time
+    time.sleep(60)
+conn = Conn("localhost")
+body = {"model": os.environ["RSIGYM_MODEL"], "messages": [{"role": "user", "content": instruction}],
+        "seed": int(os.environ["RSIGYM_SEED"]), "max_tokens": 16}
+conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+reply = json.loads(conn.getresponse().read())
+text = reply["choices"][0]["message"]["content"]
+steps.append({"role": "assistant", "content": text, "claimed_tokens": 10**9})
+answer = text.split("ANSWER:")[-1].strip() if mode != "truncated" else "0"
+with open(os.path.join(os.environ["RSIGYM_APP_DIR"], "answer.txt"), "w") as f:
+    f.write(answer + "\n")
+steps.append({"role": "agent", "command": "cat answer.txt", "output": answer})
+end = "truncated" if mode == "truncated" else "answer"
+json.dump({"end_reason": end, "steps": steps, "snoop": snoop, "seed": os.environ["RSIGYM_SEED"]},
+          open("/logs/agent/trajectory.json", "w"))
+'''
+
+
+class SolverModel:
+    """Answers "ANSWER: N" for "Write N ..." right with probability ``p``, decided by the request's seed only."""
+
+    def __init__(self, p: float = 1.0):
+        self.p = p
+
+    def complete(self, request: ChatRequest) -> list[ChatChoice]:
+        number = int(re.search(r"Write (\d+)", request.messages[-1].text).group(1))
+        right = random.Random(request.seed).random() < self.p
+        return [apply_limits(f"ANSWER: {number if right else number + 1}", request) for _ in range(request.n)]
+
+
+def make_tasks(root: Path, answers: dict[str, int] = ANSWERS) -> Path:
+    for name, answer in answers.items():
+        task = root / name
+        (task / "environment").mkdir(parents=True)
+        (task / "tests").mkdir()
+        (task / "solution").mkdir()
+        (task / "task.toml").write_text('schema_version = "1.4"\n[verifier]\ntimeout_sec = 30.0\n'
+                                        '[agent]\ntimeout_sec = 30.0\n')
+        (task / "instruction.md").write_text(f"Write {answer} to /app/answer.txt\n")
+        (task / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /app\n")
+        (task / "environment" / "notes.txt").write_text("the answer goes to answer.txt\n")
+        (task / "tests" / "expected.txt").write_text(f"{answer}\n")
+        (task / "tests" / "test.sh").write_text(
+            '#!/bin/bash\nif [ "$(cat /app/answer.txt 2>/dev/null)" = "$(cat /tests/expected.txt)" ]; '
+            'then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n')
+        (task / "solution" / "solve.sh").write_text(f"#!/bin/bash\necho {answer} > /app/answer.txt\n")
+    return root
+
+
+def harness(mode: str = "normal") -> dict[str, str]:
+    files = {"agent.py": TOY_HARNESS}
+    if mode != "normal":
+        files["mode.txt"] = mode
+    return files
+
+
+@pytest.fixture()
+def tasks(tmp_path: Path) -> dict[str, Path]:
+    return {"dev": make_tasks(tmp_path / "dev"), "official": make_tasks(tmp_path / "official", {"o-1": 11, "o-2": 12})}
+
+
+def service(tmp_path: Path, tasks: dict[str, Path], p: float = 1.0, **kwargs):
+    from rsigym_env.worlds.local.evaluation import LocalEvalService
+
+    def model_for(checkpoint: str):
+        if checkpoint not in ("base", "ckpt-1"):
+            raise ActionError("unknown_ref", f"no checkpoint {checkpoint!r}")
+        return SolverModel(p)
+
+    return LocalEvalService(model_for=model_for, tasks=tasks, run_dir=tmp_path / "evals", prices=DEFAULT_PRICES,
+                            private_dir=tmp_path / "private", **kwargs)
+
+
+# ------------------------------------------------------------------ the server's unix socket and counters
+
+
+def test_server_unix_socket_and_usage_meter(tmp_path):
+    from rsigym_env.serving.openai_server import UnixHTTPConnection
+
+    meter = UsageMeter()
+    sock = tmp_path / "m.sock"
+    with OpenAIServer(ModelRegistry({"solver": SolverModel()}), uds=sock, usage=meter) as server:
+        assert server.port and sock.exists()   # TCP and the socket, one server
+        conn = UnixHTTPConnection(sock)
+        conn.request("POST", "/v1/chat/completions", json.dumps(
+            {"model": "solver", "messages": [{"role": "user", "content": "Write 5 now"}], "seed": 1}))
+        reply = json.loads(conn.getresponse().read())
+        from openai import OpenAI
+        OpenAI(base_url=server.base_url, api_key="x", max_retries=0).chat.completions.create(
+            model="solver", messages=[{"role": "user", "content": "Write 6 now"}], seed=1)
+    assert reply["choices"][0]["message"]["content"] == "ANSWER: 5"
+    used = meter.get("solver")
+    assert used.requests == 2 and used.completion_tokens == 2 * reply["usage"]["completion_tokens"]
+    assert meter.reset("solver").requests == 2 and meter.get("solver").requests == 0
+    assert not sock.exists()  # removed on stop
+    with pytest.raises(ValueError):
+        OpenAIServer({}, port=None)
+
+
+def test_budgeted_model_caps_tokens():
+    from rsigym_env.serving.models import EchoModel
+    from rsigym_env.serving.models import ModelRequestError
+    from rsigym_env.worlds.local.harbor_agent import BudgetedModel
+
+    model = BudgetedModel(EchoModel(), budget=40)
+    request = ChatRequest(model="m", messages=[{"role": "user", "content": "one two three four five six seven"}])
+    first = model.complete(request)          # 14 prompt + 7 completion tokens
+    assert first[0].content.startswith("one") and model.used == 21
+    second = model.complete(request)         # what is left cuts the completion short
+    assert second[0].finish_reason == "length" and model.used == 40  # 5 of 7 words
+    with pytest.raises(ModelRequestError) as err:
+        model.complete(request)
+    assert err.value.status == 429
+
+
+# ------------------------------------------------------------------ Harbor's Job end to end
+
+
+def run_job(tmp_path: Path, tasks_dir: Path, mode: str, *, k: int = 1, concurrency: int = 2, p: float = 1.0,
+            agent_name: str = "harness"):
+    """Harbor's Job over ``tasks_dir`` with the toy harness; returns (trial results, session)."""
+    from harbor.job import Job
+    from harbor.models.job.config import JobConfig
+    from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig
+
+    from rsigym_env.worlds.local.evaluation import list_tasks, write_harness
+    from rsigym_env.worlds.local.harbor_agent import ModelSession, register_session, unregister_session
+
+    harness_dir = tmp_path / f"harness-{mode}"
+    write_harness(harness(mode), harness_dir)
+    registry, meter = ModelRegistry(), UsageMeter()
+    sock = tmp_path / f"{mode}.sock"
+    key = f"test-{mode}-{time.monotonic_ns()}"
+    with OpenAIServer(registry, port=None, uds=sock, usage=meter):
+        session = ModelSession(socket=sock, registry=registry, meter=meter, model=SolverModel(p), prefix="m", seed=0,
+                               tokens_per_trial=1000)
+        register_session(key, session)
+        agents = [AgentConfig(import_path="rsigym_env.worlds.local.harbor_agent:HarnessAgent",
+                              kwargs={"harness_dir": str(harness_dir), "session": key, "attempt": a})
+                  for a in range(k)]
+        if agent_name == "oracle":
+            agents = [AgentConfig(name="oracle")]
+        config = JobConfig(job_name="job", jobs_dir=tmp_path / f"jobs-{mode}", n_concurrent_trials=concurrency,
+                           quiet=True, tasks=[TaskConfig(path=t) for t in list_tasks(tasks_dir)], agents=agents,
+                           environment=EnvironmentConfig(
+                               import_path="rsigym_env.worlds.local.harbor_env:BubblewrapEnvironment"))
+
+        async def go():
+            return (await (await Job.create(config)).run()).trial_results
+
+        try:
+            results = asyncio.run(go())
+        finally:
+            unregister_session(key)
+    return results, session
+
+
+def reward(result) -> float | None:
+    return result.verifier_result.rewards["reward"] if result.verifier_result else None
+
+
+def test_harbor_job_end_to_end_rewards_and_artifacts(tmp_path):
+    tasks_dir = make_tasks(tmp_path / "tasks")
+    results, session = run_job(tmp_path, tasks_dir, "normal")
+    assert sorted(r.task_name for r in results) == sorted(ANSWERS)
+    assert all(r.exception_info is None for r in results), [r.exception_info for r in results]
+    assert [reward(r) for r in results] == [1.0] * 3
+    for r in results:
+        trial = Path(r.config.trials_dir) / r.trial_name
+        atif = json.loads((trial / "agent" / "trajectory.json").read_text())
+        assert atif["schema_version"].startswith("ATIF") and atif["steps"][-1]["tool_calls"][0]["function_name"] == "shell"
+        assert (trial / "agent" / "harness-trajectory.json").exists()
+        # tokens come from the server's counters, not from what the harness claims
+        used = session.usage(r.agent_result.metadata["model"])
+        assert used.requests == 1 and r.agent_result.n_output_tokens == used.completion_tokens < 10**9
+        assert r.agent_result.n_input_tokens == used.prompt_tokens > 0
+        assert json.loads((trial / "sandbox.json").read_text())["commands"] >= 2
+        assert not (trial / "sandbox").exists()  # the sandbox directory is removed at stop
+    # Dockerfile stays out of /app; environment files are in
+    assert session.usage().requests == 3
+
+
+def test_wrong_answer_scores_zero_and_oracle_scores_one(tmp_path):
+    tasks_dir = make_tasks(tmp_path / "tasks")
+    results, _ = run_job(tmp_path, tasks_dir, "normal", p=0.0)
+    assert [reward(r) for r in results] == [0.0] * 3
+    oracle, _ = run_job(tmp_path, tasks_dir, "oracle", agent_name="oracle")
+    assert [reward(r) for r in oracle] == [1.0] * 3
+
+
+@pytest.mark.slow
+def test_harness_cannot_see_tests_solution_or_escape(tmp_path):
+    tasks_dir = make_tasks(tmp_path / "tasks", {"t-add": 42})
+    results, _ = run_job(tmp_path, tasks_dir, "snoop")
+    (result,) = results
+    trial = Path(result.config.trials_dir) / result.trial_name
+    raw = json.loads((trial / "agent" / "harness-trajectory.json").read_text())
+    assert raw["snoop"] == {"/tests": "ERR FileNotFoundError", "/tests/expected.txt": "ERR FileNotFoundError",
+                            "/solution/solve.sh": "ERR FileNotFoundError"}
+    assert reward(result) == 1.0  # the verifier did see its tests
+    time.sleep(1.6)
+    assert not (trial / "agent" / "late.txt").exists()  # the left-behind process died with the harness
+    assert not (trial / "agent" / "escape").exists()     # symlinks out of the sandbox are removed
+
+
+@pytest.mark.slow
+def test_eval_service_dev_job_billed_and_deterministic(tmp_path, tasks):
+    svc1 = service(tmp_path / "a", tasks, p=0.5, concurrency=1)
+    svc2 = service(tmp_path / "b", tasks, p=0.5, concurrency=3)
+    req = EvalRequest(checkpoint="ckpt-1", harness_version="v1", harness_files=harness(), split="dev", k=2)
+    try:
+        quote = svc1.quote(req)
+        job = svc1.start(req, "ev-1")
+        billed = job.future.result(timeout=60)
+        other = svc2.start(req, "ev-1").future.result(timeout=60)
+    finally:
+        svc1.close()
+        svc2.close()
+    assert isinstance(billed, Billed) and isinstance(billed.value, EvalResult)
+    value = billed.value
+    assert job.kind == "evaluate" and value.split == "dev" and value.k == 2 and value.task_ids == sorted(ANSWERS)
+    assert 0 < billed.cost_usd <= quote.usd and value.tokens > 0 and value.sandbox_seconds > 0
+    assert value.score == pytest.approx(sum(sum(r) for r in value.rewards) / 6)
+    assert value.rewards == other.value.rewards and value.failures == other.value.failures  # concurrency 1 vs 3
+    assert {f for row in value.failures for f in row} <= {"", "wrong_answer"}
+    assert 0 < value.score < 1  # p=0.5 over six attempts with these seeds: some right, some wrong
+    summary = json.loads((tmp_path / "a" / "evals" / "ev-1" / "summary.json").read_text())
+    assert summary["score"] == value.score and len(summary["trials"]) == 6
+    trial_dir = tmp_path / "a" / "evals" / "ev-1" / summary["trials"][0]["dir"]
+    assert (trial_dir / "agent" / "trajectory.json").exists()
+
+
+def test_eval_service_failure_labels_and_official_keeps_score_only(tmp_path, tasks):
+    svc = service(tmp_path, tasks)
+    try:
+        crashed = svc.start(EvalRequest(checkpoint="base", harness_version="v2", harness_files=harness("crash"),
+                                        k=1, n_tasks=2), "ev-2").future.result(timeout=60).value
+        truncated = svc.start(EvalRequest(checkpoint="base", harness_version="v3", harness_files=harness("truncated"),
+                                          k=1, n_tasks=1), "ev-3")
+        official = svc.official(EvalRequest(checkpoint="base", harness_version="v1", harness_files=harness(),
+                                            split="official", k=1))
+        with pytest.raises(ActionError):
+            svc.quote(EvalRequest(checkpoint="ckpt-9", harness_version="v1", harness_files=harness()))
+        truncated_value = truncated.future.result(timeout=60).value
+    finally:
+        svc.close()
+    assert crashed.failures == [["harness_error"], ["harness_error"]] and crashed.failure_modes == {"harness_error": 2}
+    assert crashed.score == 0.0
+    assert truncated_value.rewards == [[0.0]] and truncated_value.failures == [["truncated_output"]]
+    assert official.value.score == 1.0 and official.value.split == "official" and official.cost_usd > 0
+    summary = json.loads((tmp_path / "evals" / "official-1" / "summary.json").read_text())
+    assert set(summary) == {"id", "split", "checkpoint", "harness_version", "k", "score", "tasks"}
+    assert sorted(p.name for p in (tmp_path / "evals" / "official-1").iterdir()) == ["summary.json"]
+    assert not any((tmp_path / "private").iterdir())  # the official Harbor job is gone
+
+
+@pytest.mark.slow
+def test_eval_service_timeout_is_a_harness_error_and_close_cancels(tmp_path, tasks):
+    svc = service(tmp_path / "t", tasks, agent_timeout_s=1.0)
+    try:
+        value = svc.start(EvalRequest(checkpoint="base", harness_version="v4", harness_files=harness("hang"), k=1,
+                                      n_tasks=1), "ev-4").future.result(timeout=60).value
+    finally:
+        svc.close()
+    assert value.failures == [["harness_error"]] and value.rewards == [[0.0]]
+    summary = json.loads((tmp_path / "t" / "evals" / "ev-4" / "summary.json").read_text())
+    assert "ran longer than 1 s" in summary["trials"][0]["harness_error"]  # killed by the sandbox's wall clock
+
+    svc = service(tmp_path / "c", tasks, agent_timeout_s=30.0)
+    job = svc.start(EvalRequest(checkpoint="base", harness_version="v4", harness_files=harness("hang"), k=1,
+                                n_tasks=2), "ev-5")
+    time.sleep(0.8)
+    started = time.monotonic()
+    svc.close()
+    assert time.monotonic() - started < 10
+    with pytest.raises(BaseException):
+        job.future.result(timeout=1)
+    with pytest.raises(ActionError):
+        svc.start(EvalRequest(checkpoint="base", harness_version="v4", harness_files=harness()), "ev-6")
+    assert not list((tmp_path / "c" / "evals" / "ev-5").rglob("sandbox/app"))  # sandboxes stopped and removed
+
+
+def test_environment_phases_transfers_and_symlinks(tmp_path):
+    """The environment on its own: agent mounts only before the tests arrive, tests only after, and host-side
+    transfers that never follow a symlink made inside the sandbox."""
+    from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig
+    from harbor.models.trial.paths import TrialPaths
+
+    from rsigym_env.worlds.local.harbor_env import BubblewrapEnvironment
+
+    task = make_tasks(tmp_path / "tasks", {"t-add": 42}) / "t-add"
+    paths = TrialPaths(trial_dir=tmp_path / "trial")
+    paths.mkdir()
+    env = BubblewrapEnvironment(task / "environment", "t-add", "t-add__x__env", paths, TaskEnvironmentConfig())
+    secret = tmp_path / "agent-only"
+    secret.mkdir()
+    (secret / "note.txt").write_text("for the agent\n")
+
+    async def go():
+        await env.start(force_build=False)
+        env.add_agent_mount(secret, "/harness")
+        agent = await env.exec("cat /harness/note.txt; ls /app; ls /tests 2>&1; ln -s /etc/hostname /app/link; "
+                               "ln -s / /app/root; echo hi > /logs/agent/out.txt")
+        with pytest.raises(PermissionError):
+            await env.download_file("/app/link", tmp_path / "got")        # a symlink is not followed
+        with pytest.raises(PermissionError):
+            await env.upload_file(task / "instruction.md", "/app/root/etc/evil")  # nor written through
+        with pytest.raises(ValueError):
+            await env.download_file("/etc/passwd", tmp_path / "got")
+        await env.upload_dir(task / "tests", "/tests")                    # the verifier phase begins
+        verifier = await env.exec("cat /tests/expected.txt; cat /harness/note.txt 2>&1; echo 1 > /logs/verifier/reward.txt")
+        await env.download_dir("/app", tmp_path / "app-copy")
+        await env.stop(delete=True)
+        return agent, verifier
+
+    agent, verifier = asyncio.run(go())
+    assert agent.return_code == 0 and agent.stdout.startswith("for the agent\nnotes.txt\n")  # no Dockerfile in /app
+    assert "No such file or directory" in agent.stdout  # ls /tests
+    assert verifier.stdout.startswith("42\n") and "No such file or directory" in verifier.stdout  # harness gone
+    assert (paths.verifier_dir / "reward.txt").read_text() == "1\n" and (paths.agent_dir / "out.txt").exists()
+    assert sorted(p.name for p in (tmp_path / "app-copy").iterdir()) == ["notes.txt"]  # symlinks skipped
+    assert not env.root.exists() and json.loads((paths.trial_dir / "sandbox.json").read_text())["commands"] == 2
+
+
+def test_minimal_harness_on_a_generated_benchmark(tmp_path):
+    """The real minimal harness, a generated benchmark and a solver-backed model: the contract holds end to end."""
+    from rsigym_env.worlds.local import benchmarks
+    from rsigym_env.worlds.local.evaluation import LocalEvalService
+    from rsigym_env.worlds.local.harness import minimal_harness
+    from rsigym_env.worlds.local.teachers import TeacherModel
+
+    dirs = benchmarks.resolve("local-terminal").build(tmp_path / "tasks")
+    svc = LocalEvalService(model_for=lambda c: TeacherModel("oracle-teacher", 1.0), tasks=dirs,
+                           run_dir=tmp_path / "evals", prices=DEFAULT_PRICES, private_dir=tmp_path / "private")
+    try:
+        billed = svc.start(EvalRequest(checkpoint="base", harness_version="v0", harness_files=minimal_harness(), k=1,
+                                       n_tasks=2), "ev-1").future.result(timeout=60)
+    finally:
+        svc.close()
+    assert billed.value.score == 1.0 and billed.value.tokens > 0, billed.value
+    summary = json.loads((tmp_path / "evals" / "ev-1" / "summary.json").read_text())
+    atif = json.loads((tmp_path / "evals" / "ev-1" / summary["trials"][0]["dir"] / "agent" / "trajectory.json").read_text())
+    assert [s["source"] for s in atif["steps"][:2]][-1] == "user" and atif["extra"]["end_reason"] in ("done", "answer")
+    assert any(s.get("tool_calls") for s in atif["steps"])  # the harness ran commands in the sandbox

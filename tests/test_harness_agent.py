@@ -1,0 +1,173 @@
+"""The minimal harness's agent.py: each remedy changes behaviour (scripted models over the real server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rsigym_env.serving import ModelRegistry, OpenAIServer, ScriptedChatModel
+from rsigym_env.worlds.local.harness import HARNESS_DIR, REMEDIES, minimal_harness, with_remedies
+
+from rsigym_env.worlds.local.harness import agent as harness_agent
+
+
+@pytest.fixture(scope="module")
+def server():
+    registry = ModelRegistry()
+    with OpenAIServer(registry) as srv:
+        yield srv
+
+
+def run_agent(server, tmp_path: Path, turns: list, *, remedies=(), files: dict[str, str] | None = None,
+              instruction: str = "Do the task.", toml_extra: dict[str, str] | None = None, seed: int = 3):
+    """Run agent.py against a scripted model → (trajectory, app dir, the model's requests)."""
+    name = f"scripted-{tmp_path.parent.name}-{tmp_path.name}"
+    model = ScriptedChatModel(turns)
+    server.registry.add(name, model, replace=True)
+    harness = tmp_path / "harness"
+    harness.mkdir(parents=True)
+    hfiles = with_remedies(minimal_harness(), list(remedies))
+    for key, value in (toml_extra or {}).items():
+        hfiles["harness.toml"] = "\n".join(f"{key} = {value}" if line.startswith(f"{key} =") else line
+                                           for line in hfiles["harness.toml"].splitlines())
+    for fname, text in hfiles.items():
+        (harness / fname).write_text(text)
+    app, logs = tmp_path / "app", tmp_path / "logs"
+    app.mkdir()
+    for rel, text in (files or {}).items():
+        (app / rel).parent.mkdir(parents=True, exist_ok=True)
+        (app / rel).write_text(text)
+    (tmp_path / "instruction.md").write_text(instruction)
+    env = {"PATH": os.environ["PATH"], "RSIGYM_MODEL_URL": server.base_url, "RSIGYM_MODEL": name,
+           "RSIGYM_SEED": str(seed), "RSIGYM_INSTRUCTION_FILE": str(tmp_path / "instruction.md"),
+           "RSIGYM_APP_DIR": str(app), "RSIGYM_LOGS_DIR": str(logs), "RSIGYM_HARNESS_DIR": str(harness)}
+    subprocess.run(["python3", str(harness / "agent.py")], env=env, cwd=app, timeout=60, check=False)
+    return json.loads((logs / "trajectory.json").read_text()), app, model.requests
+
+
+def commands(traj: dict) -> list[str]:
+    return [c["command"] for s in traj["steps"] for c in s.get("commands", [])]
+
+
+def test_minimal_toml_has_every_remedy_off():
+    text = minimal_harness()["harness.toml"]
+    for key, (_, minimal, fixed) in REMEDIES.items():
+        assert f"{key} = {minimal}" in text
+        assert f"{key} = {fixed}" in with_remedies(minimal_harness(), [key])["harness.toml"]
+    cfg = harness_agent.load_config(str(HARNESS_DIR / "harness.toml"))
+    assert cfg["generation"]["on_truncation"] == "stop" and not cfg["shell"]["persistent"]
+
+
+def test_prompt_md_is_the_benchmarks_system_prompt():
+    from rsigym_env.worlds.local.benchmarks import SYSTEM_PROMPT
+
+    assert minimal_harness()["prompt.md"].strip() == SYSTEM_PROMPT
+
+
+def test_answer_is_written_and_requests_carry_trial_seeds(server, tmp_path):
+    traj, app, reqs = run_agent(server, tmp_path, ["2+3=5 ANSWER: 5"])
+    assert traj["end_reason"] == "answer"
+    assert (app / "answer.txt").read_text().strip() == "5"
+    assert reqs[0].seed == harness_agent.request_seed(3, 0, 0)
+    assert reqs[0].messages[0].role == "system" and traj["usage"]["requests"] == 1
+
+
+LONG = "12+30=42 42*3=126 126-7=119 119+20=139 139*2=278 ANSWER: 278"
+
+
+def test_truncation_stop_vs_continue(server, tmp_path):
+    extra = {"max_output_tokens": "6"}
+    stop, app_s, reqs_s = run_agent(server, tmp_path / "a", [LONG, LONG], toml_extra=extra)
+    assert stop["end_reason"] == "truncated" and not (app_s / "answer.txt").exists()
+    assert harness_agent.failure_label(stop, 0) == "truncated_output"
+    cont, app_c, reqs_c = run_agent(server, tmp_path / "b", [LONG, LONG], toml_extra=extra, remedies=["on_truncation"])
+    assert cont["end_reason"] == "answer" and (app_c / "answer.txt").read_text().strip() == "278"
+    assert [r.max_tokens for r in reqs_c] == [6, 224]
+
+
+def test_lost_cd_vs_persistent_shell(server, tmp_path):
+    script = ["$ mkdir -p d", "$ cd d", "$ export W=hi", "$ echo $W > f.txt", "DONE"]
+    lost, app_l, _ = run_agent(server, tmp_path / "a", script)
+    assert (app_l / "f.txt").read_text() == "\n" and not (app_l / "d" / "f.txt").exists()
+    assert harness_agent.failure_label(lost, 0) == "lost_shell_state"
+    kept, app_k, _ = run_agent(server, tmp_path / "b", script, remedies=["persistent"])
+    assert (app_k / "d" / "f.txt").read_text() == "hi\n" and not (app_k / "f.txt").exists()
+    assert kept["signals"]["lost_cd"] == 0
+
+
+def test_loop_detection_resamples_hotter(server, tmp_path):
+    script = ["$ ls", "$ ls", "$ touch ok", "DONE"]
+    off, app_off, reqs_off = run_agent(server, tmp_path / "a", script)
+    assert commands(off) == ["ls", "ls", "touch ok"] and off["signals"]["repeats"] == 1
+    on, app_on, reqs_on = run_agent(server, tmp_path / "b", script, remedies=["detect"])
+    assert commands(on) == ["ls", "touch ok"] and on["signals"]["loop_resamples"] == 1
+    assert reqs_on[2].temperature == pytest.approx(1.2) and reqs_off[2].temperature == pytest.approx(0.7)
+    looping, _, _ = run_agent(server, tmp_path / "c", ["$ ls"] * 8)
+    assert looping["end_reason"] == "max_turns" and harness_agent.failure_label(looping, 0) == "action_loop"
+
+
+def test_unchecked_edit_vs_compile_check(server, tmp_path):
+    files = {"calc.py": "def f():\n    return 1\n"}
+    script = ["$ echo 'def f(:' > calc.py", "DONE"]
+    off, app_off, _ = run_agent(server, tmp_path / "a", script, files=files)
+    assert "def f(:" in (app_off / "calc.py").read_text() and off["signals"]["broken_edit"] == 1
+    assert harness_agent.failure_label(off, 0) == "unchecked_edit"
+    on, app_on, reqs = run_agent(server, tmp_path / "b", script, files=files, remedies=["check"])
+    assert (app_on / "calc.py").read_text() == files["calc.py"]
+    assert on["signals"]["reverted_edits"] == 1 and on["end_reason"] == "done" and len(reqs) == 2
+
+
+def test_verify_before_submit_runs_check_sh(server, tmp_path):
+    files = {"check.sh": "test -f ok.txt || { echo missing ok.txt; exit 1; }\n"}
+    script = ["DONE", "$ touch ok.txt", "DONE"]
+    off, app_off, _ = run_agent(server, tmp_path / "a", script, files=files)
+    assert off["end_reason"] == "done" and not (app_off / "ok.txt").exists()
+    assert harness_agent.failure_label(off, 0) == "unverified_completion"
+    on, app_on, reqs = run_agent(server, tmp_path / "b", script, files=files, remedies=["verify_before_submit"])
+    assert (app_on / "ok.txt").exists() and on["signals"]["verified"] and on["signals"]["verify_failures"] == 1
+    assert reqs[1].messages[-1].content == "OUT: check failed: missing ok.txt"
+
+
+def test_load_skills_shows_usage_lines(server, tmp_path):
+    files = {"skills/rot/SKILL.md": "# rot\nShifts letters.\nUsage: python3 skills/rot/run.py -k K IN OUT\n",
+             "skills/pad/SKILL.md": "# pad\nPads.\nUsage: python3 skills/pad/run.py IN OUT K\n"}
+    inst = "Use the rot skill with value 2 on in.txt and write the result to out.txt."
+    off, _, reqs_off = run_agent(server, tmp_path / "a", ["DONE"], files=files, instruction=inst)
+    assert "Usage:" not in reqs_off[0].messages[-1].content
+    assert harness_agent.failure_label(off, 0) == "missing_skill"
+    on, _, reqs_on = run_agent(server, tmp_path / "b", ["DONE"], files=files, instruction=inst, remedies=["load_skills"])
+    user = reqs_on[0].messages[-1].content
+    assert "Skill rot: Usage: python3 skills/rot/run.py -k K IN OUT" in user and "skills/pad" not in user
+
+
+def test_unreachable_model_is_a_harness_error(tmp_path):
+    app, logs = tmp_path / "app", tmp_path / "logs"
+    app.mkdir()
+    (tmp_path / "i.md").write_text("x")
+    env = {"PATH": os.environ["PATH"], "RSIGYM_MODEL_URL": "http://127.0.0.1:9/v1", "RSIGYM_MODEL": "m",
+           "RSIGYM_INSTRUCTION_FILE": str(tmp_path / "i.md"), "RSIGYM_APP_DIR": str(app), "RSIGYM_LOGS_DIR": str(logs)}
+    subprocess.run(["python3", str(HARNESS_DIR / "agent.py")], env=env, timeout=30, check=False)
+    traj = json.loads((logs / "trajectory.json").read_text())
+    assert traj["end_reason"] == "error" and harness_agent.failure_label(traj, 0) == "harness_error"
+    assert harness_agent.failure_label(traj, 1) is None
+
+
+def test_agent_uses_only_the_stdlib():
+    import ast
+
+    stdlib = set(sys.stdlib_module_names) | {"llm"}
+    for fname in ("agent.py", "llm.py"):
+        tree = ast.parse((HARNESS_DIR / fname).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            assert all(n.split(".")[0] in stdlib | {"__future__"} for n in names), (fname, names)

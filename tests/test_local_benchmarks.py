@@ -1,0 +1,239 @@
+"""The five local benchmarks: deterministic Harbor task directories, disjoint seed streams, verifiers."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tomllib
+from itertools import islice
+from pathlib import Path
+
+import pytest
+
+from rsigym_env.worlds.local import benchmarks as B
+from rsigym_env.worlds.local.benchmarks.base import parse_action
+
+BWRAP = shutil.which("bwrap")
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() + oct(p.stat().st_mode & 0o777)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, dict[str, Path]]:
+    root = tmp_path_factory.mktemp("tasks")
+    return {name: b.build(root) for name, b in B.BENCHMARKS.items()}
+
+
+def test_resolve_accepts_local_and_paper_ids():
+    for name, b in B.BENCHMARKS.items():
+        assert B.resolve(name) is b and B.resolve(b.paper_id) is b
+        assert b.description.count(".") >= 2 and b.domain in B.DOMAINS
+    with pytest.raises(ValueError, match="swe-bench-verified"):
+        B.resolve("swe-bench")
+
+
+def test_build_is_deterministic_and_idempotent(built, tmp_path):
+    for name, b in B.BENCHMARKS.items():
+        again = b.build(tmp_path)
+        for split in ("dev", "official"):
+            assert again[split].parent.name == built[name][split].parent.name  # same content hash
+            assert tree_digest(again[split]) == tree_digest(built[name][split])
+        stamp = (again["dev"].parent / ".complete").stat().st_mtime_ns
+        assert b.build(tmp_path) == again and (again["dev"].parent / ".complete").stat().st_mtime_ns == stamp
+
+
+def test_split_sizes_and_task_layout(built):
+    from harbor.models.task.config import TaskConfig
+
+    for name, dirs in built.items():
+        for split, n in B.SPLIT_SIZES.items():
+            tasks = sorted(p for p in dirs[split].iterdir() if p.is_dir())
+            assert len(tasks) == n
+            for t in tasks[:3]:
+                for rel in ("task.toml", "instruction.md", "environment/Dockerfile", "tests/test.sh",
+                            "tests/check.py", "tests/expected.json", "solution/solve.sh"):
+                    assert (t / rel).is_file(), (t, rel)
+                cfg = TaskConfig.model_validate(tomllib.loads((t / "task.toml").read_text()))
+                assert cfg.metadata["domain"] == B.BENCHMARKS[name].domain and cfg.agent.timeout_sec > 0
+                assert not (t / "environment" / "expected.json").exists()  # the answer lives only in tests/
+
+
+def test_splits_and_streams_are_disjoint():
+    for b in B.BENCHMARKS.values():
+        dev = {p.key for p in b.split("dev")}
+        official = {p.key for p in b.split("official")}
+        assert len(dev) == 20 and len(official) == 30 and not dev & official
+        held = dev | official
+        synthetic = {p.key for p in b.synthetic(150, seed=0)}
+        pretrain = {p.key for p in islice(b.stream("pretrain"), 150)}
+        assert not synthetic & held and not pretrain & held
+        assert len(synthetic & pretrain) < 150  # different streams, not the same list
+        assert b.synthetic(5, seed=1)[0].key != b.synthetic(5, seed=2)[0].key
+
+
+def test_pretraining_mixture_is_deterministic_and_fits_the_context():
+    from rsigym_env.worlds.local.tokenizer import ChatRenderer
+
+    a, b = B.pretraining_conversations(300, seed=0), B.pretraining_conversations(300, seed=0)
+    assert a == b and a != B.pretraining_conversations(300, seed=1)
+    r = ChatRenderer()
+    assert max(len(r.build_supervised_example(c)[0]) for c in a) < 512
+    # every assistant turn is in the action language (or a science fact statement)
+    for chat in a:
+        for m in chat:
+            if m["role"] == "assistant":
+                assert parse_action(m["content"])[0] != "invalid" or m["content"].endswith(".")
+
+
+def run_test_sh(task: Path, app: Path, verifier: Path) -> str:
+    """Run tests/test.sh as Harbor would: /app and /logs/verifier mapped (bubblewrap binds)."""
+    verifier.mkdir(parents=True, exist_ok=True)
+    if BWRAP:
+        argv = [BWRAP, "--tmpfs", "/", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
+                "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--ro-bind", "/etc", "/etc",
+                "--bind", str(app), "/app", "--bind", str(verifier), "/logs/verifier",
+                "--ro-bind", str(task / "tests"), "/tests", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+                "--unshare-net", "--chdir", "/app", "bash", "/tests/test.sh"]
+        subprocess.run(argv, check=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    else:  # pragma: no cover - bubblewrap missing
+        env = {"PATH": os.environ["PATH"], "RSIGYM_APP_DIR": str(app), "RSIGYM_VERIFIER_DIR": str(verifier)}
+        subprocess.run(["bash", str(task / "tests" / "test.sh")], cwd=app, env=env, check=True, timeout=60)
+    return (verifier / "reward.txt").read_text().strip()
+
+
+def run_solve_sh(task: Path, app: Path) -> None:
+    env = {"PATH": os.environ["PATH"], "RSIGYM_APP_DIR": str(app)}
+    subprocess.run(["bash", str(task / "solution" / "solve.sh")], cwd=app, env=env, check=True, timeout=60,
+                   capture_output=True)
+
+
+@pytest.mark.parametrize("name", sorted(B.BENCHMARKS))
+def test_solution_scores_one_and_an_empty_attempt_zero(built, tmp_path, name):
+    tasks = sorted(p for p in built[name]["official"].iterdir() if p.is_dir())
+    for task in tasks[:2]:
+        for solve, want in ((True, "1"), (False, "0")):
+            app = tmp_path / f"{task.name}-{solve}"
+            shutil.copytree(task / "environment", app)
+            if solve:
+                run_solve_sh(task, app)
+            assert run_test_sh(task, app, tmp_path / f"v-{task.name}-{solve}") == want, (task, solve)
+
+
+def test_visible_check_passes_only_after_the_fix(built, tmp_path):
+    task = sorted(p for p in built["local-code"]["dev"].iterdir() if p.is_dir())[0]
+    app = tmp_path / "app"
+    shutil.copytree(task / "environment", app)
+    assert subprocess.run(["bash", "check.sh"], cwd=app, capture_output=True).returncode != 0
+    run_solve_sh(task, app)
+    assert subprocess.run(["bash", "check.sh"], cwd=app, capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("name", sorted(B.BENCHMARKS))
+def test_checker_agrees_with_the_verifier(name):
+    b = B.BENCHMARKS[name]
+    for p in b.split("dev")[:2]:
+        solved = p.messages + [{"role": "assistant", "content": a} for a in p.solution]
+        assert b.check(p, solved)
+        assert not b.check(p, p.messages + [{"role": "assistant", "content": "DONE"}])
+        if not p.multi_turn:
+            wrong = "ANSWER: B" if p.expected["answer"] != "B" else "ANSWER: C"
+            assert not b.check(p, p.messages + [{"role": "assistant", "content": wrong}])
+
+
+def test_skill_tools_need_their_documented_convention(tmp_path):
+    from rsigym_env.worlds.local.benchmarks import skills
+
+    p = B.BENCHMARKS["local-skills"].split("dev")[0]
+    B.write_files(tmp_path, p.files)
+    m = p.meta
+    wrong = [s for s in range(4) if s != m["syntax"]][0]
+    out, code = B.run_command(skills.command(wrong, m["skill"], m["k"], m["src"], m["dst"]), tmp_path)
+    assert code == 2 and "bad arguments" in out
+    out, code = B.run_command(skills.command(m["syntax"], m["skill"], m["k"], m["src"], m["dst"]), tmp_path)
+    assert code == 0 and (tmp_path / m["dst"]).read_text() == p.expected["files"][m["dst"]]
+
+
+def test_shipped_base_checkpoint_is_registered_and_intact():
+    import numpy as np
+
+    from rsigym_env.worlds.local.base import BASE_DIR, load_base, manifest
+    from rsigym_env.worlds.local.tinker_client import LocalServiceClient
+
+    meta = manifest()
+    assert (BASE_DIR / "weights.npz").stat().st_size <= 8_000_000
+    assert meta["build_seconds"] > 0 and meta["recipe"]["stages"]
+    assert {int(k): v for k, v in meta["mixtures"].items()} == {s["mixture"]: B.MIXTURES[s["mixture"]] for s in meta["recipe"]["stages"]}
+    base = load_base(verify=True)
+    assert base.config.max_seq_len == 512 and base.config.vocab_size == 272
+    assert all(v.dtype == np.float32 for v in base.params.values())
+    service = LocalServiceClient()
+    tc = service.create_lora_training_client(base_model="rsigym-base", rank=4).result()
+    assert tc.get_info().model_data.model_name == "rsigym-base"
+
+
+@pytest.mark.parametrize("version", sorted(B.MIXTURES))
+def test_pretraining_prompts_never_contain_a_dev_or_official_task(version):
+    # a skills instruction recurs with other tool conventions (its key includes the convention), so
+    # skills are checked by key in test_splits_and_streams_are_disjoint
+    held = {p.instruction for b in B.BENCHMARKS.values() if b.domain != "skills"
+            for s in ("dev", "official") for p in b.split(s)}
+    chats = B.pretraining_conversations(1500, seed=version - 1, version=version)
+    prompts = {next(m["content"] for m in c if m["role"] == "user").split("\nSkill ")[0] for c in chats}
+    assert not prompts & held
+
+
+def test_recorded_stages_match_the_shipped_manifest():
+    from rsigym_env.worlds.local.base import manifest
+    from rsigym_env.worlds.local.benchmarks import arith
+
+    recipe = manifest()["recipe"]
+    assert arith.RECORDED_STAGES == tuple((s["mixture"], s["data_seed"], s["steps"] * recipe["batch_size"])
+                                          for s in recipe["stages"])
+
+
+def test_generator_3_splits_never_held_a_recorded_pretraining_problem():
+    """Generator 3 changed local-math and local-code; the recorded stages drew theirs from generators 1-2.
+    Math: the splits skip a superset of the recorded stages' multi-operation problems (checked against
+    the stages' real conversations here) and have >= 2 operations (drills have 1). Code: generator 3's
+    function names are none of generator 1-2's, and a task's key holds its code."""
+    from rsigym_env.worlds.local.benchmarks import arith, coding
+
+    recorded = arith.recorded_pretrain_keys()
+    math = B.BENCHMARKS["local-math"]
+    held = {p.key for s in ("dev", "official") for p in math.split(s)}
+    assert not held & recorded and all(len(k.split()) >= 5 for k in held)
+    expr = re.compile(r"Compute left to right: ([0-9 +*-]+)")
+    for mixture, seed, n in arith.RECORDED_STAGES:
+        chats = B.pretraining_conversations(1200, seed=seed, version=mixture)
+        prompts = [next(m["content"] for m in c if m["role"] == "user") for c in chats]
+        keys = {expr.search(t).group(1).strip() for t in prompts if "Compute left to right" in t}
+        multi = {k for k in keys if len(k.split()) > 3}
+        assert multi and multi <= recorded and not keys & held
+    code = B.BENCHMARKS["local-code"]
+    assert not set(coding.NAMES) & set(coding.NAMES_V3)
+    for s in ("dev", "official"):
+        for p in code.split(s):
+            assert re.match(r"def (\w+)\(", p.files["calc.py"]).group(1) in coding.NAMES_V3
+    for mixture, seed, _ in arith.RECORDED_STAGES:
+        for c in B.pretraining_conversations(600, seed=seed, version=mixture):
+            m = re.search(r"calc\.py:\ndef (\w+)\(", next(x["content"] for x in c if x["role"] == "user"))
+            assert m is None or m.group(1) in coding.NAMES
+
+
+def test_generator_3_new_bugs_are_fixed_by_the_teachers_solver():
+    from rsigym_env.worlds.local.benchmarks import coding
+
+    code = B.BENCHMARKS["local-code"]
+    probs = code.synthetic(120, seed=3)
+    new = [p for p in probs if (p.meta["good"], p.meta["bad"]) not in
+           {(g.format(k=k, j=j), b.format(k=k, j=j)) for _, (g, b), _, _ in coding.TEMPLATES for k in range(2, 10) for j in range(2, 10)}]
+    assert len(new) > 20
+    for p in new:
+        assert code.check(p, p.messages + [{"role": "assistant", "content": coding.solve_next(p.messages)},
+                                           {"role": "assistant", "content": "DONE"}]), p.instruction

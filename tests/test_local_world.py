@@ -1,0 +1,173 @@
+"""The local world end to end through ``gymnasium.make(..., world="local")``.
+
+The fast tests run on a tiny random base model (registered under its own name, so the shipped
+``rsigym-base`` is untouched); one slow test runs a whole scripted episode on the shipped base.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import rsigym_env  # noqa: F401
+from rsigym_env.baselines import ScriptedResearcher
+from rsigym_env.episode import run_episode
+from rsigym_env.worlds.local import tinker_client
+from rsigym_env.worlds.local.model import ModelConfig
+
+TINY = "rsigym-test-tiny"
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("tiny-base")
+    tinker_client.register_base_model(TINY, tinker_client.make_random_base(
+        root / "base", ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, max_seq_len=512)))
+    return TINY
+
+
+@pytest.fixture
+def env(tiny_base: str, tmp_path, monkeypatch):
+    monkeypatch.setenv("RSIGYM_HOME", str(tmp_path / "home"))
+    env = gym.make("RSIGym/Joint-v0", world="local", benchmark="aime",
+                   world_options={"base_model": tiny_base})
+    yield env
+    env.close()
+
+
+def step(env, tool: str, **args):
+    obs, reward, terminated, truncated, info = env.step({"tool": tool, "args": args})
+    return obs, info
+
+
+def test_make_local_gives_local_teachers_tasks_and_the_minimal_harness(env):
+    obs, info = env.reset(seed=0)
+    assert "local world: local-math (mirrors aime" in obs["log"]
+    assert info["teachers"] == ["teacher-large", "teacher-small"]
+    obs, info = step(env, "read", ref="harness:latest/harness.toml")
+    assert info["ok"] and 'on_truncation = "stop"' in obs["log"]
+
+
+def test_data_sandbox_and_inference_are_real_and_billed(env):
+    env.reset(seed=0)
+    obs, info = step(env, "generate_data", teacher="teacher-small", n_examples=8)
+    assert info["ok"], obs["log"]
+    ds = info["result"]["id"]
+    assert info["result"]["n_examples"] == 8 and 0 < info["cost_usd"] <= info["result"]["tokens"]
+    # a script over the dataset runs in the sandbox and its output becomes a dataset
+    obs, info = step(env, "transform_data", operation="script", datasets=[ds],
+                     script="head -n 3 /data/in_0.jsonl > /data/out.jsonl")
+    assert info["ok"], obs["log"]
+    assert info["result"]["n_examples"] == 3
+    obs, info = step(env, "sandbox_exec", command="echo hi > f.txt && cat f.txt && ls /work", timeout_s=10)
+    assert info["ok"] and "hi" in info["result"]["stdout"] and info["result"]["exit_code"] != 0  # /work is invisible
+    obs, info = step(env, "infer", model="base", prompt="Compute left to right: 1 + 2", max_tokens=8)
+    assert info["ok"] and info["result"]["completion_tokens"] >= 1 and info["cost_usd"] > 0
+
+
+def test_bad_local_calls_are_refused_free_and_clear(env):
+    env.reset(seed=0)
+    budget = None
+    for args, code in [({"tool": "generate_data", "args": {"teacher": "claude-opus-5", "n_examples": 5}}, "teacher_not_allowed"),
+                       ({"tool": "train", "args": {"dataset": "ds-9"}}, "unknown_ref"),
+                       ({"tool": "infer", "args": {"model": "ckpt-7", "prompt": "x"}}, "unknown_ref"),
+                       ({"tool": "transform_data", "args": {"operation": "script", "datasets": ["ds-1"]}}, "unknown_ref")]:
+        obs, reward, terminated, truncated, info = env.step(args)
+        assert not info["ok"] and info["error"] == code, obs["log"]
+        budget = budget or info["budget_left_usd"]
+        assert info["budget_left_usd"] == budget and info["cost_usd"] == 0
+
+
+def test_train_evaluate_and_read_a_trajectory(env):
+    env.reset(seed=0)
+    _, info = step(env, "generate_data", teacher="teacher-large", n_examples=16)
+    _, info = step(env, "train", dataset=info["result"]["id"], num_epochs=1, batch_size=8)
+    assert info["ok"]
+    _, info = step(env, "wait", job=info["result"]["job"])
+    event = info["events"][0]
+    assert event["ok"] and event["checkpoint"] == "ckpt-1" and np.isfinite(event["final_loss"])
+    _, info = step(env, "evaluate", checkpoint="ckpt-1", k=1, n_tasks=3)
+    job = info["result"]["job"]
+    _, info = step(env, "wait", job=job)
+    event = info["events"][0]
+    assert event["ok"] and event["n_tasks"] == 3 and 0.0 <= event["score"] <= 1.0
+    obs, info = step(env, "read", ref=f"{job}/no-such-task")
+    assert not info["ok"] and "tasks:" in obs["log"]            # an unknown task names the ones there are
+    task = obs["log"].split("tasks: ")[1].split(",")[0].strip()
+    obs, info = step(env, "read", ref=f"{job}/{task}")
+    assert info["ok"] and f"== {job}/{task} attempt 0" in obs["log"] and "user: " in obs["log"]
+
+
+def test_same_seed_same_actions_same_scores_on_a_wall_clock_world(tiny_base, tmp_path, monkeypatch):
+    monkeypatch.setenv("RSIGYM_HOME", str(tmp_path / "home"))
+    scores = []
+    for _ in range(2):
+        env = gym.make("RSIGym/Joint-v0", world="local", benchmark="terminal-bench-2",
+                       world_options={"base_model": tiny_base})
+        try:
+            env.reset(seed=5)
+            _, info = step(env, "generate_data", teacher="teacher-large", n_examples=12)
+            dataset_rows = info["result"]["preview"]
+            _, info = step(env, "evaluate", k=2, n_tasks=4)
+            _, info = step(env, "wait")
+            dev = info["events"][0]["score"]
+            _, info = step(env, "submit")
+            scores.append((dataset_rows, dev, info["initial_score"], info["official_score"]))
+        finally:
+            env.close()
+    assert scores[0] == scores[1]
+
+
+@pytest.mark.slow
+def test_a_recorded_scripted_episode_on_the_shipped_base_is_real_and_replays_identically(tmp_path, monkeypatch):
+    from rsigym_env.replay import ReplayWorld, TapeWrapper
+
+    monkeypatch.setenv("RSIGYM_HOME", str(tmp_path / "home"))
+    tape = tmp_path / "tape.jsonl"
+    live = run_episode(TapeWrapper(gym.make("RSIGym/Joint-v0", world="local", benchmark="terminal-bench-2"),
+                                   record=tape), recorder := Recorder(ScriptedResearcher()), seed=0)
+    assert live.terminated and live.info["end_reason"] == "submitted"
+    assert 0.05 <= live.info["initial_score"] <= 0.6                    # the issue's bar for the initial system
+    assert live.info["spend_usd"] > 0 and live.info["best_dev_score"] is not None
+    replay_env = TapeWrapper(gym.make("RSIGym/Joint-v0", world="local", benchmark="terminal-bench-2"), replay=tape)
+    again = run_episode(replay_env, Replayer(recorder.actions), seed=0)
+    assert isinstance(replay_env.unwrapped.run.world, ReplayWorld) and not replay_env.unwrapped.run.world.diverged
+    assert again.info == live.info and again.reward == live.reward
+    assert recorder.observations == Recorder.last_observations
+
+
+class Recorder:
+    """Wraps a researcher and keeps its actions and the log it saw at each step."""
+
+    last_observations: list[str] = []
+
+    def __init__(self, inner):
+        self.inner, self.name, self.actions, self.observations = inner, inner.name, [], []
+
+    def reset(self, obs, info, seed=None):
+        self.inner.reset(obs, info, seed=seed)
+        self.observations.append(obs["log"])
+
+    def act(self, obs, info):
+        self.observations.append(obs["log"])
+        action = self.inner.act(obs, info)
+        self.actions.append(action)
+        return action
+
+
+class Replayer:
+    """Plays back recorded actions, keeping the logs it sees (in ``Recorder.last_observations``)."""
+
+    name = "replayer"
+
+    def __init__(self, actions):
+        self.actions = list(actions)
+        Recorder.last_observations = []
+
+    def reset(self, obs, info, seed=None):
+        Recorder.last_observations.append(obs["log"])
+
+    def act(self, obs, info):
+        Recorder.last_observations.append(obs["log"])
+        return self.actions.pop(0)

@@ -1,0 +1,242 @@
+"""The remote world offline: credentials, dry run, prices, typed errors, and its services driven by stand-ins
+(the local Tinker-shaped client for Tinker, a fake ``chat.completions`` for the endpoints, a fake E2B)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from rsigym_env.cli import main
+from rsigym_env.errors import ActionError
+from rsigym_env.scenario import load_scenario
+from rsigym_env.tools import Infer, SandboxExec, Train
+from rsigym_env.worlds.remote import pricing
+from rsigym_env.worlds.remote.errors import MissingCredentials, call_with_retries, translate
+
+ENV = {"TINKER_API_KEY": "tml-test", "RSIGYM_TEACHER_API_KEY": "k", "RSIGYM_TEACHER_BASE_URL": "http://teachers.invalid/v1",
+       "E2B_API_KEY": "e2b_test"}
+
+
+class FakeCompletions:
+    """An OpenAI ``chat.completions`` stand-in that records the provider model names it is asked for."""
+
+    def __init__(self, fail: list[Exception] | None = None):
+        self.models: list[str] = []
+        self.fail = list(fail or [])
+
+    def create(self, *, model: str, messages, max_tokens=16, **kw):
+        if self.fail:
+            raise self.fail.pop(0)
+        self.models.append(model)
+        usage = SimpleNamespace(prompt_tokens=11, completion_tokens=3,
+                                prompt_tokens_details=SimpleNamespace(cached_tokens=5))
+        message = SimpleNamespace(content=f"reply from {model}", tool_calls=None)
+        return SimpleNamespace(choices=[SimpleNamespace(message=message, finish_reason="stop")], usage=usage)
+
+
+@pytest.fixture()
+def tasks(tmp_path):
+    out = {}
+    for split in ("dev", "official"):
+        d = tmp_path / "tasks" / split / f"{split}-task"
+        d.mkdir(parents=True)
+        (d / "task.toml").write_text("")
+        out[split] = d.parent
+    return out
+
+
+@pytest.fixture()
+def local_tinker(tmp_path):
+    """Tinker's interface offline: the local client, a tiny random base registered as the scenario's base model."""
+    from rsigym_env.worlds.local import tinker_client
+    from rsigym_env.worlds.local.model import ModelConfig
+
+    tinker_client.register_base_model("Qwen/Qwen3.5-35B-A3B-Base", tinker_client.make_random_base(
+        tmp_path / "base", ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, max_seq_len=256)))
+    return tinker_client.LocalServiceClient(root_dir=tmp_path / "tinker")
+
+
+def remote_world(tmp_path, tasks, **kw):
+    from rsigym_env.worlds.remote.world import RemoteWorld
+
+    scenario = load_scenario("remote-joint-aime", world_options={"renderer": "role_colon"})
+    kw.setdefault("environ", ENV)
+    return RemoteWorld(scenario, 0, tmp_path / "run", tasks=tasks, **kw)
+
+
+def test_missing_credentials_are_named_before_anything_is_made(tmp_path, tasks):
+    from rsigym_env.worlds.remote.world import RemoteWorld
+
+    with pytest.raises(MissingCredentials) as err:
+        RemoteWorld(load_scenario("remote-joint-aime"), 0, tmp_path / "run", tasks=tasks, environ={})
+    assert err.value.code == "missing_credentials"
+    assert {"TINKER_API_KEY", "E2B_API_KEY", "RSIGYM_TEACHER_API_KEY"} <= set(err.value.variables)
+    assert not (tmp_path / "run").exists()  # nothing was created
+
+
+def test_dry_run_says_what_is_missing_and_fails(monkeypatch, capsys):
+    for var in ENV:
+        monkeypatch.delenv(var, raising=False)
+    code = main(["run", "--scenario", "remote-joint-gpqa-diamond", "--dry-run"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "TINKER_API_KEY" in out and "missing" in out and "gpqa-diamond@1.0" in out
+    assert "prefill 0.54" in out
+
+
+def test_dry_run_of_a_sim_scenario_passes(capsys):
+    assert main(["run", "--scenario", "sim-joint-aime-500", "--dry-run"]) == 0
+
+
+def test_bundled_price_list_is_tinkers_format_with_its_date():
+    rows = json.loads(pricing.BUNDLED.read_text())
+    assert all({"tinker_id", "prefill", "sample", "train", "context"} <= set(r) for r in rows)
+    assert json.loads(pricing.BUNDLED_META.read_text())["source_url"] == pricing.TINKER_MODELS_URL
+    p = pricing.model_price("Qwen/Qwen3.5-9B-Base")
+    assert (p.prefill, p.sample, p.train) == (0.66, 1.995, 1.463) and p.cached == pytest.approx(0.132)
+    with pytest.raises(KeyError, match="not in Tinker's price list"):
+        pricing.model_price("no/such-model")
+
+
+def test_refresh_validates_and_writes_a_dated_copy(tmp_path, monkeypatch):
+    import io
+
+    good = [{"tinker_id": "m", "prefill": "$1", "sample": "$2", "train": "$3", "context": "1K"}]
+    monkeypatch.setattr(pricing.urllib.request, "urlopen", lambda req, timeout: io.BytesIO(json.dumps(good).encode()))
+    path = pricing.refresh(dest=tmp_path / "tinker_models.json")
+    assert pricing.load_tinker_models(path) == good
+    assert "retrieved" in json.loads((tmp_path / "tinker_models.meta.json").read_text())
+    monkeypatch.setattr(pricing.urllib.request, "urlopen", lambda req, timeout: io.BytesIO(b'[{"tinker_id": "m"}]'))
+    with pytest.raises(ValueError):
+        pricing.refresh(dest=tmp_path / "other.json")
+    assert not (tmp_path / "other.json").exists()
+
+
+@pytest.mark.parametrize("exc, code", [
+    (TimeoutError("slow"), "service_timeout"), (ConnectionRefusedError("no"), "service_unreachable"),
+    (SimpleNamespace and type("RateLimitError", (Exception,), {"status_code": 429})("429"), "rate_limited"),
+    (type("BadRequestError", (Exception,), {"status_code": 400})("bad"), "provider_error"),
+])
+def test_provider_errors_become_typed_codes(exc, code):
+    assert translate(exc).code == code
+
+
+def test_client_errors_are_not_retried_but_server_errors_are():
+    bad = type("BadRequestError", (Exception,), {"status_code": 400})
+    calls = []
+
+    def fail_bad():
+        calls.append(1)
+        raise bad("no")
+
+    with pytest.raises(ActionError):
+        call_with_retries(fail_bad, what="x", backoff_s=0)
+    assert len(calls) == 1
+
+
+def test_inference_routes_checkpoints_to_tinker_paths_and_bills_cached_tokens(tmp_path, tasks, local_tinker):
+    inference = FakeCompletions()
+    world = remote_world(tmp_path, tasks, service_client=local_tinker, inference=inference, teachers={},
+                         sandbox_create=lambda **kw: None)
+    try:
+        call = Infer(model="base", prompt="hi", max_tokens=8)
+        billed = world.inference.complete(call)
+        assert inference.models == ["Qwen/Qwen3.5-35B-A3B-Base"]
+        assert billed.cost_usd == pytest.approx(world.prices.sample_usd_cached(11, 5, 3))
+        assert billed.cost_usd <= world.inference.quote(call).usd
+        with pytest.raises(ActionError) as err:
+            world.inference.quote(Infer(model="ckpt-1", prompt="hi"))
+        assert err.value.code == "unknown_ref"
+    finally:
+        world.close()
+
+
+def test_provider_failure_in_inference_is_typed(tmp_path, tasks, local_tinker):
+    limited = type("RateLimitError", (Exception,), {"status_code": 429})
+    world = remote_world(tmp_path, tasks, service_client=local_tinker, teachers={}, sandbox_create=lambda **kw: None,
+                         inference=FakeCompletions(fail=[limited("slow down")] * 3))
+    world.client.backoff_s = 0.0
+    try:
+        with pytest.raises(ActionError) as err:
+            world.inference.complete(Infer(model="base", prompt="hi", max_tokens=8))
+        assert err.value.code == "rate_limited"
+    finally:
+        world.close()
+
+
+def test_training_runs_the_local_loop_and_serves_the_checkpoint_by_its_path(tmp_path, tasks, local_tinker):
+    inference = FakeCompletions()
+    world = remote_world(tmp_path, tasks, service_client=local_tinker, inference=inference, teachers={},
+                         sandbox_create=lambda **kw: None)
+    try:
+        rows = [{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}] * 4
+        world.save_dataset("ds-1", rows, "test")
+        call = Train.model_validate({"dataset": "ds-1", "batch_size": 2, "learning_rate": 1e-3})
+        assert world.train.rank(call) == call.lora_rank  # no scenario rank: the tool's default
+        billed = world.train.start(call, "job-1", "ckpt-1").future.result(timeout=120)
+        assert billed.value.steps == 2 and billed.cost_usd <= world.train.quote(call).usd
+        assert world.checkpoints["ckpt-1"].startswith("tinker://")
+        world.inference.complete(Infer(model="ckpt-1", prompt="hi", max_tokens=4))
+        assert inference.models[-1] == world.checkpoints["ckpt-1"]
+    finally:
+        world.close()
+
+
+def test_scenario_lora_rank_applies_when_the_call_names_none(tmp_path, tasks, local_tinker):
+    from rsigym_env.worlds.remote.world import RemoteWorld
+
+    scenario = load_scenario("remote-joint-aime", world_options={"lora_rank": 8})
+    world = RemoteWorld(scenario, 0, tmp_path / "run", tasks=tasks, environ=ENV, service_client=local_tinker,
+                        inference=FakeCompletions(), teachers={}, sandbox_create=lambda **kw: None)
+    try:
+        assert world.train.rank(Train.model_validate({"dataset": "d"})) == 8
+        assert world.train.rank(Train.model_validate({"dataset": "d", "lora_rank": 4})) == 4
+    finally:
+        world.close()
+
+
+class FakeE2B:
+    """``Sandbox.create`` stand-in: counts live sandboxes, runs nothing real."""
+
+    def __init__(self):
+        self.alive = 0
+        self.kwargs: list[dict] = []
+
+    def __call__(self, **kw):
+        self.alive += 1
+        self.kwargs.append(kw)
+        owner = self
+
+        class Box:
+            commands = SimpleNamespace(run=lambda cmd, **k: SimpleNamespace(stdout="ok\n", stderr="", exit_code=0))
+            files = None
+
+            def set_timeout(self, s):
+                pass
+
+            def kill(self):
+                owner.alive -= 1
+
+        return Box()
+
+
+def test_sandbox_is_lazy_limited_and_bills_idle_time(tmp_path, tasks, local_tinker):
+    e2b = FakeE2B()
+    world = remote_world(tmp_path, tasks, service_client=local_tinker, inference=FakeCompletions(), teachers={},
+                         sandbox_create=e2b)
+    try:
+        assert e2b.alive == 0  # nothing runs (or is billed) before the first command
+        call = SandboxExec(command="echo ok", timeout_s=10)
+        billed = world.sandbox.exec(call)
+        assert billed.value.stdout == "ok\n" and e2b.alive == 1
+        assert e2b.kwargs[0]["timeout"] == world.options.sandbox.lifetime_s and e2b.kwargs[0]["api_key"] == "e2b_test"
+        assert 0 < billed.cost_usd <= world.sandbox.quote(call).usd
+        for _ in range(world.sandbox.max_sandboxes - 1):
+            world.sandbox._new_sandbox()
+        with pytest.raises(ActionError) as err:
+            world.sandbox._new_sandbox()
+        assert err.value.code == "sandbox_limit"
+    finally:
+        world.close()
