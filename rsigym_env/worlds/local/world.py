@@ -19,7 +19,6 @@ import hashlib
 import json
 import shutil
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -127,7 +126,6 @@ class LocalWorld:
         self.client = OpenAI(base_url=self.server.base_url, api_key="local", max_retries=0, timeout=600)
         self.datasets: dict[str, Path] = {}
         self._pool = cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="rsigym-local-job")
-        self._lock = threading.Lock()
 
         self.rollout = LocalRollout(self)
         self.train = LocalTrain(self)

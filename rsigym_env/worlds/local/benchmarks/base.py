@@ -39,7 +39,6 @@ mostly 2-3 operations (4-5 when hard), local-code with new function names and bu
 SYSTEM_PROMPT = "Reply with one line: $ <command>, ANSWER: <answer>, or DONE."
 """The minimal harness's ``prompt.md`` (the system message every turn-0 prompt starts with)."""
 
-OUT_BYTES = 200
 SPLIT_SIZES = {"dev": 20, "official": 30}
 STREAMS = ("dev", "official", "synthetic", "pretrain")
 
@@ -47,26 +46,9 @@ STREAMS = ("dev", "official", "synthetic", "pretrain")
 # --- the action language -----------------------------------------------------------------------
 
 
-def parse_action(text: str) -> tuple[str, str]:
-    """One model reply → ``(kind, argument)``: ``cmd``, ``answer``, ``done`` or ``invalid``."""
-    text = (text or "").strip()
-    if "ANSWER:" in text:
-        rest = text.rsplit("ANSWER:", 1)[1].strip()
-        return "answer", rest.splitlines()[0].strip() if rest else ""
-    first = text.splitlines()[0].strip() if text else ""
-    if first.startswith("$"):
-        return "cmd", first[1:].strip()
-    if first.startswith("DONE"):
-        return "done", ""
-    return "invalid", first
-
-
-def observation(output: str, exit_code: int) -> str:
-    """The harness's reply to a command (first ``OUT_BYTES`` bytes of its output)."""
-    out = output.encode("utf-8", "replace")[:OUT_BYTES].decode("utf-8", "ignore").strip()
-    if not out:
-        return f"OUT: (exit {exit_code})"
-    return f"OUT: {out}" + (f" (exit {exit_code})" if exit_code else "")
+# One definition of the action language: the minimal harness's own (its agent.py stays stdlib-only
+# because it runs inside the sandbox; here it is imported as a module).
+from ..harness.agent import observation, parse_action  # noqa: E402
 
 
 def run_command(command: str, cwd: Path, timeout: float = 10.0) -> tuple[str, int]:
