@@ -23,6 +23,8 @@ $(STAMP): pyproject.toml constraints.txt
 	  { [ -x $(PY) ] || $$PYBIN -m venv $(VENV); }
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	@# OpenEnv's client for the OpenEnv-surface tests, without its gradio/pandas dependencies
+	$(PY) -m pip install --quiet --no-deps -c constraints.txt openenv-core==0.3.0
 	@# the local world isolates sandbox commands with bubblewrap
 	@if ! command -v bwrap >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

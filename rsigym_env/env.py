@@ -87,6 +87,9 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         render_mode: ``"ansi"`` (``render()`` returns the log) or ``"human"`` (prints it).
         world_options: merged over the scenario's ``world_options`` (e.g. the local world's
             ``base_model`` or ``eval_concurrency``).
+        async_jobs: run ``generate_data``, ``transform_data`` and ``submit`` as jobs too (each returns a
+            job id at once; ``wait`` for it), so no call blocks for long — what clients that time out
+            need (the agent gateway uses it). Default: those calls block until done, as RL loops like.
     """
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
@@ -106,6 +109,7 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         run_dir: str | Path | None = None,
         render_mode: str | None = None,
         world_options: dict[str, Any] | None = None,
+        async_jobs: bool = False,
     ):
         overrides = dict(track=track, world=world, benchmark=benchmark, budget_usd=budget_usd,
                          max_steps=max_steps, time_limit_h=time_limit_h)
@@ -137,6 +141,7 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
             "running_jobs": spaces.Box(0, self.scenario.max_steps, shape=(1,), dtype=np.int64),
             "action_mask": spaces.MultiBinary(len(TOOL_NAMES)),
         })
+        self.async_jobs = async_jobs
         self.run: ResearchRun | None = None
         self._log = ""
 
@@ -147,9 +152,10 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
             seed = self._first_seed
         super().reset(seed=seed)
         episode_seed = int(self.np_random.integers(2**31 - 1))
-        if self.run is not None:
+        if self.run is not None:  # running jobs are billed for the part that ran, as at truncation
+            self.run.abandon("reset")
             self.run.world.close()
-        self.run = ResearchRun(self.scenario, episode_seed, self.platform, self.run_dir)
+        self.run = ResearchRun(self.scenario, episode_seed, self.platform, self.run_dir, async_jobs=self.async_jobs)
         self._log = self.run.briefing()
         info = {"scenario": self.scenario.name, "seed": episode_seed, "budget_left_usd": self.run.budget_left,
                 "tools": self.scenario.tools(), "teachers": list(self.scenario.permissions.teachers),
@@ -173,7 +179,8 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         return None
 
     def close(self) -> None:
-        if self.run is not None:
+        if self.run is not None:  # running jobs are billed for the part that ran, as at truncation
+            self.run.abandon("closed")
             self.run.world.close()
             self.run = None
         self.platform.ledger.close()

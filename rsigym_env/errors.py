@@ -29,6 +29,7 @@ class ActionError(Exception):
     ``not_supported``     the tool exists but this world cannot do that variant
     ``episode_over``      a step after the episode ended
     ``service_error``     the service failed; the reservation was released
+    ``script_failed``     a script ran and failed (billed for what it used: :class:`WorkFailed`)
     """
 
     def __init__(self, code: str, message: str):
@@ -51,3 +52,18 @@ class ServiceError(ActionError):
 
     def __init__(self, message: str):
         super().__init__("service_error", message)
+
+
+class WorkFailed(ActionError):
+    """Work that ran and failed: the call is billed for what it used (``cost_usd``, ``seconds``) and
+    the error is reported like a refusal (``info["error"]`` is ``code``; ``info["cost_usd"]`` what it cost).
+
+    >>> err = WorkFailed("script_failed", "exit 1", cost_usd=0.002, seconds=3.0)
+    >>> err.code, err.cost_usd
+    ('script_failed', 0.002)
+    """
+
+    def __init__(self, code: str, message: str, *, cost_usd: float, seconds: float = 0.0):
+        super().__init__(code, message)
+        self.cost_usd = max(0.0, float(cost_usd))
+        self.seconds = max(0.0, float(seconds))

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import PurePosixPath
+import re
 
 from .errors import ActionError
 
 MAX_FILES = 64
+MAX_BYTES = 4 << 20       # all files of one version together
+MAX_PATH_PARTS = 8
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,99}")
 
 
 def version_id(files: dict[str, str]) -> str:
@@ -26,11 +29,37 @@ def version_id(files: dict[str, str]) -> str:
 
 
 def check_path(path: str) -> str:
-    """A normalised relative path inside the harness, or :class:`ActionError`."""
-    pure = PurePosixPath(path)
-    if not path or pure.is_absolute() or ".." in pure.parts or path.endswith("/"):
-        raise ActionError("invalid_args", f"edit_harness: path {path!r} must be a relative file path inside the harness")
-    return str(pure)
+    """A relative file path inside the harness (``dir/name.ext``), or :class:`ActionError`.
+
+    Each part is a plain name (letters, digits, ``_.+-``, not starting with ``.`` or ``-``): no ``.``
+    or ``..``, no empty parts, no absolute paths, no control characters or NUL.
+
+    >>> check_path("skills/run.py")
+    'skills/run.py'
+    >>> check_path("./x")
+    Traceback (most recent call last):
+    ...
+    rsigym_env.errors.ActionError: edit_harness: path './x' must be a relative path of plain names (letters, digits, _ . + -; no '.', '..', empty or hidden parts), e.g. 'harness.toml' or 'skills/run.py'
+    """
+    parts = path.split("/")
+    if not path or len(parts) > MAX_PATH_PARTS or not all(_NAME.fullmatch(p) for p in parts):
+        raise ActionError("invalid_args", f"edit_harness: path {path!r} must be a relative path of plain names "
+                                          "(letters, digits, _ . + -; no '.', '..', empty or hidden parts), "
+                                          "e.g. 'harness.toml' or 'skills/run.py'")
+    return path
+
+
+def check_tree(files: dict[str, str], path: str) -> None:
+    """Refuse a file that would shadow a directory of the harness or sit under one of its files."""
+    prefix = path + "/"
+    if any(other.startswith(prefix) for other in files):
+        raise ActionError("invalid_args", f"edit_harness: {path!r} is a directory of the harness; pick another name")
+    parts = path.split("/")
+    for i in range(1, len(parts)):
+        parent = "/".join(parts[:i])
+        if parent in files:
+            raise ActionError("invalid_args", f"edit_harness: {parent!r} is a file of the harness, so "
+                                              f"{path!r} cannot be under it")
 
 
 class HarnessStore:
@@ -38,6 +67,7 @@ class HarnessStore:
 
     def __init__(self, initial: dict[str, str]):
         self._versions: dict[str, dict[str, str]] = {}
+        self._texts: dict[str, str] = {}
         self.versions: list[str] = []
         self.initial = self._add(dict(initial))
         self.latest = self.initial
@@ -45,7 +75,8 @@ class HarnessStore:
     def _add(self, files: dict[str, str]) -> str:
         vid = version_id(files)
         if vid not in self._versions:
-            self._versions[vid] = files
+            # one copy of each distinct text across versions, so many small edits of a big file stay small
+            self._versions[vid] = {p: self._texts.setdefault(t, t) for p, t in files.items()}
             self.versions.append(vid)
         return vid
 
@@ -75,6 +106,7 @@ class HarnessStore:
                 raise ActionError("invalid_args", "edit_harness: give either `content` or `old` and `new`, not both")
             if path not in files and len(files) >= MAX_FILES:
                 raise ActionError("invalid_args", f"edit_harness: a harness holds at most {MAX_FILES} files")
+            check_tree(files, path)
             files[path] = content
         elif old is not None and new is not None:
             if path not in files:
@@ -88,5 +120,8 @@ class HarnessStore:
             files[path] = files[path].replace(old, new)
         else:
             raise ActionError("invalid_args", "edit_harness: give `content`, or both `old` and `new`")
+        size = sum(len(text.encode()) for text in files.values())
+        if size > MAX_BYTES:
+            raise ActionError("invalid_args", f"edit_harness: the harness would hold {size:,} bytes; at most {MAX_BYTES:,}")
         self.latest = self._add(files)
         return self.latest

@@ -18,17 +18,20 @@ audited. Anything refused becomes an :class:`Outcome` with an error code and cos
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import contextvars
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from .errors import ActionError, InsufficientBudget
+from .errors import ActionError, InsufficientBudget, WorkFailed
 from .harness import HarnessStore
 from .platform.core import Bill, Platform, tool_label
 from .scenario import Scenario
 from .scoring import normalized_gain
-from .services import Billed, DatasetInfo, EvalRequest, EvalResult, Job, Quote, TrainResult
+from .services import Billed, DatasetInfo, EvalRequest, EvalResult, Job, Quote, TrainResult, reporting_progress
 from .tools import (
     EditHarness, Evaluate, GenerateData, Infer, Read, SandboxExec, Submit, Tool, Train,
     TransformData, Wait, parse_action,
@@ -37,6 +40,7 @@ from .worlds import make_world
 
 T = TypeVar("T")
 MIN_USD = 0.01  # less than this available (and nothing running) means the money has run out
+CANCEL_WAIT_S = 30.0  # how long a cancelled call-job may take to finish before it is billed by elapsed time
 
 
 @dataclass
@@ -53,9 +57,9 @@ class Outcome:
 @dataclass
 class RunningJob:
     job: Job
-    bill: Bill
+    bill: Bill | None  # None for a submission (its official evaluation is outside the budget)
     tool: Tool
-    target: str  # checkpoint id a train job will produce; "" for evaluations
+    target: str  # the checkpoint or dataset id the job will produce; "" for evaluations
 
 
 @dataclass
@@ -70,9 +74,12 @@ class Candidate:
 class ResearchRun:
     """The state of one episode. ``execute`` takes any action form and never raises."""
 
-    def __init__(self, scenario: Scenario, seed: int, platform: Platform | None = None, run_dir: Path | None = None):
+    def __init__(self, scenario: Scenario, seed: int, platform: Platform | None = None, run_dir: Path | None = None,
+                 *, async_jobs: bool = False):
         self.scenario = scenario
         self.seed = seed
+        self.async_jobs = async_jobs  # generate_data, transform_data and submit as jobs (no call blocks long)
+        self._pool: cf.ThreadPoolExecutor | None = None
         self.world = make_world(scenario, seed, run_dir)
         self.platform = platform or Platform()
         self.key = self.platform.issue_key(scenario)
@@ -89,6 +96,7 @@ class ResearchRun:
         self.best: Candidate | None = None
         self.end_info: dict[str, Any] | None = None
         self._counters: dict[str, int] = {}
+        self._pending_events: list[dict[str, Any]] = []
         self.balance = self.platform.balance(self.key)  # refreshed once per step
 
     # ------------------------------------------------------------------ state the env observes
@@ -106,9 +114,17 @@ class ResearchRun:
     def best_dev(self) -> float | None:
         return max(self.best.scores) if self.best else None
 
+    @property
+    def submitting(self) -> bool:
+        """True while a submission's official evaluation runs as a job (``async_jobs``)."""
+        return any(r.job.kind == "submit" for r in self.running.values())
+
     def allowed_tools(self) -> list[str]:
-        """Tools worth offering now: allowed by the key, ``wait`` only with jobs running."""
+        """Tools worth offering now: allowed by the key, ``wait`` only with jobs running, only ``read``
+        and ``wait`` while a submission is being evaluated."""
         tools = self.scenario.tools()
+        if self.submitting:
+            return [t for t in tools if t in ("read", "wait")]
         return [t for t in tools if t != "wait" or self.running]
 
     def status_line(self) -> str:
@@ -140,21 +156,28 @@ class ResearchRun:
         """Run one call. Bad input comes back as an error outcome, costs nothing and is audited."""
         if self.end_info is not None:
             return Outcome("ERROR episode_over: the episode has ended; call reset()",
-                           {"ok": False, "error": "episode_over", "budget_left_usd": self.budget_left}, terminated=True)
+                           {"ok": False, "error": "episode_over", "message": "the episode has ended; call reset()",
+                            "cost_usd": 0.0, "budget_left_usd": self.budget_left}, terminated=True)
         self.steps += 1
         tool: Tool | None = None
         spent_before = self.balance.spent_usd
         try:
             tool = parse_action(action)
             tool = self.platform.authorize(self.key, tool)
+            if self.submitting and tool.name not in ("read", "wait"):
+                raise ActionError("submission_pending", f"{tool.name}: the submission is being evaluated; "
+                                                        "only read and wait until it finishes")
             text, result = getattr(self, "_" + tool.name)(tool)
             if not tool.paid:
                 self.platform.record(self.key, tool)
             info: dict[str, Any] = {"tool": tool.name, "ok": True, "result": result}
         except ActionError as err:
-            if not isinstance(err, InsufficientBudget):  # the ledger audits its own refusals
-                self.platform.refuse(self.key, tool if tool is not None else action, err)
-            text = f"ERROR {err.code}: {err.message}"
+            if isinstance(err, WorkFailed):  # it ran and was billed; its settle record says so
+                text = f"ERROR {err.code}: {err.message} (charged ${err.cost_usd:.4f} for what ran)"
+            else:
+                if not isinstance(err, InsufficientBudget):  # the ledger audits its own refusals
+                    self.platform.refuse(self.key, tool if tool is not None else action, err)
+                text = f"ERROR {err.code}: {err.message}"
             info = {"tool": tool_label(tool if tool is not None else action), "ok": False,
                     "error": err.code, "message": err.message}
             if isinstance(err, InsufficientBudget) and err.requested_usd is not None:
@@ -165,14 +188,18 @@ class ResearchRun:
             text = f"ERROR service_error: {err.message}"
             info = {"tool": tool_label(tool if tool is not None else action), "ok": False,
                     "error": "service_error", "message": err.message}
-        events = self._collect()
+        events = self._pending_events + self._collect()
+        self._pending_events = []
         self.balance = self.platform.balance(self.key)
         if events:
             info["events"] = events
             text += "\n" + "\n".join(e["text"] for e in events)
         outcome = Outcome(text, info)
         if self.end_info is None:
-            self._check_limits()
+            try:
+                self._check_limits()
+            except ActionError as err:  # the limit's official evaluation failed: the next step tries again
+                outcome.log += f"\nERROR {err.code}: {err.message}"
         if self.end_info is not None:
             outcome.terminated = self.end_info["submitted"]["by"] == "agent"
             outcome.truncated = not outcome.terminated
@@ -187,24 +214,80 @@ class ResearchRun:
     # ------------------------------------------------------------------ tools
 
     def _paid(self, tool: Tool, quote: Quote, call: Callable[[], Billed[T]]) -> Billed[T]:
-        """Reserve the quote, run a synchronous call, settle what it cost, let its time pass."""
-        with self.platform.charge(self.key, tool, quote.usd) as bill:
-            billed = call()
+        """Reserve the quote, run a synchronous call, settle what it cost, let its time pass.
+
+        Work that ran and failed (:class:`~rsigym_env.errors.WorkFailed`) is settled at what it used;
+        any other failure releases the reservation."""
+        with self.platform.charge(self.key, tool, quote.usd) as bill, reporting_progress(_throttled(bill.progress)):
+            try:
+                billed = call()
+            except WorkFailed as err:
+                bill.settle(err.cost_usd)
+                self.world.clock.spend(err.seconds)
+                raise
             bill.settle(billed.cost_usd)
         self.world.clock.spend(billed.seconds)
         return billed
 
     def _generate_data(self, tool: GenerateData) -> tuple[str, dict[str, Any]]:
         rollout = self.world.rollout
-        return self._new_dataset(self._paid(tool, rollout.quote_generate(tool),
-                                            lambda: rollout.generate(tool, self._next("ds"))))
+        quote = rollout.quote_generate(tool)
+        ds = self._next("ds")
+        if self.async_jobs:
+            return self._start_call(tool, quote, lambda: rollout.generate(tool, ds), ds,
+                                    f"{tool.teacher} x {tool.n_examples}")
+        return self._new_dataset(self._paid(tool, quote, lambda: rollout.generate(tool, ds)))
 
     def _transform_data(self, tool: TransformData) -> tuple[str, dict[str, Any]]:
         for ds in tool.datasets:
             self._dataset(ds)
         rollout = self.world.rollout
-        return self._new_dataset(self._paid(tool, rollout.quote_transform(tool),
-                                            lambda: rollout.transform(tool, self._next("ds"))))
+        quote = rollout.quote_transform(tool)
+        ds = self._next("ds")
+        if self.async_jobs:
+            return self._start_call(tool, quote, lambda: rollout.transform(tool, ds), ds,
+                                    f"{tool.operation}({', '.join(tool.datasets)})")
+        return self._new_dataset(self._paid(tool, quote, lambda: rollout.transform(tool, ds)))
+
+    def _background(self, call: Callable[[], T], kind: str, job_id: str, eta_s: float) -> Job:
+        """``call`` as a job: computed at once and ready after its duration on a simulated clock (so the
+        episode stays deterministic), else run in the run's own worker thread."""
+        now = self.world.clock.now()
+        if getattr(self.world.clock, "simulated", False):
+            future: cf.Future = cf.Future()
+            try:
+                value = call()
+                future.set_result(value)
+                seconds = float(getattr(value, "seconds", 0.0))
+            except Exception as exc:  # noqa: BLE001 - the job fails, as a threaded one would
+                future.set_exception(exc)
+                seconds = float(getattr(exc, "seconds", 0.0))
+            return Job(id=job_id, kind=kind, started_at=now, future=future, ready_at=now + seconds,  # type: ignore[arg-type]
+                       meta={"eta_s": seconds})
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="rsigym-run-job")
+        future = self._pool.submit(contextvars.copy_context().run, call)  # with the call's progress reporter
+
+        def cancel() -> float | None:
+            """A call cannot be stopped midway: wait a little for it (then its cost), else None (the share of
+            its quote by the time that passed is billed)."""
+            cf.wait([future], timeout=CANCEL_WAIT_S)
+            if future.done():
+                exc = future.exception()
+                return exc.cost_usd if isinstance(exc, WorkFailed) else (0.0 if exc else future.result().cost_usd)
+            return None
+
+        return Job(id=job_id, kind=kind, started_at=now, future=future, meta={"eta_s": eta_s},  # type: ignore[arg-type]
+                   cancel=cancel)
+
+    def _start_call(self, tool: Tool, quote: Quote, call: Callable[[], Billed[DatasetInfo]], dataset: str,
+                    what: str) -> tuple[str, dict[str, Any]]:
+        """A dataset-making call started as a job (``async_jobs``); ``wait`` for it, then read the dataset."""
+        job_id = self._next("job")
+        job = self._start(tool, quote, lambda: self._background(call, tool.name, job_id, quote.seconds), dataset)
+        return (f"{tool.name} started as {job.id}: {what} -> {dataset} when done "
+                f"(reserved ${quote.usd:.2f}, ~{quote.seconds / 60:.0f} min; wait {job.id})",
+                {"job": job.id, "dataset": dataset, "quote_usd": quote.usd, "eta_s": quote.seconds})
 
     def _new_dataset(self, billed: Billed[DatasetInfo]) -> tuple[str, dict[str, Any]]:
         ds = billed.value
@@ -218,7 +301,7 @@ class ResearchRun:
         self._checkpoint(tool.base)
         quote = self.world.train.quote(tool)
         job_id, ckpt = self._next("job"), self._next("ckpt")
-        job = self._start(tool, quote.usd, lambda: self.world.train.start(tool, job_id, ckpt), ckpt)
+        job = self._start(tool, quote, lambda: self.world.train.start(tool, job_id, ckpt), ckpt)
         return (f"train started as {job.id}: {tool.dataset} from {tool.base}, lr {tool.learning_rate:g}, "
                 f"{tool.num_epochs} epoch(s), rank {tool.lora_rank} -> {ckpt} when done "
                 f"(reserved ${quote.usd:.2f}, ~{quote.seconds / 60:.0f} min)",
@@ -228,19 +311,21 @@ class ResearchRun:
         request = self._eval_request(tool.checkpoint, tool.harness, "dev", tool.k, tool.n_tasks)
         quote = self.world.evaluation.quote(request)
         job_id = self._next("job")
-        job = self._start(tool, quote.usd, lambda: self.world.evaluation.start(request, job_id), "")
+        job = self._start(tool, quote, lambda: self.world.evaluation.start(request, job_id), "")
         scope = f"first {tool.n_tasks} dev tasks" if tool.n_tasks else "all dev tasks"
         return (f"evaluate started as {job.id}: {request.checkpoint} + {request.harness_version} on {scope}, "
                 f"avg@{tool.k} (reserved ${quote.usd:.2f}, ~{quote.seconds / 60:.0f} min)",
                 {"job": job.id, "quote_usd": quote.usd, "eta_s": quote.seconds})
 
-    def _start(self, tool: Tool, quote_usd: float, start: Any, target: str) -> Job:
-        bill = self.platform.open(self.key, tool, quote_usd)
+    def _start(self, tool: Tool, quote: Quote, start: Any, target: str) -> Job:
+        bill = self.platform.open(self.key, tool, quote.usd)
         try:
-            job = start()
+            with reporting_progress(_throttled(bill.progress)):  # a world captures it as its job starts
+                job = start()
         except BaseException:
             self.platform.release(bill, "start_failed")
             raise
+        job.meta.setdefault("eta_s", quote.seconds)
         self.running[job.id] = RunningJob(job, bill, tool, target)
         return job
 
@@ -289,16 +374,48 @@ class ResearchRun:
             if not self.running:
                 raise ActionError("no_running_jobs", "wait: no job is running")
             jobs = [r.job for r in self.running.values()]
-        finished = self.world.clock.wait(jobs, self.time_limit_s)
+        deadline = self.time_limit_s
+        if tool.timeout_s is not None:
+            deadline = min(deadline, self.world.clock.now() + tool.timeout_s)
+        finished = self.world.clock.wait(jobs, deadline)
         if finished is None:
+            if deadline < self.time_limit_s:
+                now = self.world.clock.now()
+                progress = {j.id: self._progress(j, now) for j in jobs}
+                text = "; ".join(f"{j} {p['elapsed_s']:.0f} s" + (f" of ~{p['eta_s']:.0f} s" if p.get("eta_s") else "")
+                                 for j, p in progress.items())
+                return (f"still running after {tool.timeout_s:g} s: {text}; call wait again",
+                        {"finished": None, "still_running": list(progress), "progress": progress})
             return "the time limit came before the job finished", {"finished": None}
         return f"waited until {self.world.clock.now() / 3600:.2f} h", {"finished": finished.id}
+
+    def _progress(self, job: Job, now: float) -> dict[str, Any]:
+        """How far along a running job is: seconds since it started and, where known, its expected length."""
+        out: dict[str, Any] = {"kind": job.kind, "elapsed_s": round(max(0.0, now - job.started_at), 3)}
+        eta = job.meta.get("eta_s") if job.ready_at is None else job.ready_at - job.started_at
+        if eta:
+            out["eta_s"] = round(float(eta), 3)
+        return out
 
     def _submit(self, tool: Submit) -> tuple[str, dict[str, Any]]:
         checkpoint = self._checkpoint(tool.checkpoint)
         version = self.harness.resolve(tool.harness)
+        self._validate_official(checkpoint, version)  # a submission that cannot be evaluated is refused, free
+        if self.async_jobs:  # the official evaluation as a job; the episode ends when it finishes
+            job_id = self._next("job")
+            job = self._background(lambda: self._official_evaluations(checkpoint, version), "submit", job_id, 0.0)
+            job.meta.update(checkpoint=checkpoint, harness=version)
+            self.running[job.id] = RunningJob(job, None, tool, "")
+            return (f"submit started as {job.id}: the official evaluation of {checkpoint} + {version}; the episode "
+                    f"ends when it finishes (wait {job.id})", {"job": job.id, "checkpoint": checkpoint, "harness": version})
         self._finish(checkpoint, version, by="agent", reason="submitted")
         return f"submitted {checkpoint} + {version}: {self.end_summary()}", {"submitted": self.end_info["submitted"]}
+
+    def _validate_official(self, checkpoint: str, version: str) -> None:
+        """Everything the official evaluation of (checkpoint, version) needs, checked before anything runs."""
+        k = self.scenario.official_k
+        for pair in {("base", self.harness.initial), (checkpoint, version)}:
+            self.world.evaluation.quote(self._eval_request(*pair, "official", k, None))
 
     # ------------------------------------------------------------------ helpers
 
@@ -333,21 +450,48 @@ class ResearchRun:
             if not running.job.is_done(now):
                 continue
             del self.running[job_id]
+            if running.bill is None:  # a submission
+                events.append(self._submission_event(job_id, running))
+                continue
             try:
                 billed: Billed = running.job.future.result()
             except Exception as exc:
-                self.platform.release(running.bill, "job_failed")
-                self.job_results[job_id] = {"error": f"{type(exc).__name__}: {exc}"}
-                events.append({"job": job_id, "kind": running.job.kind, "ok": False,
-                               "text": f"{job_id} ({running.job.kind}) FAILED: {exc}; nothing was charged"})
+                if isinstance(exc, WorkFailed):
+                    charged = running.bill.settle(exc.cost_usd)
+                    paid = f"charged ${charged:.4f} for what ran"
+                else:
+                    self.platform.release(running.bill, "job_failed")
+                    charged, paid = 0.0, "nothing was charged"
+                self.job_results[job_id] = {"error": f"{type(exc).__name__}: {exc}", "cost_usd": charged}
+                events.append({"job": job_id, "kind": running.job.kind, "ok": False, "cost_usd": charged,
+                               "text": f"{job_id} ({running.job.kind}) FAILED: {exc}; {paid}"})
                 continue
             running.bill.settle(billed.cost_usd)
             self.job_results[job_id] = billed.value
             events.append(self._job_event(job_id, billed))
         return events
 
+    def _submission_event(self, job_id: str, running: RunningJob) -> dict[str, Any]:
+        """A finished submission ends the episode; a failed one leaves it going on."""
+        meta = running.job.meta
+        try:
+            evaluations = running.job.future.result()
+        except Exception as exc:  # noqa: BLE001
+            message = exc.message if isinstance(exc, ActionError) else f"{type(exc).__name__}: {exc}"
+            self.job_results[job_id] = {"error": message}
+            return {"job": job_id, "kind": "submit", "ok": False,
+                    "text": f"{job_id} (submit) FAILED: {message}; the episode goes on, submit again"}
+        self._conclude(meta["checkpoint"], meta["harness"], evaluations, by="agent", reason="submitted")
+        self.job_results[job_id] = {"submitted": self.end_info["submitted"]} if self.end_info else {}
+        return {"job": job_id, "kind": "submit", "ok": True,
+                "text": f"{job_id} (submit) finished: submitted {meta['checkpoint']} + {meta['harness']}: {self.end_summary()}"}
+
     def _job_event(self, job_id: str, billed: Billed) -> dict[str, Any]:
         value = billed.value
+        if isinstance(value, DatasetInfo):
+            text, _ = self._new_dataset(billed)
+            return {"job": job_id, "kind": "dataset", "ok": True, "dataset": value.id, "cost_usd": billed.cost_usd,
+                    "text": f"{job_id} finished: {text}"}
         if isinstance(value, TrainResult):
             self.checkpoints[value.checkpoint] = value
             return {"job": job_id, "kind": "train", "ok": True, "checkpoint": value.checkpoint,
@@ -417,6 +561,8 @@ class ResearchRun:
                                          "harness:latest/<file>, jobs, artifacts, budget or scenario")
 
     def _check_limits(self) -> None:
+        if self.submitting:  # the submission ends the episode when its evaluation finishes
+            return
         if self.steps >= self.scenario.max_steps:
             reason = "step limit"
         elif self.world.clock.now() >= self.time_limit_s:
@@ -428,23 +574,45 @@ class ResearchRun:
         self._finish("base", self.harness.initial, by="default", reason=reason)
 
     def _finish(self, checkpoint: str, version: str, *, by: str, reason: str) -> None:
-        """Cancel running jobs, run the official evaluation, and freeze the episode's result."""
-        now = self.world.clock.now()
-        for job_id, running in list(self.running.items()):
-            job = running.job
-            if job.ready_at is not None and job.future.done() and job.ready_at > job.started_at:
-                fraction = min(1.0, max(0.0, (now - job.started_at) / (job.ready_at - job.started_at)))
-                running.bill.settle(job.future.result().cost_usd * fraction)  # pay for the part that ran
-            else:
-                self.platform.release(running.bill, "cancelled")
-            self.job_results[job_id] = {"error": "cancelled at the end of the episode"}
-            del self.running[job_id]
+        """Run the official evaluation, then settle the jobs and freeze the episode's result.
+
+        The official evaluation comes first: if it fails, nothing has changed (jobs keep running, the
+        episode goes on) and the caller sees a ``service_error``. Then jobs that have finished are
+        collected (billed in full, results kept) and the rest cancelled and billed for the part that ran.
+        """
+        self._conclude(checkpoint, version, self._official_evaluations(checkpoint, version), by=by, reason=reason)
+
+    def _official_evaluations(self, checkpoint: str, version: str) -> tuple[Billed, Billed, Billed | None]:
+        """The initial system's and the submission's official evaluations, and the best dev candidate's
+        (for the selection metric) when it is neither; ``service_error`` if one fails."""
         k = self.scenario.official_k
-        initial = self.world.evaluation.official(self._eval_request("base", self.harness.initial, "official", k, None))
-        if (checkpoint, version) == ("base", self.harness.initial):
-            final = initial
-        else:
-            final = self.world.evaluation.official(self._eval_request(checkpoint, version, "official", k, None))
+        best = (self.best.checkpoint, self.best.harness) if self.best is not None else None
+        try:
+            initial = self.world.evaluation.official(self._eval_request("base", self.harness.initial, "official", k, None))
+            if (checkpoint, version) == ("base", self.harness.initial):
+                final = initial
+            else:
+                final = self.world.evaluation.official(self._eval_request(checkpoint, version, "official", k, None))
+        except ActionError:
+            raise
+        except Exception as exc:
+            raise ActionError("service_error", f"the official evaluation failed ({type(exc).__name__}: {exc}); "
+                                               "nothing changed: running jobs go on and the episode continues") from exc
+        extra = None
+        if best is not None and best not in ((checkpoint, version), ("base", self.harness.initial)):
+            try:  # outside the budget like the submission; a metric must never break the end of an episode
+                extra = self.world.evaluation.official(self._eval_request(*best, "official", k, None))
+            except Exception:  # noqa: BLE001
+                extra = None
+        return initial, final, extra
+
+    def _conclude(self, checkpoint: str, version: str, evaluations: tuple[Billed, Billed, Billed | None], *,
+                  by: str, reason: str) -> None:
+        """Freeze the episode's result from its official evaluations; settle every job first."""
+        initial, final, extra = evaluations
+        self._pending_events.extend(self._collect())
+        self._settle_running("cancelled at the end of the episode")
+        now = self.world.clock.now()
         balance = self.balance = self.platform.balance(self.key)
         submitted_dev = self.candidates.get((checkpoint, version))
         gain = normalized_gain(initial.value.score, final.value.score)
@@ -464,9 +632,9 @@ class ResearchRun:
             "official_eval_usd": initial.cost_usd + (final.cost_usd if final is not initial else 0.0),
             "steps": self.steps,
             "elapsed_h": now / 3600.0,
+            "official_split": dict(getattr(self.world, "official_split", None) or {"mode": "world-seed"}),
         }
-        # research-quality metrics (rsigym_env.metrics); the best dev candidate's official score is measured
-        # only when it is not the submitted (or the initial) system, outside the budget like the submission
+        # research-quality metrics (rsigym_env.metrics): the best dev candidate's official score
         from .metrics import episode_metrics
 
         best_official, extra_usd = None, 0.0
@@ -476,21 +644,67 @@ class ResearchRun:
                 best_official = final.value.score
             elif best_key == ("base", self.harness.initial):
                 best_official = initial.value.score
-            else:
-                try:
-                    billed = self.world.evaluation.official(self._eval_request(*best_key, "official", k, None))
-                    best_official, extra_usd = billed.value.score, billed.cost_usd
-                except Exception:  # a metric must never break the end of an episode
-                    best_official = None
+            elif extra is not None:
+                best_official, extra_usd = extra.value.score, extra.cost_usd
         self.end_info["metrics"] = episode_metrics(self.end_info, best_official) | {"selection_eval_usd": extra_usd}
         self.platform.ledger.record({"key": self.key.id, "tool": "official_evaluation", "decision": "allowed", "billed": "outside budget",
                                      "submitted": self.end_info["submitted"], "official_score": final.value.score,
                                      "initial_score": initial.value.score, "cost_usd": self.end_info["official_eval_usd"]})
 
+    def _settle_running(self, why: str) -> None:
+        """Cancel every running job and bill the part that ran (never more than its reservation)."""
+        now = self.world.clock.now()
+        for job_id, running in list(self.running.items()):
+            job = running.job
+            del self.running[job_id]
+            if running.bill is None:  # a submission: nothing reserved
+                self.job_results[job_id] = {"error": why}
+                continue
+            try:
+                if job.ready_at is not None and job.future.done() and job.ready_at > job.started_at:
+                    fraction = min(1.0, max(0.0, (now - job.started_at) / (job.ready_at - job.started_at)))
+                    cost = job.future.result().cost_usd * fraction  # a simulated job: its share of the result's cost
+                elif job.cancel is not None and (measured := job.cancel()) is not None:
+                    cost = measured  # the world stopped the work and says what the part that ran cost
+                else:  # no measure of the work: the share of the expected duration that passed, of the quote
+                    eta = float(job.meta.get("eta_s") or 0.0)
+                    fraction = min(1.0, (now - job.started_at) / eta) if eta > 0 else 1.0
+                    cost = running.bill.reservation.usd * max(0.0, fraction)
+                charged = running.bill.settle(cost)
+            except Exception as exc:  # noqa: BLE001 - a broken job must not leave money locked
+                self.platform.release(running.bill, f"cancel_failed: {type(exc).__name__}")
+                charged = 0.0
+            self.job_results[job_id] = {"error": why, "cost_usd": charged}
+
+    def abandon(self, why: str) -> None:
+        """End the run without a submission (the env was reset or closed): running jobs are cancelled and
+        billed for the part that ran, as at truncation; nothing stays reserved. Safe to call twice."""
+        if self.end_info is not None or not self.running:
+            return
+        self._settle_running(f"cancelled: the run was {why}")
+        self.balance = self.platform.balance(self.key)
+
     def end_summary(self) -> str:
         e = self.end_info or {}
         return (f"official score {e['official_score']:.4f} vs initial {e['initial_score']:.4f} -> normalized gain "
                 f"{e['normalized_gain']:+.4f}; spent ${e['spend_usd']:.2f} of ${e['budget_usd']:g}")
+
+
+def _throttled(record: Callable[[float], Any], interval_s: float = 1.0) -> Callable[[float], None]:
+    """``record`` (a reservation's progress) called at most once per ``interval_s``: progress is cheap
+    but not free, and a crash loses at most that much of the record."""
+    last = [-interval_s]
+
+    def report(usd: float) -> None:
+        now = time.monotonic()
+        if now - last[0] >= interval_s:
+            last[0] = now
+            try:
+                record(usd)
+            except ValueError:  # the reservation has just been settled
+                pass
+
+    return report
 
 
 def _quote(text: str | None, limit: int = 60) -> str:

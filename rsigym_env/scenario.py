@@ -69,7 +69,9 @@ class SandboxPolicy(_Strict):
 
     network: bool = False
     vcpus: float = Field(2.0, gt=0)
-    memory_gib: float = Field(2.0, gt=0)
+    memory_gib: float = Field(2.0, gt=0, description="Memory of one sandbox, all its processes together.")
+    disk_gib: float = Field(1.0, gt=0, description="Disk quota of one sandbox (its files, all commands together).")
+    processes: int = Field(256, ge=16, description="Processes and threads of one sandbox, all commands together.")
     max_sandboxes: int = Field(2, ge=1)
     timeout_s: int = Field(600, ge=1)
 
@@ -184,7 +186,9 @@ def load_scenario(scenario: str | Path | None = None, **overrides: Any) -> Scena
     if overrides:
         data = _merge(data, overrides)
         if scenario is None:
-            data["name"] = f"{data['world']}-{data['track']}-{data['benchmark']}-{data['budget_usd']:g}"
+            budget = data.get("budget_usd")
+            data["name"] = "-".join(str(p) for p in (data.get("world"), data.get("track"), data.get("benchmark"),
+                                                      f"{budget:g}" if isinstance(budget, (int, float)) else None) if p)
         elif {"track", "benchmark", "budget_usd", "world"} & overrides.keys():
             data["name"] = f"{data.get('name', path.stem)}+overrides"
     try:

@@ -14,8 +14,10 @@ wall time elsewhere (a job is ready when its future is done).
 from __future__ import annotations
 
 from concurrent.futures import Future
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import Any, Callable, Generic, Iterator, Literal, Protocol, Sequence, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -133,15 +135,18 @@ class Job:
     """A running asynchronous call. ``future`` resolves to a :class:`Billed` result.
 
     ``ready_at`` is set by worlds with a simulated clock: the job counts as finished only when the
-    clock reaches it, even if the future already holds the result.
+    clock reaches it, even if the future already holds the result. ``cancel`` (worlds whose jobs
+    really run) stops the work and returns what the part that ran cost, in dollars (None: unknown);
+    without a measure a cancelled job is billed by the share of its expected duration that passed.
     """
 
     id: str
-    kind: Literal["train", "evaluate"]
+    kind: Literal["train", "evaluate", "generate_data", "transform_data", "submit"]
     started_at: float
     future: Future
     ready_at: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    cancel: Callable[[], float | None] | None = None
 
     def is_done(self, now: float) -> bool:
         """True once the result is available at clock time ``now``."""
@@ -152,7 +157,11 @@ class Job:
 
 @runtime_checkable
 class Clock(Protocol):
-    """A world's notion of time, in seconds since the run began."""
+    """A world's notion of time, in seconds since the run began.
+
+    ``simulated`` (optional, default False): time moves only by ``spend`` and ``wait``, so work can
+    be computed at once and made ready later (``Job.ready_at``) instead of running in a thread.
+    """
 
     def now(self) -> float: ...
 
@@ -225,6 +234,37 @@ class World(Protocol):
         """A short text for the researcher: the benchmark, its domain, what the world models."""
 
     def close(self) -> None: ...
+
+
+_PROGRESS: ContextVar[Callable[[float], None] | None] = ContextVar("rsigym_progress", default=None)
+
+
+def progress_reporter() -> Callable[[float], None]:
+    """Where a service reports what a running call has used so far, in dollars (the run records it on
+    the call's reservation, so a crash bills exactly that). Capture it when a job starts, in the
+    caller's thread; a no-op outside a run.
+
+    >>> seen = []
+    >>> with reporting_progress(seen.append):
+    ...     progress_reporter()(0.25)
+    >>> progress_reporter()(1.0); seen
+    [0.25]
+    """
+    return _PROGRESS.get() or _ignore
+
+
+def _ignore(usd: float) -> None:
+    """No run is listening."""
+
+
+@contextmanager
+def reporting_progress(sink: Callable[[float], None]) -> Iterator[None]:
+    """Make ``sink`` the :func:`progress_reporter` of calls in this context."""
+    token = _PROGRESS.set(sink)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
 
 
 def resolved(value: Any) -> Future:

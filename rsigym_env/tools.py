@@ -8,7 +8,7 @@ An action can be given in any of these forms; all end up as a validated tool obj
 >>> parse_action(Evaluate(checkpoint="base", k=1))
 Evaluate(checkpoint='base', harness='latest', k=1, n_tasks=None)
 >>> parse_action({"tool": "wait", "args": {}})
-Wait(job=None)
+Wait(job=None, timeout_s=None)
 >>> parse_action('{"tool": "submit", "args": {"checkpoint": "ckpt-1"}}')
 Submit(checkpoint='ckpt-1', harness='latest')
 >>> parse_action({"tool": "fly"})
@@ -38,9 +38,12 @@ CHARSET = string.printable
 
 
 class Tool(BaseModel):
-    """Base of every tool. ``name`` is the tool's wire name; ``paid`` says whether it bills."""
+    """Base of every tool. ``name`` is the tool's wire name; ``paid`` says whether it bills.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Arguments are strict: ``k: true`` or ``k: "2"`` is refused, not coerced (an int is a number, though).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
     name: ClassVar[str]
     paid: ClassVar[bool] = False
 
@@ -166,10 +169,17 @@ class Read(Tool):
 
 
 class Wait(Tool):
-    """Let time pass until a job finishes (``job``) or until any running job finishes. Free."""
+    """Let time pass until a job finishes (``job``) or until any running job finishes. Free.
+
+    ``timeout_s`` bounds the wait in the world's clock (at most 30 s): when it passes first, the
+    reply says which jobs are still running and how far along they are; call ``wait`` again.
+    Without it the call returns when a job ends (or the time limit comes).
+    """
 
     name = "wait"
     job: str | None = Field(None, description="Job id; omit to wait for the first job to end.", max_length=64)
+    timeout_s: float | None = Field(None, gt=0.0, le=30.0,
+                                    description="Return after at most this many seconds (world clock); omit to wait for the job.")
 
 
 class Submit(Tool):
@@ -194,19 +204,71 @@ TOOLS_BY_NAME: dict[str, type[Tool]] = {t.name: t for t in TOOLS}
 # Parsing: object, dict, JSON text or a sample of the Gymnasium action space -> Tool
 
 
+ACTION_MAX_DEPTH = 8          # an action's arguments are flat; nothing legitimate nests deeper
+ACTION_MAX_NODES = 4096       # containers + scalars in one action
+ACTION_MAX_BYTES = 1 << 20    # JSON text, and the sum of string lengths, of one action
+
+
+def check_shape(action: Any) -> None:
+    """Refuse (``malformed_action``) an action nested deeper than ``ACTION_MAX_DEPTH``, with more than
+    ``ACTION_MAX_NODES`` parts or ``ACTION_MAX_BYTES`` of text, or a self-referencing container —
+    before anything parses, validates or audits it. Iterative: no recursion to exhaust.
+
+    >>> deep = {"tool": "read", "args": {}}
+    >>> for _ in range(50): deep = {"x": deep}
+    >>> check_shape(deep)
+    Traceback (most recent call last):
+    ...
+    rsigym_env.errors.ActionError: the action is nested deeper than 8 levels
+    """
+    stack: list[tuple[Any, int]] = [(action, 0)]
+    seen: set[int] = set()
+    nodes = text = 0
+    while stack:
+        value, depth = stack.pop()
+        nodes += 1
+        if nodes > ACTION_MAX_NODES:
+            raise ActionError("malformed_action", f"the action has more than {ACTION_MAX_NODES} parts")
+        if isinstance(value, (str, bytes)):
+            text += len(value)
+            if text > ACTION_MAX_BYTES:
+                raise ActionError("malformed_action", f"the action holds more than {ACTION_MAX_BYTES} bytes of text")
+            continue
+        if not isinstance(value, (dict, list, tuple)):
+            continue
+        if depth >= ACTION_MAX_DEPTH:
+            raise ActionError("malformed_action", f"the action is nested deeper than {ACTION_MAX_DEPTH} levels")
+        if id(value) in seen:
+            raise ActionError("malformed_action", "the action contains itself (a cycle)")
+        seen.add(id(value))
+        items = list(value.items()) if isinstance(value, dict) else [(None, v) for v in value]
+        if len(items) > ACTION_MAX_NODES:
+            raise ActionError("malformed_action", f"the action has more than {ACTION_MAX_NODES} parts")
+        for key, item in items:
+            if key is not None:
+                stack.append((key, depth + 1))
+            stack.append((item, depth + 1))
+
+
 def parse_action(action: Any) -> Tool:
     """Turn any accepted action form into a validated :class:`Tool`, or raise :class:`ActionError`.
 
     Accepted: a ``Tool`` instance; ``{"tool": name, "args": {...}}``; the same as JSON text; and a
-    sample of :func:`action_space` (``(index, {field: value})``).
+    sample of :func:`action_space` (``(index, {field: value})``). Shapes no action has (deep
+    nesting, huge or cyclic values) are refused first (:func:`check_shape`).
     """
     if isinstance(action, Tool):
         return action
     if isinstance(action, (str, bytes)):
+        if len(action) > ACTION_MAX_BYTES:
+            raise ActionError("malformed_action", f"action text is longer than {ACTION_MAX_BYTES} bytes")
         try:
             action = json.loads(action)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ActionError("malformed_action", f"action text is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ActionError("malformed_action", "action text is nested too deeply") from None
+    check_shape(action)
     if isinstance(action, tuple) and len(action) == 2 and isinstance(action[0], (int, np.integer)):
         return from_space_sample(action)
     if not isinstance(action, dict):

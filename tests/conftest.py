@@ -12,6 +12,10 @@ from typing import Any, Iterator
 
 import pytest
 
+# The official split of the local world is drawn from a secret (rsigym_env.splits); the suite pins it so
+# its runs are reproducible and never touch the machine's own secret.
+os.environ.setdefault("RSIGYM_SPLIT_SECRET", "rsigym-test-suite-split-secret")
+
 
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[Any]:

@@ -194,7 +194,7 @@ def run_job(tmp_path: Path, tasks_dir: Path, mode: str, *, k: int = 1, concurren
     sock = tmp_path / f"{mode}.sock"
     key = f"test-{mode}-{time.monotonic_ns()}"
     with OpenAIServer(registry, port=None, uds=sock, usage=meter):
-        session = ModelSession(socket=sock, registry=registry, meter=meter, model=SolverModel(p), prefix="m", seed=0,
+        session = ModelSession(socket=sock, registry=registry, meter=meter, model=SolverModel(p), seed=0,
                                tokens_per_trial=1000)
         register_session(key, session)
         agents = [AgentConfig(import_path="rsigym_env.worlds.local.harbor_agent:HarnessAgent",
@@ -313,7 +313,7 @@ def test_eval_service_failure_labels_and_official_keeps_score_only(tmp_path, tas
     summary = json.loads((tmp_path / "evals" / "official-1" / "summary.json").read_text())
     assert set(summary) == {"id", "split", "checkpoint", "harness_version", "k", "score", "tasks"}
     assert sorted(p.name for p in (tmp_path / "evals" / "official-1").iterdir()) == ["summary.json"]
-    assert not any((tmp_path / "private").iterdir())  # the official Harbor job is gone
+    assert not any(p.is_file() for p in (tmp_path / "private").rglob("*"))  # the official job and sandboxes are gone
 
 
 @pytest.mark.slow
@@ -372,6 +372,9 @@ def test_environment_phases_transfers_and_symlinks(tmp_path):
         await env.upload_dir(task / "tests", "/tests")                    # the verifier phase begins
         verifier = await env.exec("cat /tests/expected.txt; cat /harness/note.txt 2>&1; echo 1 > /logs/verifier/reward.txt")
         await env.download_dir("/app", tmp_path / "app-copy")
+        # the logs live in the sandbox's own opaque directories; Harbor downloads them (not mounted)
+        await env.download_dir("/logs/verifier", paths.verifier_dir)
+        await env.download_dir("/logs/agent", paths.agent_dir)
         await env.stop(delete=True)
         return agent, verifier
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import socket
 import threading
 from pathlib import Path
@@ -303,6 +304,27 @@ def test_isolated_argv_is_a_plain_command_line(app: Path) -> None:
     with pytest.raises(ValueError):
         isolated_argv("x", workdir=app, mounts=[Mount(app, "/usr")])
     assert sandbox_uid(app) == sandbox_uid(app)
+
+
+def test_bwrap_options_travel_through_a_descriptor_the_sandbox_cannot_read(app: Path) -> None:
+    r = run_isolated("ls /proc/$$/fd; cat /proc/1/cmdline | tr '\\0' ' '; echo; "
+                     "ls /proc/1/fd 2>/dev/null || echo DENIED", workdir=app, env={"GREETING": "hi"})
+    fds, cmdline, denied = r.stdout.split("\n")[:3], r.stdout.split("\n")[3], r.stdout.split("\n")[4]
+    assert fds == ["0", "1", "2"]  # bwrap closed the options' memfd before running the command
+    assert re.match(rf"{isolation._bwrap()} --args \d+ -- prlimit ", cmdline), cmdline
+    assert "--setenv" not in cmdline and "GREETING" not in cmdline and str(app) not in cmdline
+    assert denied == "DENIED"  # bwrap's init is root's: its descriptors are out of reach
+
+
+def test_a_group_is_only_the_aggregate_limits_on_top(tmp_path: Path) -> None:
+    with isolation.SandboxGroup(tmp_path / "sb", disk_mb=16) as group:
+        app = group.subdir("app")
+        r = run_isolated("pwd; echo x > f; id -un", workdir=app, group=group)
+        assert (r.stdout, r.exit_code, r.limit) == ("/app\nsandbox\n", 0, None)
+        assert (app / "f").read_text() == "x\n"
+        usage = group.usage()
+        assert usage.disk_bytes > 0 and usage.disk_inodes >= 2
+        assert repr(group).startswith("SandboxGroup(") and group.mode in ("cgroup2", "cgroup1", "rlimits")
 
 
 def test_missing_bwrap_raises_or_falls_back_loudly(app: Path, monkeypatch: pytest.MonkeyPatch,

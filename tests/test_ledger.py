@@ -257,16 +257,25 @@ class Boom:
         raise RuntimeError("boom")
 
 
+class Abort(BaseException):
+    """Not an ``Exception``: the audit encoder lets it through (like KeyboardInterrupt), nothing else."""
+
+
+class Interrupting:
+    def __str__(self) -> str:
+        raise Abort("interrupted")
+
+
 def test_an_exception_mid_call_leaves_nothing_behind(ledger: Ledger) -> None:
     ledger.record({"key": "run"})
-    bad = {"args": Boom()}  # fails while the audit row is built, after the balance moved
-    with pytest.raises(RuntimeError, match="boom"):
+    bad = {"args": Interrupting()}  # interrupts while the audit row is built, after the balance moved
+    with pytest.raises(Abort, match="interrupted"):
         ledger.reserve("run", 1.0, audit=bad)
     assert ledger.balance("run") == Balance(10.0, 0.0, 0.0, 0.0, 10.0)
     res = ledger.reserve("run", 1.0)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(Abort):
         ledger.settle(res, 0.5, audit=bad)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(Abort):
         ledger.mint_subkey("run", "child", 1.0, audit=bad)
     with pytest.raises(ActionError):
         ledger.balance("child")
@@ -274,6 +283,22 @@ def test_an_exception_mid_call_leaves_nothing_behind(ledger: Ledger) -> None:
     ledger.record({"key": "run"})
     records = ledger.audit_records()
     assert [r.seq for r in records] == [1, 2] and chain_intact(records)
+
+
+def test_an_unprintable_audit_value_is_audited_not_raised(ledger: Ledger) -> None:
+    res = ledger.reserve("run", 1.0, audit={"args": Boom(), "tool": "x"})
+    ledger.settle(res, 0.5, audit={"args": {"deep": Boom()}})
+    reserve, settle = (r.event for r in ledger.audit_records())
+    assert reserve["args"] == "<unprintable Boom>" and settle["args"] == {"deep": "<unprintable Boom>"}
+    assert reserve["reservation"] == res.id and ledger.balance("run").spent_usd == 0.5
+    if ledger.path is not None:
+        assert verify_audit(ledger.path).ok
+
+
+def test_an_audit_key_must_be_text(ledger: Ledger) -> None:
+    with pytest.raises(TypeError, match="key is a str or None"):
+        ledger.record({"key": ["run"]})
+    assert ledger.audit_records() == []
 
 
 # --- sub-keys -----------------------------------------------------------------------------------
@@ -367,6 +392,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.model: dict[str, Account] = {}
         self.open: dict[int, tuple[Reservation, int]] = {}
         self.done: list[Reservation] = []
+        self.used: dict[int, int] = {}
         self.audited = 0
 
     def teardown(self) -> None:
@@ -445,6 +471,15 @@ class LedgerMachine(RuleBasedStateMachine):
         assert nano(res.usd) == amount
         acct.reserved += amount
         self.open[res.id] = (res, amount)
+        self.used[res.id] = 0
+
+    @rule(i=picks, amount=amounts)
+    def progress(self, i: int, amount: int) -> None:
+        if not self.open:
+            return
+        res, held = self.open[sorted(self.open)[i % len(self.open)]]
+        self.used[res.id] = max(self.used[res.id], min(amount, held))
+        assert nano(self.ledger.progress(res, amount / NANO)) == self.used[res.id]
 
     @rule(i=picks, factor=st.floats(0.0, 2.0))
     def settle(self, i: int, factor: float) -> None:
@@ -486,6 +521,13 @@ class LedgerMachine(RuleBasedStateMachine):
             assert nano(bal.available_usd) == acct.available and bal.closed == acct.closed
             assert min(got) >= 0 and bal.available_usd >= 0
             assert acct.spent + acct.reserved + acct.granted <= acct.budget
+
+    @invariant()
+    def books_balance_and_holds_are_listed(self) -> None:
+        books = self.ledger.books()
+        assert books.ok, books.problems
+        listed = {r.id: (nano(r.usd), nano(r.used_usd), r.status) for r in self.ledger.open_reservations()}
+        assert listed == {rid: (held, self.used[rid], "alive") for rid, (_, held) in self.open.items()}
 
     @invariant()
     def money_is_conserved(self) -> None:

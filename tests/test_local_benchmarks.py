@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import hashlib
 import os
 import re
@@ -92,18 +94,27 @@ def test_pretraining_mixture_is_deterministic_and_fits_the_context():
 
 
 def run_test_sh(task: Path, app: Path, verifier: Path) -> str:
-    """Run tests/test.sh as Harbor would: /app and /logs/verifier mapped (bubblewrap binds)."""
-    verifier.mkdir(parents=True, exist_ok=True)
-    if BWRAP:
-        argv = [BWRAP, "--tmpfs", "/", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
-                "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--ro-bind", "/etc", "/etc",
-                "--bind", str(app), "/app", "--bind", str(verifier), "/logs/verifier",
-                "--ro-bind", str(task / "tests"), "/tests", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-                "--unshare-net", "--chdir", "/app", "bash", "/tests/test.sh"]
-        subprocess.run(argv, check=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
-    else:  # pragma: no cover - bubblewrap missing
-        env = {"PATH": os.environ["PATH"], "RSIGYM_APP_DIR": str(app), "RSIGYM_VERIFIER_DIR": str(verifier)}
-        subprocess.run(["bash", str(task / "tests" / "test.sh")], cwd=app, env=env, check=True, timeout=60)
+    """Run tests/test.sh as Harbor does, through the local environment class: /app from ``app``, the tests
+    uploaded (the verifier phase), ``bash /tests/test.sh``, the verifier directory downloaded. Code under
+    test runs in the environment's probe sandbox, apart from the verifier."""
+    from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig
+    from harbor.models.trial.paths import TrialPaths
+
+    from rsigym_env.worlds.local.harbor_env import BubblewrapEnvironment
+
+    paths = TrialPaths(trial_dir=verifier.parent / f"trial-{verifier.name}")
+    paths.mkdir()
+    env = BubblewrapEnvironment(app, task.name, f"{task.name}__t", paths, TaskEnvironmentConfig(),
+                                require_isolation=bool(BWRAP))
+
+    async def go() -> None:
+        await env.start(force_build=False)
+        await env.upload_dir(task / "tests", "/tests")
+        await env.exec("bash /tests/test.sh")
+        await env.download_dir("/logs/verifier", verifier)
+        await env.stop(delete=True)
+
+    asyncio.run(go())
     return (verifier / "reward.txt").read_text().strip()
 
 

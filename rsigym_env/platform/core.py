@@ -24,10 +24,11 @@ from typing import Any, Iterator
 from ..errors import ActionError
 from ..scenario import Scenario
 from ..tools import Tool
+from .audit import AUDIT_TEXT_MAX, short_text, summarize
 from .ledger import Balance, Ledger, Reservation
 from .permissions import authorize
 
-AUDIT_TEXT_MAX = 256  # longer argument strings are audited as their length and hash
+__all__ = ["AUDIT_TEXT_MAX", "Bill", "Platform", "PlatformKey", "audit_args", "tool_label"]
 
 
 @dataclass(frozen=True)
@@ -44,24 +45,64 @@ class PlatformKey:
 
 
 def audit_args(tool: Tool | Any) -> dict[str, Any]:
-    """A tool's arguments for the audit log; long strings become ``<N chars sha256:...>``."""
-    raw = tool.model_dump() if isinstance(tool, Tool) else tool
-    if not isinstance(raw, dict):
-        return {"raw": _short(repr(raw))}
-    return {str(k): _short(v) if isinstance(v, str) else v for k, v in raw.items()}
+    """A call's arguments for the audit log, bounded (see :func:`~.audit.summarize`); never raises.
+
+    A tool's fields, an action dict's entries, or ``{"raw": ...}`` for anything else (the ``repr`` of
+    a string action). Long strings become ``<N chars sha256:...>``; deep, huge or self-referencing
+    structures are cut with ``"<truncated: ...>"`` markers.
+
+    >>> audit_args({"tool": "train", "args": {"lr": "x" * 300, 2: [1, 2]}})
+    {'tool': 'train', 'args': {'lr': '<300 chars sha256:0d4e2ca9e9cbced7>', '2': [1, 2]}}
+    >>> audit_args("not json")
+    {'raw': "'not json'"}
+    """
+    try:
+        if isinstance(tool, Tool):  # validated fields, a handful of them: scalars as they are, the rest bounded
+            out = {}
+            for name, value in tool.model_dump().items():
+                t = type(value)
+                if t is str:
+                    out[name] = value if len(value) <= AUDIT_TEXT_MAX else _short(value)
+                elif value is None or t is bool or t is float or (t is int and -(2**63) <= value < 2**63):
+                    out[name] = value
+                else:
+                    out[name] = summarize(value)
+            return out
+        raw = tool
+        if isinstance(raw, str):
+            return {"raw": _short(repr(str.__getitem__(raw, slice(None))))}
+        out = summarize(raw)
+        return out if isinstance(out, dict) else {"raw": out}
+    except Exception as exc:  # model_dump or isinstance itself failed on a hostile object
+        return {"raw": f"<unauditable: {type(exc).__name__}>"}
 
 
 def _short(text: str) -> str:
-    if len(text) <= AUDIT_TEXT_MAX:
-        return text
-    return f"<{len(text)} chars sha256:{hashlib.sha256(text.encode()).hexdigest()[:16]}>"
+    return text if len(text) <= AUDIT_TEXT_MAX else short_text(text, AUDIT_TEXT_MAX)
+
+
+def _text(value: Any) -> str:
+    """``value`` as bounded text, whatever it is (error codes and messages of a hostile error)."""
+    out = summarize(value)
+    return out if isinstance(out, str) else _short(str(out))
 
 
 def tool_label(tool: Tool | Any) -> str:
-    if isinstance(tool, Tool):
-        return tool.name
-    if isinstance(tool, dict) and isinstance(tool.get("tool"), str):
-        return tool["tool"][:64]
+    """The tool a call names, for logs: a tool's name, an action dict's ``"tool"`` (64 characters at
+    most) or ``"?"``; never raises.
+
+    >>> tool_label({"tool": "train", "args": {}}), tool_label([1, 2])
+    ('train', '?')
+    """
+    try:
+        if isinstance(tool, Tool):
+            return str(tool.name)
+        if isinstance(tool, dict):
+            name = dict.get(tool, "tool")
+            if isinstance(name, str):
+                return str.__getitem__(name, slice(None, 64))
+    except Exception:
+        pass
     return "?"
 
 
@@ -76,6 +117,11 @@ class Bill:
         """Charge ``usd`` (clamped to the reservation); the rest is released. Returns the charge."""
         self.charged_usd = self._platform.ledger.settle(self.reservation, usd, audit=dict(self._event))
         return self.charged_usd
+
+    def progress(self, used_usd: float) -> float:
+        """Record that ``used_usd`` of the work is done (see :meth:`Ledger.progress`): should this
+        process die, recovery charges that much and releases the rest. Returns the recorded amount."""
+        return self._platform.ledger.progress(self.reservation, used_usd)
 
 
 class Platform:
@@ -106,15 +152,24 @@ class Platform:
         return authorize(key.scenario, tool)
 
     def refuse(self, key: PlatformKey, action: Any, error: ActionError) -> None:
-        """Audit a refused or malformed call; it costs nothing."""
+        """Audit a refused or malformed call (any ``action`` at all); it costs nothing.
+
+        The record says ``decision: "refused"`` with the error's ``code`` and (bounded) ``message``.
+        """
+        code, message = getattr(error, "code", None), getattr(error, "message", None)
         self.ledger.record({
             "key": key.id, "tool": tool_label(action), "args": audit_args(action), "decision": "refused",
-            "code": error.code, "message": _short(error.message),
+            "code": code if type(code) is str else _text(code),
+            "message": _short(message) if type(message) is str else _text(message),
         })
 
-    def record(self, key: PlatformKey, tool: Tool, **extra: Any) -> None:
-        """Audit a free call that ran."""
-        self.ledger.record({"key": key.id, "tool": tool.name, "args": audit_args(tool), "decision": "allowed", **extra})
+    def record(self, key: PlatformKey, tool: Tool | Any, **extra: Any) -> None:
+        """Audit a free call that ran: ``decision: "allowed"``, its arguments and ``extra`` fields
+        (bounded like the arguments)."""
+        event = {"key": key.id, "tool": tool_label(tool), "args": audit_args(tool), "decision": "allowed"}
+        for name, value in extra.items():
+            event.setdefault(name, summarize(value))
+        self.ledger.record(event)
 
     def open(self, key: PlatformKey, tool: Tool | dict[str, Any], quote_usd: float) -> Bill:
         """Reserve ``quote_usd`` for a call; settle or :meth:`release` the returned bill when it ends.
@@ -122,9 +177,8 @@ class Platform:
         Raises :class:`~rsigym_env.errors.InsufficientBudget` (audited) if the worst case does not fit.
         """
         event = {"tool": tool_label(tool), "args": audit_args(tool), "decision": "allowed", "quote_usd": quote_usd}
-        reservation = self.ledger.reserve(
-            key.id, quote_usd, audit={**event, "decision": "refused", "code": "insufficient_budget"}
-        )
+        # the ledger logs a refusal with decision "refused" and the error's code in place of "allowed"
+        reservation = self.ledger.reserve(key.id, quote_usd, audit=event, label=event["tool"])
         return Bill(self, key, reservation, event)
 
     @contextmanager
@@ -139,8 +193,9 @@ class Platform:
         self.release(bill, "unsettled")
 
     def release(self, bill: Bill, reason: str) -> None:
-        """Release an open bill without charging (a cancelled or failed job)."""
+        """Release an open bill without charging (a cancelled or failed job); ``reason`` says why
+        (``"cancelled"``, ``"job_failed"``, ``"start_failed"``, an exception's class name, ...)."""
         if bill.charged_usd is None:
-            self.ledger.release(bill.reservation, audit={**bill._event, "code": reason})
+            self.ledger.release(bill.reservation, audit={**bill._event, "reason": reason})
             bill.charged_usd = 0.0
 

@@ -8,22 +8,46 @@ so concurrent writers - threads sharing a :class:`Ledger`, or processes each ope
 serialize, and an exception in the middle of a call leaves nothing behind.
 
 Invariants, checked by the ``WHERE`` guards and again by ``CHECK`` constraints on ``accounts``:
-``spent >= 0``, ``reserved >= 0``, ``granted >= 0`` and ``spent + reserved + granted <= budget``.
+``spent >= 0``, ``reserved >= 0``, ``granted >= 0`` and ``spent + reserved + granted <= budget``;
+:meth:`Ledger.books` checks the rest (``reserved`` is the sum of the open reservations, ``granted``
+the sum of the open sub-keys' budgets), ``rsigym ledger show`` prints it.
+
+**Crashes.** Each reservation records its owner (pid, the process's start time, the machine's boot
+id, hostname, pid namespace), when it was made, a label (the tool) and the work done so far
+(:meth:`Ledger.progress`). A reservation whose owner is gone - the pid is dead, a zombie or reused
+by a younger process, or the machine has rebooted since - is settled for the work recorded and the
+rest released when a file ledger is next opened, or by :meth:`Ledger.recover`; each such settlement
+is audited (``op: "recover"``, ``reason: "owner_gone"``). Owners on other hosts (or in another pid
+namespace, whose processes this one cannot see) are left alone and reported.
+
+**fork.** A connection is never shared across ``fork()``. Before a fork every ledger's lock is taken
+(so no transaction is half done), and in the child the lock is new and the inherited connection is
+closed - it was idle, so closing it only drops the child's copy (the parent's locks on the file
+stay) - and a fresh one is opened at the child's first call; an inherited connection whose state is
+not known (a fork that skipped Python's at-fork handlers) is never used or closed, only kept
+referenced forever. An in-memory ledger in a child is the child's private copy: spending there
+never reaches the parent.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import math
 import os
+import socket
 import sqlite3
 import threading
 import time
+import urllib.parse
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Literal, Optional
 
 from ..errors import ActionError, InsufficientBudget
+from ..owners import Owner, OwnerStatus, current_owner, owner_status
 from . import audit as _audit
 from .audit import AuditRecord
 
@@ -37,6 +61,14 @@ BUSY_TIMEOUT_S = 30.0
 
 PENDING_MAX = 512
 """An in-memory ledger inserts its queued audit rows once this many are waiting (or when read)."""
+
+FORK_WAIT_S = BUSY_TIMEOUT_S + 5.0
+"""How long ``fork()`` waits for a ledger's lock (a transaction in another thread) before going ahead."""
+
+LABEL_MAX = 64
+"""A reservation's label (the tool) is cut to this many characters."""
+
+log = logging.getLogger(__name__)
 
 _Logged = Optional[tuple[tuple[int, str], Optional[_audit.Row]]]
 """What :meth:`Ledger._log` returns: the new chain head and, for an in-memory ledger, the row to queue."""
@@ -60,12 +92,28 @@ _SCHEMA = (
     _audit.SCHEMA,
 )
 
+_RESERVATION_COLUMNS = (  # added to ``reservations`` by ALTER TABLE when a file is older than them
+    ("label", "TEXT"),
+    ("created", "REAL"),
+    ("used", "INTEGER NOT NULL DEFAULT 0 CHECK (used >= 0 AND used <= nano)"),
+    ("owner_pid", "INTEGER"),
+    ("owner_start", "INTEGER"),
+    ("owner_boot", "TEXT"),
+    ("owner_host", "TEXT"),
+    ("owner_pidns", "TEXT"),
+)
+
 _AVAILABLE = "budget - spent - reserved - granted"
 _FITS = "WHERE key = ? AND closed = 0 AND spent + reserved + granted + ? <= budget"
 _RESERVE = f"UPDATE accounts SET reserved = reserved + ? {_FITS} RETURNING {_AVAILABLE}"
 _GRANT = f"UPDATE accounts SET granted = granted + ? {_FITS} RETURNING {_AVAILABLE}"
-_INSERT_RESERVATION = "INSERT INTO reservations (key, nano) VALUES (?, ?)"
-_TAKE_RESERVATION = "DELETE FROM reservations WHERE id = ? AND key = ? RETURNING nano"
+_INSERT_RESERVATION = (
+    "INSERT INTO reservations (key, nano, label, created, owner_pid, owner_start, owner_boot, owner_host, owner_pidns)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_TAKE_RESERVATION = "DELETE FROM reservations WHERE id = ? AND key = ? RETURNING nano, used"
+_PROGRESS = "UPDATE reservations SET used = max(used, min(nano, ?)) WHERE id = ? AND key = ? RETURNING used"
+_ACCOUNTS = "SELECT key, parent, budget, spent, reserved, granted, closed FROM accounts ORDER BY key"
 _CHARGE = f"UPDATE accounts SET reserved = reserved - ?, spent = spent + ? WHERE key = ? RETURNING {_AVAILABLE}"
 _OPEN = "INSERT INTO accounts (key, parent, budget) VALUES (?, ?, ?)"
 _STATE = f"SELECT {_AVAILABLE}, closed FROM accounts WHERE key = ?"
@@ -99,6 +147,160 @@ class Balance:
     closed: bool = False
 
 
+
+
+
+@dataclass(frozen=True)
+class OpenReservation:
+    """A reservation that is neither settled nor released, as :meth:`Ledger.open_reservations` lists it.
+
+    ``status`` is :func:`owner_status` of ``owner`` when it was listed; ``created`` is a Unix time.
+    """
+
+    id: int
+    key: str
+    usd: float
+    used_usd: float
+    label: str | None
+    created: float | None
+    owner: Owner | None
+    status: OwnerStatus
+
+    @property
+    def reservation(self) -> Reservation:
+        return Reservation(self.id, self.key, self.usd)
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """One reservation settled by :meth:`Ledger.recover`: ``charged_usd`` (its recorded work) was
+    spent and ``released_usd`` given back."""
+
+    reservation: OpenReservation
+    charged_usd: float
+    released_usd: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What :meth:`Ledger.recover` did: ``settled`` reservations of owners that are gone, and ``left``
+    ones whose owner it cannot judge (another host or pid namespace, or none recorded)."""
+
+    settled: tuple[Recovered, ...] = ()
+    left: tuple[OpenReservation, ...] = ()
+
+
+@dataclass(frozen=True)
+class Account:
+    """One account as :meth:`Ledger.accounts` lists it."""
+
+    key: str
+    parent: str | None
+    balance: Balance
+
+
+@dataclass(frozen=True)
+class BookLine:
+    """One account checked against the rows that should add up to it (dollars)."""
+
+    key: str
+    parent: str | None
+    closed: bool
+    budget_usd: float
+    spent_usd: float
+    reserved_usd: float
+    granted_usd: float
+    available_usd: float
+    reservations_usd: float
+    """The sum of the account's open reservations; equals ``reserved_usd`` when the books balance."""
+    subkeys_usd: float
+    """The sum of the budgets of the account's open sub-keys; equals ``granted_usd`` when the books balance."""
+    balances: bool
+    """``spent + reserved + granted + available == budget`` with nothing negative (a closed account: the
+    remainder went back to its parent, so ``spent + available`` may be less, but nothing is held)."""
+    reservations_match: bool
+    subkeys_match: bool
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Books:
+    """:meth:`Ledger.books`: every account's line and every problem found (none when ``ok``)."""
+
+    lines: tuple[BookLine, ...]
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+# --- owners (rsigym_env.owners) ---------------------------------------------------------------------
+
+
+
+def _owner_of(row: tuple[Any, ...]) -> Owner | None:
+    pid, start, boot, host, pidns = row
+    return None if pid is None or host is None else Owner(pid, start, boot, host, pidns)
+
+
+def _owner_fields(owner: Owner | None) -> dict[str, Any] | None:
+    if owner is None:
+        return None
+    return {"pid": owner.pid, "start": owner.start, "boot_id": owner.boot_id, "host": owner.host,
+            "pid_ns": owner.pid_ns}
+
+
+def _label(label: Any, audit: dict[str, Any] | None) -> str | None:
+    if label is None and audit is not None:
+        label = audit.get("tool")
+    return str.__getitem__(label, slice(None, LABEL_MAX)) if isinstance(label, str) else None
+
+
+# --- fork -------------------------------------------------------------------------------------------
+
+_LEDGERS: "weakref.WeakSet[Ledger]" = weakref.WeakSet()
+_FORK_HELD: list["Ledger"] = []  # ledgers whose lock the fork in progress holds
+_FORK_SERIAL = threading.Lock()  # one fork at a time takes the ledgers' locks
+_ABANDONED: list[Any] = []
+
+
+def _before_fork() -> None:
+    _FORK_SERIAL.acquire()
+    for ledger in sorted(_LEDGERS, key=id):
+        if not ledger._closed and ledger._lock.acquire(timeout=FORK_WAIT_S):
+            _FORK_HELD.append(ledger)
+
+
+def _after_fork_in_parent() -> None:
+    while _FORK_HELD:
+        _FORK_HELD.pop()._lock.release()
+    _FORK_SERIAL.release()
+
+
+def _after_fork_in_child() -> None:
+    global _FORK_SERIAL
+    held = {id(ledger) for ledger in _FORK_HELD}
+    _FORK_HELD.clear()
+    _FORK_SERIAL = threading.Lock()
+    for ledger in list(_LEDGERS):
+        ledger._forked(idle=id(ledger) in held)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)
+
+
+def _abandon(*objects: Any) -> None:
+    """Keep SQLite objects inherited in a state we cannot know alive for good: never used, closed or
+    finalised (not even at interpreter exit, which would close the connection)."""
+    for obj in objects:
+        _ABANDONED.append(obj)
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+
 def _checked(usd: float) -> float:
     """``usd`` if it is a finite amount in ``[0, MAX_USD]``, else ``ValueError``."""
     if not (0.0 <= usd <= MAX_USD):  # also rejects NaN
@@ -122,37 +324,48 @@ class Ledger:
     """Budget accounts for platform keys, with reservations, sub-keys and a hash-chained audit log.
 
     ``path=None`` keeps everything in memory; a path opens (or creates) a WAL-mode SQLite file that
-    other processes may open at the same time. One instance is safe to share between threads.
+    other processes may open at the same time, migrating an older file's tables, and settles the
+    reservations of owners that are gone (:attr:`recovery`; ``recover=False`` skips it).
+    ``readonly=True`` opens an existing file for reading only (no migration, no recovery). One
+    instance is safe to share between threads, and across ``fork()`` (see the module docstring).
 
     >>> ledger = Ledger()
     >>> ledger.open_account("run-1", 10.0)
     >>> hold = ledger.reserve("run-1", 2.5, audit={"tool": "train", "decision": "allowed"})
     >>> ledger.balance("run-1").available_usd
     7.5
+    >>> ledger.progress(hold, 0.5)  # should this process die now, recovery charges $0.50
+    0.5
     >>> ledger.settle(hold, 1.75, audit={"tool": "train", "decision": "allowed"})
     1.75
     >>> ledger.balance("run-1")
     Balance(budget_usd=10.0, spent_usd=1.75, reserved_usd=0.0, granted_usd=0.0, available_usd=8.25, closed=False)
     >>> [r.event["op"] for r in ledger.audit_records()]
     ['reserve', 'settle']
+    >>> ledger.books().ok
+    True
     >>> ledger.close()
     """
 
     path: str | None
+    readonly: bool
+    recovery: Recovery
+    """What opening the file settled (:meth:`recover`); empty for an in-memory or read-only ledger."""
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, *, readonly: bool = False, recover: bool = True
+    ) -> None:
         self.path = None if path is None else os.fspath(path)
-        if self.path is None:
-            conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-        else:
-            # timeout= is SQLite's busy_timeout: a writer waits this long for another's BEGIN IMMEDIATE.
-            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
-        self._conn = conn
-        self._cur = conn.cursor()
+        self.readonly = readonly
+        if readonly and self.path is None:
+            raise ValueError("a read-only ledger needs a path")
+        if readonly and not os.path.isfile(self.path):
+            raise FileNotFoundError(f"no ledger file at {self.path}")
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._closed = False
+        self._conn: sqlite3.Connection | None = None
+        self._cur: sqlite3.Cursor | None = None
         # Only an in-memory log has a single writer, so only there may the chain head live in Python,
         # only there are audit rows queued (chained at once, inserted in batches): a database that
         # lives in this process's memory is exactly as durable as the queue; and only there are
@@ -160,11 +373,92 @@ class Ledger:
         self._head: tuple[int, str] | None = None
         self._pending: list[_audit.Row] = []
         self._balances: dict[str, Balance] = {}
+        self.recovery = Recovery()
+        self._connect(create=True)
+        _LEDGERS.add(self)
+        try:
+            self._prepare()
+        except BaseException:
+            self.close()
+            raise
+        if self.path is not None and recover and not readonly:
+                self.recovery = self.recover()
+                for done in self.recovery.settled:
+                    r = done.reservation
+                    log.warning("ledger %s: reservation %d on %s (%s) of a process that is gone: charged $%.4f "
+                                "of $%.4f, released $%.4f", self.path, r.id, r.key, r.label, done.charged_usd,
+                                r.usd, done.released_usd)
+
+    def _prepare(self) -> None:
+        """Check a read-only file is a ledger; otherwise create or migrate the tables."""
+        if self.readonly:
+            self._columns = self._reservation_columns()
+            if not {"accounts", "reservations"} <= self._tables():
+                raise ValueError(f"{self.path} is not a ledger file (no accounts and reservations tables)")
+            return
         with self._transaction():
             for statement in _SCHEMA:
                 self._cur.execute(statement)
+            have = self._reservation_columns()
+            for name, decl in _RESERVATION_COLUMNS:
+                if name not in have:  # a file written before these columns existed
+                    self._cur.execute(f"ALTER TABLE reservations ADD COLUMN {name} {decl}")
             if self.path is None:
                 self._head = _audit.read_head(self._cur)
+        self._columns = {name for name, _ in _RESERVATION_COLUMNS}
+
+    def _connect(self, *, create: bool) -> None:
+        """Open this process's connection (``create=False``: the file must still exist)."""
+        if self.path is None:
+            conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        else:
+            mode = "ro" if self.readonly else ("rwc" if create else "rw")
+            uri = f"file:{urllib.parse.quote(os.path.abspath(self.path))}?mode={mode}"
+            # timeout= is SQLite's busy_timeout: a writer waits this long for another's BEGIN IMMEDIATE.
+            conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                   check_same_thread=False)
+            if not self.readonly:
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
+        self._conn, self._cur = conn, conn.cursor()
+
+    def _forked(self, *, idle: bool) -> None:
+        """In a child process: a new lock, and never the parent's connection again (see the module doc).
+
+        ``idle``: the fork held this ledger's lock, so no statement of the inherited connection was
+        running and closing it cannot touch the file (it only drops the child's copy)."""
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        if self._closed or self._conn is None or self.path is None:
+            return  # in memory: the child's private copy of the database, used as it is
+        conn, cur = self._conn, self._cur
+        self._conn = self._cur = None  # a fresh connection at the first call
+        if idle:
+            try:
+                cur.close()
+                conn.close()
+                return
+            except Exception:
+                pass
+        _abandon(conn, cur)
+
+    def _live(self) -> None:
+        """At the start of every call: adopt a fork that skipped the at-fork handlers, and reconnect
+        after a fork. Costs one ``getpid`` when nothing happened."""
+        if self._pid != os.getpid():
+            self._forked(idle=False)
+        if self._cur is None:
+            with self._lock:
+                if self._closed:
+                    raise sqlite3.ProgrammingError("Cannot operate on a closed ledger.")
+                if self._cur is None:
+                    self._connect(create=False)
+
+    def _tables(self) -> set[str]:
+        return {r[0] for r in self._cur.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+    def _reservation_columns(self) -> set[str]:
+        return {r[1] for r in self._cur.execute("PRAGMA table_info(reservations)")}
 
     def __enter__(self) -> Ledger:
         return self
@@ -179,7 +473,9 @@ class Ledger:
     def open_account(self, key: str, budget_usd: float) -> None:
         """Create a top-level account for the opaque key id ``key``; a duplicate key is a ``ValueError``."""
         budget = _nano_near(_checked(budget_usd))
+        self._live()
         with self._lock:
+            self._writable()
             self._balances.clear()
             try:
                 self._cur.execute(_OPEN, (key, None, budget))
@@ -240,13 +536,18 @@ class Ledger:
 
     # --- reservations ---------------------------------------------------------------------------
 
-    def reserve(self, key: str, usd: float, *, audit: dict[str, Any] | None = None) -> Reservation:
+    def reserve(
+        self, key: str, usd: float, *, audit: dict[str, Any] | None = None, label: str | None = None
+    ) -> Reservation:
         """Hold ``usd`` (rounded up to the nano-dollar) on ``key`` until it is settled or released.
 
-        Raises :class:`InsufficientBudget` if it does not fit, ``ActionError("unknown_key")`` or
+        The hold records this process as its owner, the time and ``label`` (default: the audit's
+        ``tool``), so that :meth:`recover` can settle it should the process die. Raises
+        :class:`InsufficientBudget` if it does not fit, ``ActionError("unknown_key")`` or
         ``ActionError("key_closed")``; with ``audit`` given, the refusal is logged all the same.
         """
         nano = _nano_up(_checked(usd))
+        owner = current_owner()
         with self._transaction() as logged:
             cur = self._cur
             row = cur.execute(_RESERVE, (nano, key, nano)).fetchone()
@@ -255,7 +556,8 @@ class Ledger:
                 logged.append(entry)
             else:
                 err = None
-                cur.execute(_INSERT_RESERVATION, (key, nano))
+                cur.execute(_INSERT_RESERVATION, (key, nano, _label(label, audit), round(time.time(), 3), owner.pid,
+                                                  owner.start, owner.boot_id, owner.host, owner.pid_ns))
                 rid = cur.lastrowid
                 fields = {"op": "reserve", "reservation": rid, "reserved_usd": nano / NANO,
                           "available_usd": row[0] / NANO}
@@ -276,6 +578,84 @@ class Ledger:
         """Drop a reservation without charging anything. ``ValueError`` if ``res`` is not open."""
         self._finish(res, 0, "release", audit)
 
+    def progress(self, res: Reservation, used_usd: float) -> float:
+        """Record that ``used_usd`` of an open reservation's work is done; return the amount recorded.
+
+        Should the owner die before it settles, :meth:`recover` charges this much and releases the
+        rest. The amount is clamped to the reservation and never goes down (a smaller figure keeps the
+        larger one). One ``UPDATE``, no audit record: the settle, release or recover record that ends
+        the reservation carries the last figure (``progress_usd``). ``ValueError`` if ``res`` is not
+        open or the amount is not a finite non-negative number.
+        """
+        used = _nano_near(_checked(used_usd))
+        self._live()
+        with self._lock:
+            self._writable()
+            row = self._cur.execute(_PROGRESS, (used, res.id, res.key)).fetchone()
+        if row is None:
+            raise ValueError(f"reservation {res.id} on key {res.key!r} is not open (settled or released)")
+        return row[0] / NANO
+
+    def open_reservations(self) -> list[OpenReservation]:
+        """Every reservation not yet settled or released, oldest first, with its owner's status now."""
+        self._live()
+        cols = self._columns
+        pick = ", ".join(c if c in cols else ("0" if c == "used" else "NULL") for c, _ in _RESERVATION_COLUMNS)
+        with self._lock:
+            rows = self._cur.execute(f"SELECT id, key, nano, {pick} FROM reservations ORDER BY id").fetchall()
+        out = []
+        for rid, key, nano, label, created, used, *owner_row in rows:
+            owner = _owner_of(tuple(owner_row))
+            out.append(OpenReservation(rid, key, nano / NANO, used / NANO, label, created, owner, owner_status(owner)))
+        return out
+
+    def recover(self, *, unowned: bool = False) -> Recovery:
+        """Settle every open reservation whose owner is gone for the work it recorded (:meth:`progress`)
+        and release the rest; audit each (``op: "recover"``, ``decision: "allowed"``,
+        ``reason: "owner_gone"``, ``charged_usd``).
+
+        Reservations of live owners are not touched; those of owners on another host or in another
+        pid namespace are left alone and listed in ``left``. ``unowned=True`` also settles the
+        reservations that record no owner (made by a version of this package before owners were
+        recorded; ``reason: "owner_unknown"``) - only when you know their process is gone.
+        """
+        settled: list[Recovered] = []
+        left: list[OpenReservation] = []
+        for res in self.open_reservations():
+            if res.status == "gone" or (unowned and res.owner is None):
+                done = self._recover_one(res, "owner_gone" if res.status == "gone" else "owner_unknown")
+                if done is not None:
+                    settled.append(done)
+            elif res.status != "alive":
+                left.append(res)
+        return Recovery(tuple(settled), tuple(left))
+
+    def _recover_one(self, res: OpenReservation, reason: str) -> Recovered | None:
+        """Settle one reservation at its recorded work, in its own transaction; ``None`` if it was
+        settled meanwhile or cannot be (its account's ``reserved`` does not cover it: see :meth:`books`)."""
+        try:
+            with self._transaction() as logged:
+                cur = self._cur
+                row = cur.execute(_TAKE_RESERVATION, (res.id, res.key)).fetchone()
+                if row is None:
+                    return None
+                nano, used = row
+                charged = min(used, nano)
+                account = cur.execute(_CHARGE, (nano, charged, res.key)).fetchone()
+                if account is None:
+                    raise _Inconsistent
+                fields = {"op": "recover", "reservation": res.id, "reserved_usd": nano / NANO,
+                          "charged_usd": charged / NANO, "released_usd": (nano - charged) / NANO,
+                          "available_usd": account[0] / NANO, "owner": _owner_fields(res.owner),
+                          "reserved_at": res.created}
+                audit = {"tool": res.label or "?", "decision": "allowed", "reason": reason}
+                logged.append(self._log(res.key, audit, fields))
+        except (_Inconsistent, sqlite3.IntegrityError):
+            log.warning("ledger %s: reservation %d on %r cannot be recovered: its account does not hold it",
+                        self.path, res.id, res.key)
+            return None
+        return Recovered(res, charged / NANO, (nano - charged) / NANO, reason)
+
     def record(self, audit: dict[str, Any]) -> None:
         """Append an audit-only record (a free call, or one refused before it reached the ledger).
 
@@ -283,6 +663,9 @@ class Ledger:
         ``available_usd`` is added.
         """
         key = audit.get("key")
+        if key is not None and type(key) is not str:
+            raise TypeError(f"an audit record's key is a str or None, not {type(key).__name__}")
+        self._live()
         if self._head is not None:  # in memory: one writer, so a single read needs no transaction
             with self._lock:
                 self._advance(self._log(key, audit, self._state_fields(key)))
@@ -301,6 +684,7 @@ class Ledger:
 
     def balance(self, key: str) -> Balance:
         """The account of ``key``; ``ActionError("unknown_key")`` if there is none."""
+        self._live()
         with self._lock:
             balance = self._read_balance(key)
         if balance is None:
@@ -315,9 +699,7 @@ class Ledger:
         row = self._cur.execute(_BALANCE, (key,)).fetchone()
         if row is None:
             return None
-        budget, spent, reserved, granted, closed = row
-        available = 0 if closed else budget - spent - reserved - granted
-        balance = Balance(budget / NANO, spent / NANO, reserved / NANO, granted / NANO, available / NANO, bool(closed))
+        balance = _balance(*row)
         if self._head is not None:
             self._balances[key] = balance
         return balance
@@ -325,23 +707,55 @@ class Ledger:
     def audit_head(self) -> tuple[int, str]:
         """``(seq, hash)`` of the last audit record (``(0, GENESIS)`` if none): anchor it elsewhere to
         detect truncation of the log's tail."""
+        self._live()
         with self._lock:
             return self._head if self._head is not None else _audit.read_head(self._cur)
 
     def audit_records(self) -> list[AuditRecord]:
         """Every audit record, in order."""
+        self._live()
         with self._lock:
             self._flush()
             return _audit.read_records(self._cur)
 
+    def accounts(self) -> list[Account]:
+        """Every account, sorted by key."""
+        self._live()
+        with self._lock:
+            rows = self._cur.execute(_ACCOUNTS).fetchall()
+        return [Account(key, parent, _balance(budget, spent, reserved, granted, closed))
+                for key, parent, budget, spent, reserved, granted, closed in rows]
+
+    def books(self) -> Books:
+        """Check that the books balance, from one consistent snapshot, in exact nano-dollars.
+
+        Per account: ``spent + reserved + granted + available == budget`` with nothing negative (an
+        open account) or nothing held or granted (a closed one); ``reserved`` is the sum of its open
+        reservations; ``granted`` the sum of its open sub-keys' budgets. Also: every reservation and
+        parent names an account, and no reservation's recorded work exceeds it.
+        """
+        self._live()
+        used = "used" if "used" in self._columns else "0"
+        with self._lock:
+            self._cur.execute("BEGIN")
+            try:
+                accounts = self._cur.execute(_ACCOUNTS).fetchall()
+                holds = self._cur.execute(f"SELECT id, key, nano, {used} FROM reservations ORDER BY id").fetchall()
+            finally:
+                self._rollback()
+        return _check_books(accounts, holds)
+
     def close(self) -> None:
-        """Close the database connection (idempotent)."""
+        """Close the database connection (idempotent). In a forked child it never closes the parent's."""
+        if self._pid != os.getpid():
+            self._forked(idle=False)
         with self._lock:
             if not self._closed:
                 self._closed = True
                 self._balances.clear()
-                self._cur.close()
-                self._conn.close()
+                if self._cur is not None:
+                    self._cur.close()
+                    self._conn.close()
 
     # --- internals (called with the lock held, inside a write transaction) -----------------------
 
@@ -352,7 +766,7 @@ class Ledger:
             row = cur.execute(_TAKE_RESERVATION, (res.id, res.key)).fetchone()
             if row is None:
                 raise ValueError(f"reservation {res.id} on key {res.key!r} is not open (settled or released)")
-            reserved = row[0]
+            reserved, used = row
             charged = min(actual, reserved)
             (available,) = cur.execute(_CHARGE, (reserved, charged, res.key)).fetchone()
             if audit is not None:
@@ -360,6 +774,8 @@ class Ledger:
                           "charged_usd": charged / NANO, "available_usd": available / NANO}
                 if actual > reserved:
                     fields["overrun_usd"] = (actual - reserved) / NANO
+                if used:
+                    fields["progress_usd"] = used / NANO
                 logged.append(self._log(res.key, audit, fields))
         return charged / NANO
 
@@ -420,7 +836,9 @@ class Ledger:
     def _transaction(self) -> Iterator[list[_Logged]]:
         """``BEGIN IMMEDIATE`` … ``COMMIT`` under the lock, rolled back on any exception. Audit entries
         appended to the yielded list are advanced (head moved, row queued) only after the commit."""
+        self._live()
         with self._lock:
+            self._writable()
             self._cur.execute("BEGIN IMMEDIATE")
             logged: list[_Logged] = []
             try:
@@ -437,3 +855,62 @@ class Ledger:
     def _rollback(self) -> None:
         if self._conn.in_transaction:
             self._cur.execute("ROLLBACK")
+
+    def _writable(self) -> None:
+        if self.readonly:
+            raise ValueError(f"ledger {self.path} is open read-only")
+
+
+class _Inconsistent(Exception):
+    """A reservation whose account is missing (raised inside a transaction to roll it back)."""
+
+
+def _balance(budget: int, spent: int, reserved: int, granted: int, closed: int) -> Balance:
+    available = 0 if closed else budget - spent - reserved - granted
+    return Balance(budget / NANO, spent / NANO, reserved / NANO, granted / NANO, available / NANO, bool(closed))
+
+
+def _usd(nano: int) -> str:
+    return f"${nano / NANO:,.9f}"
+
+
+def _check_books(accounts: list[tuple[Any, ...]], holds: list[tuple[int, str, int, int]]) -> Books:
+    """The :meth:`Ledger.books` checks over rows of ``accounts`` and ``reservations`` (nano-dollars)."""
+    held: dict[str, int] = {}
+    problems: list[str] = []
+    known = {row[0] for row in accounts}
+    for rid, key, nano, used in holds:
+        held[key] = held.get(key, 0) + nano
+        if key not in known:
+            problems.append(f"reservation {rid} is on {key!r}, which has no account")
+        if not 0 <= used <= nano:
+            problems.append(f"reservation {rid} on {key!r} records work {_usd(used)} outside 0..{_usd(nano)}")
+    granted_to: dict[str, int] = {}
+    for key, parent, budget, _spent, _reserved, _granted, closed in accounts:
+        if parent is not None and not closed:
+            granted_to[parent] = granted_to.get(parent, 0) + budget
+    lines = []
+    for key, parent, budget, spent, reserved, granted, closed in accounts:
+        own: list[str] = []
+        available = 0 if closed else budget - spent - reserved - granted
+        balances = min(budget, spent, reserved, granted) >= 0 and available >= 0
+        if min(budget, spent, reserved, granted) < 0:
+            own.append("a negative amount")
+        if available < 0:
+            own.append(f"spent + reserved + granted is {_usd(spent + reserved + granted)}, over its budget {_usd(budget)}")
+        if closed and (reserved or granted or spent > budget):
+            balances = False
+            own.append(f"closed but holds {_usd(reserved)} reserved and {_usd(granted)} granted, or spent over budget")
+        reservations_match = reserved == held.get(key, 0)
+        if not reservations_match:
+            own.append(f"reserved {_usd(reserved)} but its open reservations sum to {_usd(held.get(key, 0))}")
+        subkeys_match = granted == granted_to.get(key, 0)
+        if not subkeys_match:
+            own.append(f"granted {_usd(granted)} but its open sub-keys' budgets sum to {_usd(granted_to.get(key, 0))}")
+        if parent is not None and parent not in known:
+            own.append(f"its parent {parent!r} has no account")
+        problems.extend(f"{key}: {p}" for p in own)
+        lines.append(BookLine(key, parent, bool(closed), budget / NANO, spent / NANO, reserved / NANO, granted / NANO,
+                              max(available, 0) / NANO, held.get(key, 0) / NANO, granted_to.get(key, 0) / NANO,
+                              balances, reservations_match, subkeys_match, tuple(own)))
+    return Books(tuple(lines), tuple(problems))

@@ -49,6 +49,7 @@ listens on the socket only). Sandboxed code without network reaches the model th
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import logging
 import re
@@ -56,9 +57,6 @@ import signal
 import socket
 import threading
 import time
-import http.client
-import os
-import stat
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,10 +67,12 @@ import anyio.to_thread
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .asgi import BodyLimitMiddleware, ThreadedASGIServer, abort_cause
 from .models import (
     ChatChoice, ChatModel, ChatRequest, EchoModel, InvalidParam, ModelRegistry, ModelRequestError, ScriptedChatModel,
     estimate_completion_tokens, estimate_prompt_tokens,
@@ -82,6 +82,9 @@ log = logging.getLogger("rsigym_env.serving")
 
 STREAM_TEXT_PIECE = 2      # words per streamed content delta
 STREAM_ARGS_PIECE = 16     # characters per streamed tool-argument delta
+MAX_BODY_BYTES = 8 << 20   # default limit of a request body (decoded)
+MAX_JSON_DEPTH = 64        # default limit of the nesting of a request's JSON
+PARSE_IN_THREAD = 256 << 10  # bodies larger than this are parsed and validated in a worker thread
 
 
 def error_response(status: int, message: str, type_: str = "invalid_request_error",
@@ -272,15 +275,69 @@ class UsageMeter:
 # The app
 
 
+def too_deep(value: Any, limit: int) -> bool:
+    """True if the JSON ``value`` nests lists/objects more than ``limit`` levels (iteratively: any depth
+    is safe to check).
+
+    >>> too_deep({"a": [1, {"b": []}]}, 4), too_deep({"a": [1, {"b": []}]}, 3)  # four levels
+    (False, True)
+    """
+    todo = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        todo.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+_LIMIT_CODES = {413: "request_too_large", 415: "unsupported_content_encoding", 400: "invalid_body"}
+
+
+def _limit_error(status: int, message: str) -> Response:
+    """A body refused by :class:`~.asgi.BodyLimitMiddleware`, in OpenAI's error shape."""
+    return error_response(status, message, code=_LIMIT_CODES.get(status))
+
+
 def create_app(registry: ModelRegistry, model_timeout_s: float | None = None,
-               usage: UsageMeter | None = None) -> Starlette:
+               usage: UsageMeter | None = None, *, list_models: bool = True,
+               max_body_bytes: int = MAX_BODY_BYTES, max_json_depth: int = MAX_JSON_DEPTH) -> Starlette:
     """The Starlette app serving ``registry`` (usable without :class:`OpenAIServer`, e.g. mounted);
-    every served completion is counted in ``usage`` (if given) under the requested model id."""
+    every served completion is counted in ``usage`` (if given) under the requested model id.
+
+    ``list_models=False`` hides the registry: ``GET /v1/models`` lists nothing and ``/health`` does
+    not count the models (a client sharing the server cannot learn the other clients' model ids;
+    a model it names still answers). A body over ``max_body_bytes`` (after ``Content-Encoding``
+    decoding) is a 413, JSON nested deeper than ``max_json_depth`` a 400.
+    """
+    show_models = list_models
+
+    def _parse(raw: bytes) -> ChatRequest | Response:
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return error_response(400, f"We could not parse the JSON body of your request ({exc}). The body "
+                                       "must be a JSON object.", code="invalid_json")
+        except RecursionError:
+            data = None
+        if data is None or too_deep(data, max_json_depth):
+            return error_response(400, f"The JSON body of your request is nested more than {max_json_depth} levels "
+                                       "deep.", code="invalid_json")
+        if not isinstance(data, dict):
+            return error_response(400, f"The request body must be a JSON object, got {type(data).__name__}.",
+                                  code="invalid_json")
+        try:
+            return ChatRequest.model_validate(data)
+        except ValidationError as exc:
+            return validation_error_response(exc)
 
     async def list_models(request: Request) -> Response:
+        entries = registry.entries() if show_models else []
         return JSONResponse({"object": "list", "data": [
-            {"id": e.name, "object": "model", "created": e.created, "owned_by": e.owned_by}
-            for e in registry.entries()]})
+            {"id": e.name, "object": "model", "created": e.created, "owned_by": e.owned_by} for e in entries]})
 
     async def get_model(request: Request) -> Response:
         name = request.path_params["model"]
@@ -290,22 +347,14 @@ def create_app(registry: ModelRegistry, model_timeout_s: float | None = None,
         return JSONResponse({"id": entry.name, "object": "model", "created": entry.created, "owned_by": entry.owned_by})
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "models": len(registry)})
+        return JSONResponse({"status": "ok", "models": len(registry)} if show_models else {"status": "ok"})
 
     async def chat_completions(request: Request) -> Response:
         raw = await request.body()
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return error_response(400, f"We could not parse the JSON body of your request ({exc}). The body "
-                                       "must be a JSON object.", code="invalid_json")
-        if not isinstance(data, dict):
-            return error_response(400, f"The request body must be a JSON object, got {type(data).__name__}.",
-                                  code="invalid_json")
-        try:
-            chat = ChatRequest.model_validate(data)
-        except ValidationError as exc:
-            return validation_error_response(exc)
+        parsed = _parse(raw) if len(raw) <= PARSE_IN_THREAD else await anyio.to_thread.run_sync(_parse, raw)
+        if isinstance(parsed, Response):
+            return parsed
+        chat = parsed
         entry = registry.entry(chat.model)
         if entry is None:
             return _model_not_found(chat.model)
@@ -356,7 +405,8 @@ def create_app(registry: ModelRegistry, model_timeout_s: float | None = None,
         return error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=kind)
 
     async def server_error(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s", request.url.path, exc_info=exc)
+        if abort_cause(exc) is None:  # an aborted request is logged once, in one line, by uvicorn's logger
+            log.exception("unhandled error on %s", request.url.path, exc_info=exc)
         return error_response(500, f"internal server error: {type(exc).__name__}: {exc}", type_="server_error",
                               code="internal_error")
 
@@ -366,7 +416,8 @@ def create_app(registry: ModelRegistry, model_timeout_s: float | None = None,
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error},
+                     middleware=[Middleware(BodyLimitMiddleware, max_bytes=max_body_bytes, error=_limit_error)])
 
 
 def _model_not_found(name: str) -> Response:
@@ -410,136 +461,54 @@ class OpenAIServer:
     takes. A model's ``complete`` that runs longer than ``model_timeout_s`` gets a 504 (its thread is
     abandoned, not killed). ``registry`` may also be a plain ``{name: model}`` mapping. ``usage``
     (a :class:`UsageMeter`) counts the tokens served per model id, over both listeners.
+    ``list_models``, ``max_body_bytes`` and ``max_json_depth`` are :func:`create_app`'s (for a server
+    that untrusted clients share: ``list_models=False``).
     """
 
     def __init__(self, registry: ModelRegistry | Mapping[str, ChatModel] | None = None, host: str = "127.0.0.1",
                  port: int | None = 0, *, uds: str | Path | None = None, model_timeout_s: float | None = 600.0,
-                 log_level: str = "warning", usage: UsageMeter | None = None):
-        if port is None and uds is None:
-            raise ValueError("give a TCP port (0 for any free one), a unix socket path (uds), or both")
+                 log_level: str = "warning", usage: UsageMeter | None = None, list_models: bool = True,
+                 max_body_bytes: int = MAX_BODY_BYTES, max_json_depth: int = MAX_JSON_DEPTH):
         self.registry = registry if isinstance(registry, ModelRegistry) else ModelRegistry(registry)
         self.host = host
-        self._requested_port = port
-        self.uds: Path | None = Path(uds) if uds is not None else None
         self.model_timeout_s = model_timeout_s
         self.log_level = log_level
         self.usage = usage if usage is not None else UsageMeter()
-        self.app = create_app(self.registry, model_timeout_s, self.usage)
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
-        self._socket: socket.socket | None = None
-        self._unix_socket: socket.socket | None = None
-        self._error: BaseException | None = None
-        self.port: int | None = None
+        self.list_models = list_models
+        self.app = create_app(self.registry, model_timeout_s, self.usage, list_models=list_models,
+                              max_body_bytes=max_body_bytes, max_json_depth=max_json_depth)
+        self._http = ThreadedASGIServer(self.app, host=host, port=port, uds=uds, name="OpenAI-compatible",
+                                        log_level=log_level, graceful_s=2, keep_alive_s=5)
+        self.uds: Path | None = self._http.uds
+
+    @property
+    def port(self) -> int | None:
+        """The bound TCP port (None before the first start, or without TCP)."""
+        return self._http.port
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and bool(self._server and self._server.started)
+        return self._http.running
 
     @property
     def url(self) -> str:
-        if self.port is None:
-            raise RuntimeError("the server is not started" if self._requested_port is not None
-                               else "the server listens on a unix socket only (see .uds)")
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        """``http://HOST:PORT``."""
+        return self._http.url
 
     @property
     def base_url(self) -> str:
         """``http://HOST:PORT/v1``."""
         return f"{self.url}/v1"
 
-    def _bind_tcp(self) -> None:
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
-        # and without it every response waits ~40 ms for a delayed ACK (headers and body are two writes).
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            sock.bind((self.host, self._requested_port))
-        except OSError:
-            sock.close()
-            raise
-        self._socket, self.port = sock, sock.getsockname()[1]
-
-    def _bind_unix(self) -> None:
-        assert self.uds is not None
-        try:  # a stale socket from a dead server is replaced; any other file is not
-            if stat.S_ISSOCK(self.uds.lstat().st_mode):
-                self.uds.unlink()
-        except FileNotFoundError:
-            pass
-        self.uds.parent.mkdir(parents=True, exist_ok=True)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.bind(str(self.uds))
-            os.chmod(self.uds, 0o666)  # who may connect is decided by who can reach the path (mounts)
-        except OSError:
-            sock.close()
-            raise
-        self._unix_socket = sock
-
     def start(self, timeout_s: float = 10.0) -> "OpenAIServer":
         """Bind the port and/or socket, start uvicorn in a daemon thread and wait until it accepts connections."""
-        import uvicorn
-
-        if self._thread is not None:
-            return self
-        if self._requested_port is not None:
-            self._bind_tcp()
-        if self.uds is not None:
-            try:
-                self._bind_unix()
-            except OSError:
-                self._close_sockets()
-                raise
-        config = uvicorn.Config(self.app, log_level=self.log_level, access_log=False, lifespan="off", ws="none",
-                                timeout_graceful_shutdown=2, timeout_keep_alive=5)
-        self._server = uvicorn.Server(config)
-        self._error = None
-        name = f"openai-server:{self.port if self.port is not None else self.uds}"
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the OpenAI-compatible server did not start: {self._error!r}")
-            time.sleep(0.005)
+        self._http.start(timeout_s)
         return self
-
-    def _serve(self) -> None:
-        try:
-            self._server.run(sockets=[s for s in (self._socket, self._unix_socket) if s is not None])
-        except BaseException as exc:  # SystemExit from uvicorn's start-up failure included
-            self._error = exc
-            log.error("OpenAI-compatible server stopped: %r", exc)
-
-    def _close_sockets(self) -> None:
-        if self._socket is not None:
-            self._socket.close()
-        if self._unix_socket is not None:
-            self._unix_socket.close()
-            try:
-                if self.uds is not None and stat.S_ISSOCK(self.uds.lstat().st_mode):
-                    self.uds.unlink()
-            except FileNotFoundError:
-                pass
-        self._socket = self._unix_socket = None
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop serving (in-flight requests get up to ~2 s), free the port and remove the socket file.
         Safe to call twice."""
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                self._server.force_exit = True
-                self._thread.join(timeout_s)
-        self._close_sockets()
-        self._thread = self._server = None
+        self._http.stop(timeout_s)
 
     def __enter__(self) -> "OpenAIServer":
         return self.start()
@@ -549,9 +518,10 @@ class OpenAIServer:
 
     def __repr__(self) -> str:
         where = [self.base_url] if self.port is not None else []
-        if self.uds is not None and self._unix_socket is not None:
+        if self.uds is not None and self.running:
             where.append(f"unix:{self.uds}")
-        return f"OpenAIServer({', '.join(where) or 'not started'}, models={self.registry.names()})"
+        models = self.registry.names() if self.list_models else f"{len(self.registry)} hidden"
+        return f"OpenAIServer({', '.join(where) or 'not started'}, models={models})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -566,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat-last", action="store_true", help="the scripted model repeats its last turn")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
 
     registry = ModelRegistry({"echo": EchoModel()})
     if args.scripted:

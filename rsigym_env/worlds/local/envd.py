@@ -12,10 +12,18 @@ serves, as e2b 2.63's envd client expects it:
   end events, with keep-alives), ``List``, ``SendInput``, ``StreamInput``, ``CloseStdin``,
   ``SendSignal``; ``filesystem.Filesystem`` — ``Stat``, ``ListDir`` (with ``depth``), ``MakeDir``
   (``ALREADY_EXISTS`` when present), ``Remove``, ``Move``.
-* HTTP ``GET /health`` (204) and ``/files``: ``GET ?path=`` streams a file; ``POST`` writes one
-  (``application/octet-stream`` body with ``?path=``, optionally gzip-encoded) or several
+* HTTP ``GET /health`` (204) and ``/files``: ``GET ?path=`` streams a regular file; ``POST`` writes
+  one (``application/octet-stream`` body with ``?path=``, optionally gzip-encoded) or several
   (``multipart/form-data``, the part's file name is its path), creating parent directories, and
   answers ``[{"name", "type", "path"}]``. Errors are ``{"code", "message"}`` with 400/404/...
+
+Untrusted code reaches it (the sandbox writes what the host then reads, and with ``network`` its
+commands can connect to it), so: only regular files are read or replaced — a FIFO, socket or
+device is refused at once with a 400 naming the path and its type (``Stat`` and ``ListDir`` still
+describe it), never opened for reading; all file I/O runs in worker threads, never on the event
+loop; an upload is at most ``max_upload_bytes`` and a Connect message ``max_message_bytes``
+(decoded sizes: a gzip bomb is refused after decoding at most the limit; 413); a written file
+appears whole or not at all; a request the client abandons is one log line.
 
 Paths are the sandbox's view: absolute under ``/app`` or relative to ``/app``; anything else, and
 any symlink leading out of ``/app``, is refused. Files are resolved one directory at a time with
@@ -42,26 +50,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import email.parser
-import email.policy
 import errno
 import itertools
 import logging
 import os
 import posixpath
+import secrets
 import shutil
-import socket
 import stat
-import threading
-import time
 import urllib.parse
-import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 
+import anyio
+import anyio.to_thread
 from connectrpc.code import Code
 from connectrpc.codec import proto_binary_codec
 from connectrpc.errors import ConnectError
@@ -72,19 +77,29 @@ from e2b.envd.process import process_connect, process_pb as ppb
 from protobuf import Oneof
 from protobuf.wkt import Timestamp
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ...serving.asgi import ASGIApp, BodyLimitMiddleware, ResponseAborted, ThreadedASGIServer
+
 from .isolation import (
-    APP, SANDBOX_USER, IsolatedProcess, IsolationUnavailable, Limits, Mount, claim, sandbox_uid,
+    APP, SANDBOX_USER, IsolatedProcess, IsolationUnavailable, Limits, Mount, SandboxGroup, claim, sandbox_uid,
 )
 
 log = logging.getLogger("rsigym_env.envd")
 
 ENVD_PORT = 49983            # where the SDK's debug mode looks without sandbox_url
 MAX_SYMLINK_HOPS = 40
-CHUNK = 1 << 16
+READ_CHUNK = 1 << 20         # a file is sent in pieces of this size, each read in a worker thread
+WRITE_CHUNK = 1 << 20        # an upload is written in pieces of (about) this size
+MAX_UPLOAD_BYTES = 256 << 20   # default limit of one upload to /files (decoded)
+MAX_MESSAGE_BYTES = 4 << 20    # default limit of one Connect-RPC message (decoded)
+MAX_UPLOAD_FILES = 10_000      # files in one multipart upload
 _O_PATH = getattr(os, "O_PATH", 0)
 
 
@@ -103,6 +118,24 @@ class SandboxPathError(Exception):
 
 def _not_found(path: str) -> SandboxPathError:
     return SandboxPathError(f"path '{path}' does not exist", Code.NOT_FOUND, 404)
+
+
+_KINDS = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link")]
+
+
+def _not_regular(path: str, mode: int, resolved: str | None = None) -> SandboxPathError:
+    """The refusal to read or replace something that is not a regular file (``path`` as the sandbox
+    names it; ``resolved``: where its links lead, if elsewhere).
+
+    >>> str(_not_regular("/app/pipe", stat.S_IFIFO | 0o644))
+    "'/app/pipe' is a FIFO (named pipe), not a regular file"
+    >>> str(_not_regular("/app/link", stat.S_IFSOCK, "/app/sock"))
+    "'/app/link' leads to '/app/sock', which is a socket, not a regular file"
+    """
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    what = f"'{path}' is" if resolved in (None, path) else f"'{path}' leads to '{resolved}', which is"
+    return SandboxPathError(f"{what} {kind}, not a regular file", Code.INVALID_ARGUMENT, 400)
 
 
 @dataclass(frozen=True)
@@ -162,7 +195,8 @@ class SandboxFS:
     def _parent(self, path: str, follow: bool = True) -> Iterator[tuple[int, str, str, bool]]:
         """(directory fd, name, sandbox path, writable) of ``path``'s last component, every symlink
         before it (and the last one too if ``follow``) resolved inside the sandbox; ``name`` is ``"."``
-        for a root itself. Directories are opened one by one with ``O_NOFOLLOW``."""
+        for a root itself. Directories are opened one by one with ``O_NOFOLLOW``; the fd is valid
+        inside the ``with`` only (it is closed when it ends)."""
         full = self.normalize(path)
         root = self._root_of(full)
         assert root is not None
@@ -177,7 +211,7 @@ class SandboxFS:
         try:
             while True:
                 if not pending:
-                    yield os.dup(stack[-1]), ".", here(), root.writable
+                    yield stack[-1], ".", here(), root.writable
                     return
                 comp = pending.pop(0)
                 if comp in ("", "."):
@@ -193,7 +227,7 @@ class SandboxFS:
                     st = os.stat(comp, dir_fd=stack[-1], follow_symlinks=False)
                 except FileNotFoundError:
                     if last:
-                        yield os.dup(stack[-1]), comp, here(comp), root.writable
+                        yield stack[-1], comp, here(comp), root.writable
                         return
                     raise _not_found(path) from None
                 if stat.S_ISLNK(st.st_mode) and (follow or not last):
@@ -216,7 +250,7 @@ class SandboxFS:
                         pending = target.split("/") + pending
                     continue
                 if last:
-                    yield os.dup(stack[-1]), comp, here(comp), root.writable
+                    yield stack[-1], comp, here(comp), root.writable
                     return
                 if not stat.S_ISDIR(st.st_mode):
                     raise SandboxPathError(f"'{path}': not a directory", Code.INVALID_ARGUMENT, 400)
@@ -394,8 +428,10 @@ class SandboxFS:
                 raise
         return self.stat(dst)
 
-    def write(self, path: str, chunks: Iterator[bytes] | Sequence[bytes]) -> str:
-        """Write a file (parents created, an existing file replaced); returns its sandbox path."""
+    def open_write(self, path: str) -> "PendingWrite":
+        """Start writing the file ``path`` (parents created): a :class:`PendingWrite` whose ``commit()``
+        puts it in place, replacing an existing regular file (its mode kept). Only a regular file is
+        ever replaced: a directory, FIFO, socket or device at ``path`` is refused."""
         full = self.normalize(path)
         parent = posixpath.dirname(full)
         if not self._is_root(parent) and self._root_of(parent) is not None:
@@ -405,36 +441,111 @@ class SandboxFS:
                 raise SandboxPathError(f"'{path}' is a directory", Code.INVALID_ARGUMENT, 400)
             self._writable(writable, spath)
             try:
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=dfd)
-            except IsADirectoryError:
-                raise SandboxPathError(f"'{path}' is a directory", Code.INVALID_ARGUMENT, 400) from None
+                st: os.stat_result | None = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                raise _not_regular(full, st.st_mode, spath)
+            temp = f".rsigym-upload-{secrets.token_hex(8)}"
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                         dir_fd=dfd)
+            pending = PendingWrite(os.dup(dfd), temp, name, spath, fd,
+                                   stat.S_IMODE(st.st_mode) if st is not None else None)
         try:
             self._chown(fd)
+        except BaseException:
+            pending.abort()
+            raise
+        return pending
+
+    def write(self, path: str, chunks: Iterable[bytes]) -> str:
+        """Write a file (parents created, an existing regular file replaced); returns its sandbox path."""
+        pending = self.open_write(path)
+        try:
             for chunk in chunks:
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        return spath
+                pending.write(chunk)
+            return pending.commit()
+        except BaseException:
+            pending.abort()
+            raise
 
     def open_read(self, path: str) -> tuple[int, int]:
-        """(fd, size) of the regular file at ``path``, opened for reading (the caller closes it)."""
-        with self._parent(path, follow=True) as (dfd, name, _, _w):
+        """(fd, size) of the regular file at ``path``, opened for reading (the caller closes it).
+
+        Anything else is refused without blocking: it is never opened when its type is known
+        beforehand, and opened non-blocking (then checked again) when it changes in between, so a
+        FIFO with no writer cannot hold the caller."""
+        full = self.normalize(path)
+        with self._parent(full, follow=True) as (dfd, name, spath, _w):
             try:
-                fd = os.open(name if name != "." else ".", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode):
+                    raise _not_regular(full, st.st_mode, spath)
+                fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
             except FileNotFoundError:
                 raise _not_found(path) from None
+            except OSError as exc:  # a link (ELOOP) or a socket (ENXIO) swapped in since the stat
+                raise SandboxPathError(f"'{full}' changed while being opened: {exc.strerror}",
+                                       Code.ABORTED, 409) from None
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
-            raise SandboxPathError(f"'{path}' is not a file", Code.INVALID_ARGUMENT, 400)
+            raise _not_regular(full, st.st_mode, spath)
         return fd, st.st_size
 
     def read_all(self, path: str) -> bytes:
+        """The content of the regular file at ``path``."""
         fd, _ = self.open_read(path)
         with os.fdopen(fd, "rb") as f:
             return f.read()
+
+
+class PendingWrite:
+    """A file being written by :meth:`SandboxFS.open_write`: the data goes to a hidden temporary file
+    in the target's directory, which takes the target's name on :meth:`commit` (readers never see
+    half a file, and a link or FIFO planted at the name is replaced, never written through) and is
+    removed on :meth:`abort`."""
+
+    def __init__(self, dir_fd: int, temp: str, name: str, spath: str, fd: int, mode: int | None) -> None:
+        self.dir_fd, self.temp, self.name, self.path, self.fd, self.mode = dir_fd, temp, name, spath, fd, mode
+        self.done = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+
+    def commit(self) -> str:
+        """Put the file in place; its sandbox path."""
+        try:
+            if self.mode is not None:
+                os.fchmod(self.fd, self.mode)
+            os.close(self.fd)
+            self.fd = -1
+            try:
+                os.rename(self.temp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+            except (IsADirectoryError, NotADirectoryError):
+                raise SandboxPathError(f"'{self.path}' is a directory", Code.INVALID_ARGUMENT, 400) from None
+        except BaseException:
+            self.abort()
+            raise
+        self.done = True
+        os.close(self.dir_fd)
+        return self.path
+
+    def abort(self) -> None:
+        """Drop what was written (the target is left as it was). Safe to call twice."""
+        if self.done:
+            return
+        self.done = True
+        if self.fd >= 0:
+            os.close(self.fd)
+        try:
+            os.unlink(self.temp, dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(self.dir_fd)
 
 
 # --------------------------------------------------------------------------------------------
@@ -550,7 +661,8 @@ class ProcessService:
                 [config.cmd, *config.args], workdir=self.server.root,
                 cwd=config.cwd if config.has_field("cwd") and config.cwd else APP, mounts=self.server.mounts,
                 env={**self.server.env, **dict(config.envs)}, network=self.server.network, limits=limits,
-                stdin=proc.stdin, require_isolation=self.server.require_isolation, on_output=on_output)
+                stdin=proc.stdin, require_isolation=self.server.require_isolation, on_output=on_output,
+                group=self.server.group)
         except IsolationUnavailable as exc:
             raise ConnectError(Code.FAILED_PRECONDITION, str(exc)) from None
         except (OSError, ValueError) as exc:
@@ -634,9 +746,10 @@ class ProcessService:
 # filesystem.Filesystem
 
 
-def _fs_call(fn: Callable[[], Any]) -> Any:
+async def _fs_call(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a worker thread (file I/O never runs on the event loop), errors as Connect's."""
     try:
-        return fn()
+        return await anyio.to_thread.run_sync(fn, *args)
     except SandboxPathError as exc:
         raise ConnectError(exc.code, str(exc)) from None
     except PermissionError as exc:
@@ -654,22 +767,22 @@ class FilesystemService:
         self.fs = fs
 
     async def stat(self, request: fpb.StatRequest, ctx: RequestContext) -> fpb.StatResponse:
-        return fpb.StatResponse(entry=_fs_call(lambda: self.fs.stat(request.path)))
+        return fpb.StatResponse(entry=await _fs_call(self.fs.stat, request.path))
 
     async def make_dir(self, request: fpb.MakeDirRequest, ctx: RequestContext) -> fpb.MakeDirResponse:
-        created, entry = _fs_call(lambda: self.fs.make_dir(request.path))
+        created, entry = await _fs_call(self.fs.make_dir, request.path)
         if not created:
             raise ConnectError(Code.ALREADY_EXISTS, f"directory '{request.path}' already exists")
         return fpb.MakeDirResponse(entry=entry)
 
     async def move(self, request: fpb.MoveRequest, ctx: RequestContext) -> fpb.MoveResponse:
-        return fpb.MoveResponse(entry=_fs_call(lambda: self.fs.move(request.source, request.destination)))
+        return fpb.MoveResponse(entry=await _fs_call(self.fs.move, request.source, request.destination))
 
     async def list_dir(self, request: fpb.ListDirRequest, ctx: RequestContext) -> fpb.ListDirResponse:
-        return fpb.ListDirResponse(entries=_fs_call(lambda: self.fs.list_dir(request.path, request.depth or 1)))
+        return fpb.ListDirResponse(entries=await _fs_call(self.fs.list_dir, request.path, request.depth or 1))
 
     async def remove(self, request: fpb.RemoveRequest, ctx: RequestContext) -> fpb.RemoveResponse:
-        _fs_call(lambda: self.fs.remove(request.path))
+        await _fs_call(self.fs.remove, request.path)
         return fpb.RemoveResponse()
 
     def watch_dir(self, request: fpb.WatchDirRequest, ctx: RequestContext) -> AsyncIterator[fpb.WatchDirResponse]:
@@ -694,25 +807,73 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"code": status, "message": message}, status_code=status)
 
 
-def _multipart_files(content_type: str, body: bytes) -> list[tuple[str, bytes]]:
-    """(file name, data) of every ``file`` part of a ``multipart/form-data`` body (stdlib ``email`` parser)."""
-    parser = email.parser.BytesParser(policy=email.policy.HTTP)
-    message = parser.parsebytes(b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
-    if not message.is_multipart():
-        raise ValueError("malformed multipart body")
-    out = []
-    for part in message.iter_parts():  # type: ignore[attr-defined]
-        if part.get_param("name", header="content-disposition") != "file":
-            continue
-        name = part.get_filename()
-        if not name:
-            raise ValueError("a file part has no file name")
-        out.append((name, part.get_payload(decode=True) or b""))
-    return out
+_CONNECT_CODES = {400: Code.INVALID_ARGUMENT, 413: Code.RESOURCE_EXHAUSTED, 415: Code.UNIMPLEMENTED}
 
 
-def create_http_app(fs: SandboxFS) -> Starlette:
-    """``/health`` and ``/files`` of envd for the sandbox directory of ``fs``."""
+def _connect_error(status: int, message: str) -> JSONResponse:
+    """A Connect error body (``{"code": "resource_exhausted", "message"}``) with the HTTP ``status``."""
+    code = _CONNECT_CODES.get(status, Code.UNKNOWN)
+    return JSONResponse({"code": code.name.lower(), "message": message}, status_code=status)
+
+
+class _OpenFile:
+    """An fd closed exactly once, whoever gets there first (the end of the stream, or the response's
+    background task when the client left before the stream began)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+async def _read_chunks(file: _OpenFile, size: int) -> AsyncIterator[bytes]:
+    """The first ``size`` bytes of ``file``, read in worker threads (closed at the end). A file that
+    shrank meanwhile cuts the response (its ``Content-Length`` was promised)."""
+    try:
+        left = size
+        while left > 0:
+            chunk = await anyio.to_thread.run_sync(os.read, file.fd, min(READ_CHUNK, left))
+            if not chunk:
+                raise ResponseAborted(f"the file shrank while it was sent ({size - left:,} of {size:,} bytes sent)")
+            left -= len(chunk)
+            yield chunk
+    finally:
+        file.close()
+
+
+async def _write_stream(fs: SandboxFS, path: str, stream: AsyncIterator[bytes]) -> str:
+    """Write the file ``path`` from ``stream``, in worker threads and in pieces of ``WRITE_CHUNK``;
+    nothing is left behind if the stream fails (client gone, body over the limit)."""
+    pending = await anyio.to_thread.run_sync(fs.open_write, path)
+    try:
+        buffer = bytearray()
+        async for chunk in stream:
+            buffer += chunk
+            if len(buffer) >= WRITE_CHUNK:
+                await anyio.to_thread.run_sync(pending.write, bytes(buffer))
+                buffer.clear()
+        if buffer:
+            await anyio.to_thread.run_sync(pending.write, bytes(buffer))
+        return await anyio.to_thread.run_sync(pending.commit)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(pending.abort)
+        raise
+
+
+def _file_chunks(upload: UploadFile) -> Iterator[bytes]:
+    """The content of a multipart part (a spooled temporary file), read from a worker thread."""
+    upload.file.seek(0)
+    while chunk := upload.file.read(WRITE_CHUNK):
+        yield chunk
+
+
+def create_http_app(fs: SandboxFS, max_upload_bytes: int = MAX_UPLOAD_BYTES) -> Starlette:
+    """``/health`` and ``/files`` of envd for the sandbox directory of ``fs``; an upload is at most
+    ``max_upload_bytes`` (decoded), else 413."""
 
     async def health(request: Request) -> Response:
         return Response(status_code=204)
@@ -725,19 +886,15 @@ def create_http_app(fs: SandboxFS) -> Starlette:
         if not path:
             return _error(400, "the 'path' query parameter is required")
         try:
-            fd, size = fs.open_read(path)
+            fd, size = await anyio.to_thread.run_sync(fs.open_read, path)
         except SandboxPathError as exc:
             return _error(exc.status, str(exc))
-
-        def chunks() -> Iterator[bytes]:
-            with os.fdopen(fd, "rb") as f:
-                while chunk := f.read(CHUNK):
-                    yield chunk
-
         name = urllib.parse.quote(posixpath.basename(path))
-        return StreamingResponse(chunks(), media_type="application/octet-stream",
+        file = _OpenFile(fd)
+        return StreamingResponse(_read_chunks(file, size), media_type="application/octet-stream",
                                  headers={"Content-Length": str(size),
-                                          "Content-Disposition": f"inline; filename*=UTF-8''{name}"})
+                                          "Content-Disposition": f"inline; filename*=UTF-8''{name}"},
+                                 background=BackgroundTask(file.close))
 
     async def write_file(request: Request) -> Response:
         if any(k.lower().startswith("x-metadata-") for k in request.headers):
@@ -746,54 +903,72 @@ def create_http_app(fs: SandboxFS) -> Starlette:
         path = request.query_params.get("path")
         try:
             if ctype.startswith("multipart/form-data"):
-                files = _multipart_files(ctype, await request.body())
-                if path and len(files) == 1:
-                    files = [(path, files[0][1])]
-                if not files:
-                    return _error(400, "no file in the upload")
-                infos = [_write_info(await asyncio.to_thread(fs.write, name, [data])) for name, data in files]
+                form = await request.form(max_files=MAX_UPLOAD_FILES, max_fields=MAX_UPLOAD_FILES)
+                try:
+                    parts = [item for key, item in form.multi_items() if key == "file"]
+                    if any(not isinstance(p, UploadFile) or not p.filename for p in parts):
+                        return _error(400, "cannot read the upload: a file part has no file name")
+                    files = [(p.filename, p) for p in parts if isinstance(p, UploadFile) and p.filename]
+                    if path and len(files) == 1:
+                        files = [(path, files[0][1])]
+                    if not files:
+                        return _error(400, "no file in the upload")
+                    infos = [_write_info(await anyio.to_thread.run_sync(fs.write, name, _file_chunks(part)))
+                             for name, part in files]
+                finally:
+                    await form.close()
                 return JSONResponse(infos)
             if not path:
                 return _error(400, "the 'path' query parameter is required")
-            body = await request.body()
-            if request.headers.get("content-encoding", "").lower() == "gzip":
-                body = zlib.decompress(body, 16 + zlib.MAX_WBITS)
-            spath = await asyncio.to_thread(fs.write, path, [body])
-            return JSONResponse([_write_info(spath)])
+            return JSONResponse([_write_info(await _write_stream(fs, path, request.stream()))])
         except SandboxPathError as exc:
             return _error(exc.status, str(exc))
-        except (ValueError, zlib.error) as exc:
-            return _error(400, f"cannot read the upload: {exc}")
+        except HTTPException as exc:  # a malformed multipart body
+            return _error(exc.status_code, f"cannot read the upload: {exc.detail}")
         except OSError as exc:
             return _error(507 if exc.errno == errno.ENOSPC else 500, exc.strerror or str(exc))
 
     return Starlette(routes=[Route("/health", health, methods=["GET"]),
                              Route("/files", read_file, methods=["GET"]),
-                             Route("/files", write_file, methods=["POST"])])
+                             Route("/files", write_file, methods=["POST"])],
+                     middleware=[Middleware(BodyLimitMiddleware, max_bytes=max_upload_bytes, error=_error)])
 
 
 # --------------------------------------------------------------------------------------------
 # The server
 
 
-ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+def _is_stream(scope: dict) -> bool:
+    """A Connect/gRPC streaming request (its messages are enveloped and limited one by one)."""
+    for key, value in scope.get("headers", ()):
+        if key == b"content-type":
+            return value.startswith((b"application/connect+", b"application/grpc"))
+    return False
 
 
 def create_app(server: "EnvdServer") -> ASGIApp:
-    """One ASGI app: Connect-RPC by path prefix, the rest to the Starlette HTTP app."""
+    """One ASGI app: Connect-RPC by path prefix, the rest to the Starlette HTTP app.
+
+    Sizes: a Connect message is at most ``server.max_message_bytes`` (a unary request's whole
+    body, decoded; each message of a stream), an upload to ``/files`` ``server.max_upload_bytes``."""
     codecs = [proto_binary_codec(), ENVD_JSON_CODEC]
-    process_app = process_connect.ProcessASGIApplication(server.process, codecs=codecs)
-    fs_app = filesystem_connect.FilesystemASGIApplication(FilesystemService(server.fs), codecs=codecs)
-    http_app = create_http_app(server.fs)
+    limit = server.max_message_bytes
+    process_app = process_connect.ProcessASGIApplication(server.process, codecs=codecs, read_max_bytes=limit)
+    fs_app = filesystem_connect.FilesystemASGIApplication(FilesystemService(server.fs), codecs=codecs,
+                                                          read_max_bytes=limit)
+    unary = {app: BodyLimitMiddleware(app, limit, error=_connect_error) for app in (process_app, fs_app)}
+    http_app = create_http_app(server.fs, server.max_upload_bytes)
 
     async def app(scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable[[dict], Awaitable[None]]) -> None:
         path = scope.get("path", "")
-        if path.startswith("/process.Process/"):
-            await process_app(scope, receive, send)  # type: ignore[arg-type]
-        elif path.startswith("/filesystem.Filesystem/"):
-            await fs_app(scope, receive, send)  # type: ignore[arg-type]
-        else:
+        rpc = process_app if path.startswith("/process.Process/") else \
+            fs_app if path.startswith("/filesystem.Filesystem/") else None
+        if rpc is None:
             await http_app(scope, receive, send)
+        elif _is_stream(scope):
+            await rpc(scope, receive, send)  # type: ignore[arg-type]
+        else:
+            await unary[rpc](scope, receive, send)  # type: ignore[arg-type]
 
     return app
 
@@ -803,17 +978,23 @@ class EnvdServer:
 
     ``url`` is what the SDK's ``sandbox_url`` takes. ``network``, ``limits``, ``mounts`` and ``env``
     apply to every command (``limits.wall_s`` is replaced by each command's ``timeout``, at most
-    ``max_wall_s``). ``stop()`` (or leaving the ``with``) kills running commands.
+    ``max_wall_s``). An upload to ``/files`` is at most ``max_upload_bytes`` and a Connect-RPC
+    message ``max_message_bytes`` (decoded sizes; more is a 413). ``stop()`` (or leaving the
+    ``with``) kills running commands. ``group`` (a :class:`~.isolation.SandboxGroup` owning ``root``)
+    bounds the memory, processes and disk of all commands together; its owner closes it.
     """
 
     def __init__(self, root: Path, *, host: str = "127.0.0.1", port: int = 0, network: bool = False,
                  limits: Limits = Limits(), mounts: Sequence[Mount] = (), env: Mapping[str, str] | None = None,
-                 require_isolation: bool = True, max_wall_s: float = 3600.0, log_level: str = "warning") -> None:
+                 require_isolation: bool = True, max_wall_s: float = 3600.0, log_level: str = "warning",
+                 max_upload_bytes: int = MAX_UPLOAD_BYTES, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 group: SandboxGroup | None = None) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
-        claim(self.root, sandbox_uid(self.root))
+        self.group = group
+        uid = group.uid if group is not None else sandbox_uid(self.root)
+        claim(self.root, uid)
         self.host = host
-        self._requested_port = port
         self.network = network
         self.limits = limits
         self.mounts = tuple(mounts)
@@ -821,77 +1002,37 @@ class EnvdServer:
         self.require_isolation = require_isolation
         self.max_wall_s = max_wall_s
         self.log_level = log_level
-        self.fs = SandboxFS(self.root, mounts=self.mounts)
+        self.max_upload_bytes = max_upload_bytes
+        self.max_message_bytes = max_message_bytes
+        self.fs = SandboxFS(self.root, uid=uid, mounts=self.mounts)
         self.process = ProcessService(self)
         self.app = create_app(self)
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
-        self._socket: socket.socket | None = None
-        self._error: BaseException | None = None
-        self.port: int | None = None
+        self._http = ThreadedASGIServer(self.app, host=host, port=port, name="envd", log_level=log_level,
+                                        graceful_s=1, keep_alive_s=30)
+
+    @property
+    def port(self) -> int | None:
+        """The bound port (None before the first start)."""
+        return self._http.port
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and bool(self._server and self._server.started)
+        return self._http.running
 
     @property
     def url(self) -> str:
         """``http://HOST:PORT`` (the SDK's ``sandbox_url``)."""
-        if self.port is None:
-            raise RuntimeError("the envd server is not started")
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return self._http.url
 
     def start(self, timeout_s: float = 10.0) -> "EnvdServer":
         """Bind the port, start uvicorn in a daemon thread and wait until it accepts connections."""
-        import uvicorn
-
-        if self._thread is not None:
-            return self
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            sock.bind((self.host, self._requested_port))
-        except OSError:
-            sock.close()
-            raise
-        self._socket, self.port = sock, sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level=self.log_level, access_log=False, lifespan="off", ws="none",
-                                timeout_graceful_shutdown=1, timeout_keep_alive=30)
-        self._server = uvicorn.Server(config)
-        self._error = None
-        self._thread = threading.Thread(target=self._serve, name=f"envd:{self.port}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the envd server did not start: {self._error!r}")
-            time.sleep(0.005)
+        self._http.start(timeout_s)
         return self
-
-    def _serve(self) -> None:
-        try:
-            self._server.run(sockets=[self._socket])
-        except BaseException as exc:  # SystemExit from uvicorn's start-up failure included
-            self._error = exc
-            log.error("envd server stopped: %r", exc)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Kill running commands, stop serving and free the port. Safe to call twice."""
         self.process.kill_all()
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
-                self._server.force_exit = True
-                self._thread.join(timeout_s)
-        if self._socket is not None:
-            self._socket.close()
-        self._thread = self._socket = self._server = None
+        self._http.stop(timeout_s)
 
     def __enter__(self) -> "EnvdServer":
         return self.start()
@@ -910,5 +1051,5 @@ def health(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-__all__ = ["ENVD_PORT", "EnvdServer", "FilesystemService", "ProcessService", "SandboxFS", "SandboxPathError",
-           "create_app", "create_http_app", "health"]
+__all__ = ["ENVD_PORT", "EnvdServer", "FilesystemService", "PendingWrite", "ProcessService", "SandboxFS",
+           "SandboxPathError", "create_app", "create_http_app", "health"]

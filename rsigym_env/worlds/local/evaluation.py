@@ -79,6 +79,7 @@ END_REASON_LABELS: dict[str, str] = {
 SETUP_SLACK_S = 30.0          # sandbox seconds a trial may spend outside the agent and the verifier
 EXPECTED_TRIAL_S = 1.0        # for the quote's duration estimate only
 AGENT_SLACK_S = 5.0           # Harbor's agent limit beyond the harness's own (upload, trajectory conversion)
+CANCEL_WAIT_S = 30.0          # how long a cancelled evaluation may take to stop its sandboxes
 
 
 def failure_label(reward: float, end_reason: str | None, harness_error: str | None,
@@ -114,8 +115,13 @@ def failure_label(reward: float, end_reason: str | None, harness_error: str | No
 
 
 def list_tasks(split_dir: Path) -> list[Path]:
-    """The task directories (those with a ``task.toml``) in ``split_dir``, sorted by name."""
-    return sorted(p for p in Path(split_dir).iterdir() if (p / "task.toml").is_file())
+    """The task directories (those with a ``task.toml``) in ``split_dir``: in the order of its
+    ``index.json`` when there is one, else sorted by name."""
+    split_dir = Path(split_dir)
+    index = split_dir / "index.json"
+    if index.is_file():
+        return [split_dir / name for name in json.loads(index.read_text()) if (split_dir / name / "task.toml").is_file()]
+    return sorted(p for p in split_dir.iterdir() if (p / "task.toml").is_file())
 
 
 def write_harness(files: Mapping[str, str], target: Path) -> None:
@@ -151,8 +157,11 @@ class LocalEvalService:
                  vcpus: float = 2.0, memory_gib: float = 2.0, private_dir: Path | None = None,
                  environment_kwargs: Mapping[str, Any] | None = None, max_parallel_evals: int = 1,
                  clock: Callable[[], float] = time.monotonic, environment_type: str | None = None,
-                 model_host: str | None = None, model_port: int = 0, model_url: str | None = None):
+                 model_host: str | None = None, model_port: int = 0, model_url: str | None = None,
+                 seed_key: bytes = b"", logs_quota_bytes: int = 1 << 30):
         self.model_for = model_for
+        self.logs_quota_bytes = logs_quota_bytes  # the run's dev evaluation logs, all together (prune_logs)
+        self.seed_key = seed_key  # keys the trials' seeds (the platform's secret; see harbor_agent.trial_seed)
         # Remote reuse (default: bubblewrap trials, the model on a unix socket). ``environment_type``: a Harbor
         # EnvironmentType value ("docker", "e2b", "daytona", ...) instead of the bubblewrap class;
         # ``model_host``/``model_port``: serve the evaluation's model on TCP there instead of a socket, and
@@ -171,14 +180,17 @@ class LocalEvalService:
         self.verifier_timeout_s = float(verifier_timeout_s)
         self.vcpus, self.memory_gib = vcpus, memory_gib
         self._own_private = private_dir is None
-        self.private_dir = Path(private_dir) if private_dir else Path(tempfile.mkdtemp(prefix="rsigym-eval-private-"))
+        self.private_dir = Path(private_dir) if private_dir else Path(tempfile.mkdtemp(prefix="rsigym-sb-"))
         self.private_dir.mkdir(parents=True, exist_ok=True)
         self.private_dir.chmod(0o700)
+        # every trial's sandbox, dev or official, gets an opaque directory here (no split in any path)
+        self.sandboxes_dir = self.private_dir / "sandboxes"
         self.environment_kwargs = dict(environment_kwargs or {})
         self._pool = cf.ThreadPoolExecutor(max_workers=max_parallel_evals, thread_name_prefix="rsigym-eval")
         self._lock = threading.Lock()
         self._counter = 0
         self._running: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = {}
+        self._live: dict[str, tuple[ModelSession, float]] = {}  # eval id -> (its model session, when it started)
         self._closed = False
 
     # ---- EvalService -------------------------------------------------------------------------------
@@ -221,10 +233,32 @@ class LocalEvalService:
             raise ActionError("service_error", "the evaluation service is closed")
         tasks = self._plan(req, req.split)
         quote = self._quote(len(tasks) * req.k)
+        self.prune_logs()
         future = self._pool.submit(self._evaluate, req, req.split, job_id, tasks, quote)
         return Job(id=job_id, kind="evaluate", started_at=self.clock(), future=future,
                    meta={"checkpoint": req.checkpoint, "harness_version": req.harness_version, "split": req.split,
-                         "k": req.k, "n_tasks": len(tasks), "dir": str(self.run_dir / job_id)})
+                         "k": req.k, "n_tasks": len(tasks), "dir": str(self.run_dir / job_id)},
+                   cancel=functools.partial(self._cancel, job_id, future, quote))
+
+    def _cancel(self, eval_id: str, future: cf.Future, quote: Quote) -> float:
+        """Stop a running evaluation; what the part that ran cost: the tokens served so far and the
+        sandboxes' time (``concurrency`` sandboxes since it started), never above its quote."""
+        with self._lock:
+            running = self._running.get(eval_id)
+            live = self._live.get(eval_id)
+        if running is not None:
+            loop, task = running
+            loop.call_soon_threadsafe(task.cancel)
+        future.cancel()
+        cf.wait([future], timeout=CANCEL_WAIT_S)
+        if live is None:  # never started (or already finished: then the future holds its bill)
+            return future.result().cost_usd if future.done() and not future.cancelled() and future.exception() is None else 0.0
+        session, started = live
+        usage = session.usage()
+        seconds = (time.monotonic() - started) * self.concurrency
+        cost = self.prices.sample_usd(usage.prompt_tokens, usage.completion_tokens) + \
+            self.prices.sandbox_usd(seconds, self.vcpus, self.memory_gib)
+        return min(quote.usd, cost)
 
     def official(self, req: EvalRequest) -> Billed[EvalResult]:
         """The official split, synchronously; only the score and per-task rewards are kept."""
@@ -236,6 +270,26 @@ class LocalEvalService:
         with cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rsigym-official") as pool:
             return pool.submit(self._evaluate, req, "official", eval_id, tasks,
                                self._quote(len(tasks) * req.k)).result()
+
+    def prune_logs(self) -> int:
+        """Keep the run's evaluation logs under ``logs_quota_bytes``: the trial directories of the oldest
+        dev evaluations are deleted (their ``summary.json`` with every score stays). Returns bytes freed."""
+        if not self.run_dir.is_dir():
+            return 0
+        evals = sorted((p for p in self.run_dir.iterdir() if (p / "harbor").is_dir()), key=lambda p: p.stat().st_mtime)
+        sizes = {p: sum(f.stat().st_size for f in (p / "harbor").rglob("*") if f.is_file()) for p in evals}
+        total, freed = sum(sizes.values()), 0
+        for path in evals:
+            if total - freed <= self.logs_quota_bytes:
+                break
+            shutil.rmtree(path / "harbor", ignore_errors=True)
+            (path / "PRUNED").write_text("trial logs deleted to keep the run's evaluation logs under its quota\n")
+            freed += sizes[path]
+        return freed
+
+    def _model_server(self, registry: ModelRegistry, **where: Any) -> OpenAIServer:
+        """The evaluation's own model server; it does not list its models (no trial can count or name the others)."""
+        return OpenAIServer(registry, usage=self.meter, list_models=False, **({"port": None} | where)).start()
 
     def close(self) -> None:
         """Cancel running evaluations (their futures fail), wait for their sandboxes to stop, and remove
@@ -270,21 +324,24 @@ class LocalEvalService:
             write_harness(req.harness_files, harness_dir)
             registry = ModelRegistry()
             url: str | None = None
-            prefix = f"{req.checkpoint}@{eval_id}"
+            # the same server, aliases, seeds and limits for every split: nothing a harness sees tells them apart
             if self.model_host is None:
-                server = OpenAIServer(registry, port=None, uds=socket_dir / "model.sock", usage=self.meter).start()
-            else:  # reachable over the network: the per-trial alias carries an unguessable token
-                server = OpenAIServer(registry, host=self.model_host, port=self.model_port, usage=self.meter).start()
+                server = self._model_server(registry, uds=socket_dir / "model.sock")
+            else:  # reachable over the network: the per-trial aliases are unguessable tokens
+                server = self._model_server(registry, host=self.model_host, port=self.model_port)
                 url = (self.model_url or server.base_url).format(port=server.port)
-                prefix = f"{prefix}-{uuid.uuid4().hex}"
             session = ModelSession(socket=socket_dir / "model.sock", registry=registry, meter=self.meter,
-                                   model=self.model_for(req.checkpoint), prefix=prefix,
-                                   seed=self.seed, tokens_per_trial=self.tokens_per_trial, url=url)
+                                   model=self.model_for(req.checkpoint), seed=self.seed,
+                                   tokens_per_trial=self.tokens_per_trial, url=url, seed_key=self.seed_key)
             register_session(session_key, session)
+            with self._lock:
+                self._live[eval_id] = (session, started)
             try:
                 results = self._run_job(req, tasks, work_dir, harness_dir, session_key, eval_id)
                 usage = session.usage()
             finally:
+                with self._lock:
+                    self._live.pop(eval_id, None)
                 unregister_session(session_key)
                 session.close()
             value, trials = self._collect(req, split, tasks, results, usage, work_dir)
@@ -293,7 +350,7 @@ class LocalEvalService:
                 server.stop()
             shutil.rmtree(socket_dir, ignore_errors=True)
             if split != "dev":
-                shutil.rmtree(work_dir, ignore_errors=True)
+                discard_private(work_dir)
         token_usd = self.prices.sample_usd(usage.prompt_tokens, usage.completion_tokens)
         sandbox_usd = self.prices.sandbox_usd(value.sandbox_seconds, self.vcpus, self.memory_gib)
         cost = min(quote.usd, token_usd + sandbox_usd)
@@ -322,7 +379,10 @@ class LocalEvalService:
                   for attempt in range(req.k)]
         return JobConfig(job_name="harbor", jobs_dir=work_dir, n_attempts=1, n_concurrent_trials=self.concurrency,
                          quiet=True, tasks=[TaskConfig(path=t.resolve()) for t in tasks], agents=agents,
-                         environment=(EnvironmentConfig(import_path=ENV_IMPORT_PATH, kwargs=self.environment_kwargs)
+                         environment=(EnvironmentConfig(import_path=ENV_IMPORT_PATH,
+                                                        kwargs={"sandbox_dir": str(self.sandboxes_dir),
+                                                                "group_memory_mb": max(64, int(self.memory_gib * 1024)),
+                                                                **self.environment_kwargs})
                                       if self.environment_type is None else
                                       EnvironmentConfig(type=self.environment_type, kwargs=self.environment_kwargs)),
                          verifier=VerifierConfig(max_timeout_sec=self.verifier_timeout_s))
@@ -412,6 +472,11 @@ class LocalEvalService:
             return max(0.0, float(json.loads(path.read_text())["seconds"]))
         except (OSError, ValueError, KeyError, TypeError):
             return 0.0
+
+
+def discard_private(path: Path) -> None:
+    """Delete an official evaluation's private job directory (its trials, logs and trajectories)."""
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _trial_seconds(result: Any) -> float:

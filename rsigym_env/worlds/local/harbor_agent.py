@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import json
+import secrets
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -63,9 +65,13 @@ MAX_TRAJECTORY_BYTES = 4 << 20
 MAX_STEPS = 2000
 
 
-def trial_seed(eval_seed: int, task: str, attempt: int) -> int:
-    """The harness's seed for one attempt at one task: a hash of (evaluation seed, task id, attempt)."""
-    return int(hashlib.sha256(f"{eval_seed}/{task}/{attempt}".encode()).hexdigest()[:8], 16)
+def trial_seed(eval_seed: int, task: str, attempt: int, key: bytes = b"") -> int:
+    """The harness's seed for one attempt at one task: a keyed hash of (evaluation seed, task id, attempt).
+
+    With the platform's ``key`` (derived from the split secret) nobody outside the platform can tell
+    from a seed which task, attempt or split it belongs to; the same key gives the same seeds."""
+    message = f"{eval_seed}/{task}/{attempt}".encode()
+    return int(hmac.new(key, message, hashlib.sha256).hexdigest()[:8], 16)
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,34 +135,42 @@ class BudgetedModel:
 class ModelSession:
     """What harness agents of one evaluation share: the model, where it is served, and its counters.
 
-    ``open(task, attempt)`` registers the trial's own alias ``{prefix}/{task}/{attempt}`` (a
-    :class:`BudgetedModel` of ``tokens_per_trial``) in ``registry``, which the server behind
-    ``socket`` serves and counts in ``meter``.
+    ``open(task, attempt)`` registers the trial's own alias — an opaque random id (``m-`` and 32
+    hex digits) that says nothing about the task, the attempt, the evaluation or the split — as a
+    :class:`BudgetedModel` of ``tokens_per_trial`` in ``registry``, which the server behind
+    ``socket`` serves and counts in ``meter``. ``seed_key`` keys the trials' seeds (:func:`trial_seed`).
     """
 
     socket: Path
     registry: ModelRegistry
     meter: UsageMeter
     model: ChatModel
-    prefix: str
     seed: int = 0
     tokens_per_trial: int | None = None
     url: str | None = None
     """Where harnesses reach the server over the network (``RSIGYM_MODEL_URL``) instead of ``socket``."""
+    seed_key: bytes = b""
     aliases: list[str] = field(default_factory=list)
+    _by_trial: dict[tuple[str, int], str] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def alias(self, task: str, attempt: int) -> str:
-        return f"{self.prefix}/{task}/{attempt}"
+    def alias(self, task: str, attempt: int) -> str | None:
+        """The alias of a trial that was opened (None before)."""
+        with self._lock:
+            return self._by_trial.get((task, attempt))
 
     def open(self, task: str, attempt: int) -> str:
         """Register (once) and return the trial's model id; a retried trial keeps its alias and budget."""
-        alias = self.alias(task, attempt)
         with self._lock:
-            if alias not in self.registry:
+            alias = self._by_trial.get((task, attempt))
+            if alias is None:
+                alias = self._by_trial[(task, attempt)] = f"m-{secrets.token_hex(16)}"
                 self.registry.add(alias, BudgetedModel(self.model, self.tokens_per_trial))
                 self.aliases.append(alias)
         return alias
+
+    def trial_seed(self, task: str, attempt: int) -> int:
+        return trial_seed(self.seed, task, attempt, self.seed_key)
 
     def usage(self, alias: str | None = None) -> Usage:
         """Tokens the server served to ``alias`` (to every alias of the session if None)."""
@@ -322,7 +336,7 @@ class HarnessAgent(BaseAgent):
         self._task = environment.environment_name
         self._alias = session.open(self._task, self.attempt)
         if isinstance(environment, BubblewrapEnvironment):
-            environment.add_agent_mount(self.harness_dir, HARNESS_MOUNT)
+            environment.add_agent_mount(self.harness_dir, HARNESS_MOUNT, copy=True)  # no host path inside
             if session.url is None:
                 environment.add_agent_mount(session.socket, SOCKET_MOUNT)
         else:
@@ -333,7 +347,7 @@ class HarnessAgent(BaseAgent):
         if self._alias is None or self._task is None:
             raise RuntimeError("setup() was not called")
         session = self.session
-        seed = trial_seed(session.seed, self._task, self.attempt)
+        seed = session.trial_seed(self._task, self.attempt)
         meta: dict[str, Any] = {"model": self._alias, "attempt": self.attempt, "seed": seed,
                                 "harness_version": self.harness_version, "exit_code": None,
                                 "end_reason": None, "harness_error": None}

@@ -51,20 +51,22 @@ import asyncio
 import json
 import os
 import re
+import secrets
 import shutil
 import stat
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from harbor.constants import MAIN_SERVICE_NAME
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import EnvironmentConfig, NetworkMode
 from harbor.models.trial.paths import EnvironmentPaths, TrialPaths
 
 from . import isolation
+from .benchmarks.base import PROBE_SOCKET
 from .isolation import Limits, Mount
 
 ENVIRONMENT_TYPE = "rsigym-bubblewrap"
@@ -76,6 +78,11 @@ _RM_REWARDS = re.compile(r"rm -f -- ((?:/logs/verifier/reward\.(?:txt|json) ?)+)
 _CHMOD_TEST = re.compile(r"chmod \+x (/tests/[A-Za-z0-9_./-]+)")
 # Files of environment/ that describe a container image rather than /app's contents.
 DOCKER_FILES = frozenset({"Dockerfile", "docker-compose.yaml", "docker-compose.yml", ".dockerignore"})
+# The probe runner: code under test, run apart from the verifier (see BubblewrapEnvironment._probe).
+PROBE_LIMITS = Limits(wall_s=10.0, cpu_s=10, memory_mb=512, processes=32, output_bytes=1 << 16, file_mb=16)
+PROBE_MAX_REQUEST = 1 << 20
+PROBE_MAX_CALLS = 8
+DOWNLOAD_MAX_BYTES = 8 << 20  # of one directory copied out of a trial's sandbox (its logs, artifacts)
 
 
 def sandbox_path_parts(path: str) -> tuple[str, ...]:
@@ -107,10 +114,12 @@ def _copy_file(src: Path, dst: Path) -> None:
     os.chmod(dst, mode)
 
 
-def _copy_tree(src: Path, dst: Path, *, skip: frozenset[str] = frozenset()) -> int:
+def _copy_tree(src: Path, dst: Path, *, skip: frozenset[str] = frozenset(), max_bytes: int | None = None) -> int:
     """Copy the contents of ``src`` into ``dst``: regular files and directories only (symlinks and
-    special files are skipped, never followed). Returns the number of files copied."""
+    special files are skipped, never followed); with ``max_bytes``, files stop being copied once that
+    many bytes were (larger files are skipped). Returns the number of files copied."""
     n = 0
+    left = max_bytes
     for root, dirs, files in os.walk(src, followlinks=False):
         rel = Path(root).relative_to(src)
         target = _no_symlinks(dst, rel.parts)
@@ -119,8 +128,13 @@ def _copy_tree(src: Path, dst: Path, *, skip: frozenset[str] = frozenset()) -> i
             if rel == Path(".") and name in skip:
                 continue
             source = Path(root) / name
-            if not stat.S_ISREG(os.lstat(source).st_mode):
+            st = os.lstat(source)
+            if not stat.S_ISREG(st.st_mode):
                 continue
+            if left is not None:
+                if st.st_size > left:
+                    continue
+                left -= st.st_size
             destination = target / name
             if destination.is_dir() and not destination.is_symlink():
                 shutil.rmtree(destination)
@@ -183,37 +197,44 @@ class BubblewrapEnvironment(BaseEnvironment):
     ``cpu_s``, ``processes``, ``output_bytes``, ``file_mb`` (per command, :class:`~.isolation.Limits`),
     ``default_timeout_s`` (commands without a timeout), ``require_isolation`` (default True: refuse to
     run unisolated when bubblewrap does not work), ``sandbox_dir`` (where each trial's sandbox directory is
-made, as ``<sandbox_dir>/<session id>``; default ``<trial_dir>/sandbox``).
+    made, as ``<sandbox_dir>/<random id>``; default ``<trial_dir>/sandbox``), ``group_memory_mb``,
+    ``group_processes``, ``disk_mb`` (the trial's aggregate limits, :class:`~.isolation.SandboxGroup`;
+    ``group=False`` for none).
     """
 
     def __init__(self, environment_dir: Path, environment_name: str, session_id: str, trial_paths: TrialPaths,
                  task_env_config: EnvironmentConfig, *, network: bool = False, memory_mb: int = 1024,
                  cpu_s: int = 120, processes: int = 128, output_bytes: int = 1 << 20, file_mb: int = 256,
                  default_timeout_s: float = 600.0, require_isolation: bool = True, sandbox_dir: str | None = None,
+                 group_memory_mb: int = 2048, group_processes: int = 256, disk_mb: int = 512, group: bool = True,
                  **kwargs: Any):
-        kwargs.setdefault("auto_mounting", True)  # the log dirs are the trial's own (Harbor skips copies)
         super().__init__(environment_dir=environment_dir, environment_name=environment_name,
                          session_id=session_id, trial_paths=trial_paths, task_env_config=task_env_config, **kwargs)
         self._network_allowed = bool(network)
         self._limits = Limits(wall_s=default_timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, processes=processes,
                               output_bytes=output_bytes, file_mb=file_mb)
         self._require_isolation = require_isolation
-        self.root = Path(sandbox_dir) / session_id if sandbox_dir else trial_paths.trial_dir / "sandbox"
+        # An opaque root: nothing of the task, trial or evaluation in any path the sandbox can see (mountinfo).
+        self.root = Path(sandbox_dir) / secrets.token_hex(8) if sandbox_dir else trial_paths.trial_dir / "sandbox"
         self.app_dir, self.tests_dir, self.solution_dir = self.root / "app", self.root / "tests", self.root / "solution"
         paths = EnvironmentPaths()
-        mounted = {str(m["target"]): Path(m["source"]) for m in self._mounts if m.get("type") == "bind"}
+        # The sandbox's own log directories; Harbor copies them into the trial directory (download_dir).
         self._log_dirs: dict[str, Path] = {
-            str(paths.agent_dir): mounted.get(str(paths.agent_dir), trial_paths.agent_dir),
-            str(paths.verifier_dir): mounted.get(str(paths.verifier_dir), trial_paths.verifier_dir),
-            str(paths.artifacts_dir): mounted.get(
-                str(paths.artifacts_dir), trial_paths.host_artifact_path(MAIN_SERVICE_NAME, str(paths.artifacts_dir))),
+            str(paths.agent_dir): self.root / "logs" / "agent",
+            str(paths.verifier_dir): self.root / "logs" / "verifier",
+            str(paths.artifacts_dir): self.root / "logs" / "artifacts",
         }
-        unsupported = sorted(str(m["target"]) for m in self._mounts if str(m["target"]) not in self._log_dirs)
-        if unsupported:
-            raise ValueError(f"{ENVIRONMENT_TYPE} does not support extra mounts: {', '.join(unsupported)}")
+        if self._host_mounts:  # Harbor's own log mounts are not host mounts here: it downloads the logs
+            raise ValueError(f"{ENVIRONMENT_TYPE} does not support extra mounts: "
+                             f"{', '.join(sorted(str(m['target']) for m in self._host_mounts))}")
         self._agent_mounts: list[Mount] = []
         self._verifying = False
         self._solution_uploaded = False
+        self._group_limits = ({"memory_mb": int(group_memory_mb), "processes": int(group_processes),
+                               "disk_mb": int(disk_mb)} if group else None)
+        self.group: isolation.SandboxGroup | None = None
+        self._probe_server: asyncio.AbstractServer | None = None
+        self._probes = 0
         self.record: SandboxRecord | None = None
 
     # ---- Harbor's identity and capabilities -------------------------------------------------------
@@ -224,7 +245,7 @@ made, as ``<sandbox_dir>/<session id>``; default ``<trial_dir>/sandbox``).
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
-        return EnvironmentCapabilities(mounted=True, disable_internet=True)
+        return EnvironmentCapabilities(mounted=False, disable_internet=True)
 
     def _validate_definition(self) -> None:
         if self.environment_dir.exists() and not self.environment_dir.is_dir():
@@ -246,14 +267,28 @@ made, as ``<sandbox_dir>/<session id>``; default ``<trial_dir>/sandbox``).
     def network_enabled(self) -> bool:
         return self._network_allowed and self.network_policy.network_mode == NetworkMode.PUBLIC
 
-    def add_agent_mount(self, host: Path | str, target: str) -> None:
+    def add_agent_mount(self, host: Path | str, target: str, *, copy: bool = False) -> None:
         """Show ``host`` (a directory, file or unix socket) read-only at ``target`` in agent-phase commands only.
 
-        A harness directory or a model socket goes here: the verifier's commands never see them."""
+        A harness directory or a model socket goes here: the verifier's commands never see them.
+        ``copy``: show a copy kept under the sandbox's own root instead (regular files only), so no
+        host path of ``host`` appears inside the sandbox."""
         parts = sandbox_path_parts(target)
         if not parts or parts[0] in ("app", "logs", "tests", "solution", "tmp"):
             raise ValueError(f"agent mount target {target!r} would shadow a sandbox directory")
-        self._agent_mounts.append(Mount(Path(host), target, writable=False))
+        source = Path(host)
+        if copy:
+            copied = self.root / "agent-files" / str(len(self._agent_mounts))
+            if source.is_dir():
+                copied.mkdir(parents=True, exist_ok=True)
+                _copy_tree(source, copied)
+                for d in [copied, *(p for p in copied.rglob("*") if p.is_dir())]:
+                    d.chmod(0o755)
+            else:
+                copied.parent.mkdir(parents=True, exist_ok=True)
+                _copy_file(source, copied)
+            source = copied
+        self._agent_mounts.append(Mount(source, target, writable=False))
 
     def _mounts_now(self) -> list[Mount]:
         paths = EnvironmentPaths()
@@ -264,6 +299,8 @@ made, as ``<sandbox_dir>/<session id>``; default ``<trial_dir>/sandbox``).
         if self._verifying:
             mounts += [Mount(self._log_dirs[str(paths.verifier_dir)], str(paths.verifier_dir), writable=True),
                        Mount(self.tests_dir, str(paths.tests_dir))]
+            if self._probe_server is not None:
+                mounts.append(Mount(self._probe_socket, PROBE_SOCKET))
         else:
             mounts += self._agent_mounts
         return mounts
@@ -317,6 +354,8 @@ made, as ``<sandbox_dir>/<session id>``; default ``<trial_dir>/sandbox``).
         self.record = SandboxRecord(started_at=time.time())
         if self.root.exists():
             shutil.rmtree(self.root)
+        if self._group_limits is not None:  # every process and file of the trial inside one set of limits
+            self.group = isolation.SandboxGroup(self.root, **self._group_limits)
         for d in (self.app_dir, self.tests_dir, self.solution_dir, *self._log_dirs.values()):
             d.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o700)
@@ -325,12 +364,19 @@ made, as ``<sandbox_dir>/<session id>``; default ``<trial_dir>/sandbox``).
 
     async def stop(self, delete: bool) -> None:
         """Record the sandbox's use in ``<trial_dir>/sandbox.json``; remove its directory if ``delete``."""
+        if self._probe_server is not None:
+            self._probe_server.close()
+            self._probe_server = None
+            shutil.rmtree(self._probe_dir, ignore_errors=True)
         if self.record is not None and self.record.stopped_at is None:
             self.record.stopped_at = time.time()
             record_path = self.trial_paths.trial_dir / SANDBOX_RECORD
             record_path.write_text(json.dumps(self.record.to_json(), indent=1))
         for d in self._log_dirs.values():
             scrub(d)
+        if self.group is not None:  # kills what still runs, frees the cgroup, unmounts: the files are gone
+            await asyncio.to_thread(self.group.close)
+            self.group = None
         if delete and self.root.exists():
             await asyncio.to_thread(shutil.rmtree, self.root, True)
 
@@ -352,7 +398,7 @@ made, as ``<sandbox_dir>/<session id>``; default ``<trial_dir>/sandbox``).
         result = await isolation.run_isolated_async(
             command, workdir=self.app_dir, cwd=cwd or self.task_env_config.workdir or isolation.APP,
             mounts=self._with_skeleton(self._mounts_now()), env=self._merge_env(env), network=self.network_enabled, limits=limits,
-            require_isolation=self._require_isolation)
+            require_isolation=self._require_isolation, group=self.group)
         self.record.commands += 1
         self.record.command_seconds += result.duration_s
         self.record.timed_out += int(result.timed_out)
@@ -382,21 +428,75 @@ made, as ``<sandbox_dir>/<session id>``; default ``<trial_dir>/sandbox``).
 
     # ---- transfers (host side, never following the sandbox's symlinks) -----------------------------
 
-    def _note_upload(self, target: str) -> None:
+    async def _note_upload(self, target: str) -> None:
         top = sandbox_path_parts(target)[:1]
-        if top == ("tests",):
-            self._verifying = True  # from now on: tests mounted, agent mounts gone
+        if top == ("tests",) and not self._verifying:
+            self._verifying = True  # from now on: tests mounted, agent mounts gone, the probe runner up
+            await self._start_probe_runner()
         elif top == ("solution",):
             self._solution_uploaded = True
 
+    # ---- the probe runner: code under test, apart from the verifier ---------------------------------
+
+    async def _start_probe_runner(self) -> None:
+        """Listen on a unix socket that only verifier-phase commands see (at ``PROBE_SOCKET``; the host
+        path is a short random one: socket paths are limited to 108 bytes)."""
+        self._probe_dir = Path(tempfile.mkdtemp(prefix="rsigym-pr-"))
+        self._probe_socket = self._probe_dir / "probe.sock"
+        self._probe_server = await asyncio.start_unix_server(self._probe, path=str(self._probe_socket),
+                                                             limit=PROBE_MAX_REQUEST)
+
+    async def _probe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One request of the verifier: ``{"argv": [...], "stdin": str, "timeout_s": n}`` → run it in a
+        fresh sandbox over a copy of ``/app`` with no ``/tests``, no ``/logs``, no probe socket and no
+        network, and answer ``{"exit_code", "stdout", "stderr", "limit"}``. The code under test thus
+        never shares a process, a uid or a writable path with the verifier."""
+        try:
+            reply = await self._run_probe(await reader.readline())
+        except Exception as exc:  # noqa: BLE001 - a bad request gets an answer, never a crash
+            reply = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        try:
+            writer.write(json.dumps(reply).encode() + b"\n")
+            await writer.drain()
+        finally:
+            writer.close()
+
+    async def _run_probe(self, line: bytes) -> dict[str, Any]:
+        if self.record is None or not self._verifying:
+            raise RuntimeError("the probe runner serves the verifier phase only")
+        self._probes += 1
+        if self._probes > PROBE_MAX_CALLS:
+            raise RuntimeError(f"at most {PROBE_MAX_CALLS} probes per trial")
+        request = json.loads(line)
+        argv, stdin = request.get("argv"), request.get("stdin", "")
+        if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv) and isinstance(stdin, str)):
+            raise ValueError("a probe request is {argv: [str, ...], stdin: str, timeout_s: number}")
+        timeout = min(float(request.get("timeout_s", PROBE_LIMITS.wall_s)), PROBE_LIMITS.wall_s)
+        work = self.root / "probes" / secrets.token_hex(6)
+        (work / "app").mkdir(parents=True)
+        try:
+            await asyncio.to_thread(_copy_tree, self.app_dir, work / "app")
+            limits = Limits(wall_s=timeout, cpu_s=PROBE_LIMITS.cpu_s, memory_mb=PROBE_LIMITS.memory_mb,
+                            processes=PROBE_LIMITS.processes, output_bytes=PROBE_LIMITS.output_bytes,
+                            file_mb=PROBE_LIMITS.file_mb)
+            result = await isolation.run_isolated_async(
+                argv, workdir=work / "app", cwd=isolation.APP, env={"PYTHONDONTWRITEBYTECODE": "1"}, network=False,
+                limits=limits, stdin=stdin.encode(), require_isolation=self._require_isolation, group=self.group)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, work, True)
+        self.record.commands += 1
+        self.record.command_seconds += result.duration_s
+        return {"exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr[-2000:],
+                "limit": result.limit}
+
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
-        self._note_upload(target_path)
+        await self._note_upload(target_path)
         target = self.host_path(target_path)
         target.parent.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(_copy_file, Path(source_path), target)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
-        self._note_upload(target_dir)
+        await self._note_upload(target_dir)
         target = self.host_path(target_dir)
         await asyncio.to_thread(_copy_tree, Path(source_dir), target)
 
@@ -409,10 +509,12 @@ made, as ``<sandbox_dir>/<session id>``; default ``<trial_dir>/sandbox``).
         await asyncio.to_thread(_copy_file, source, target)
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        """Copy a sandbox directory to the host: regular files only, at most ``DOWNLOAD_MAX_BYTES`` (what a
+        trial leaves in the run directory is bounded, whatever it writes)."""
         source = self.host_path(source_dir)
         if not source.is_dir():
             raise FileNotFoundError(f"no directory {source_dir!r} in the sandbox")
-        await asyncio.to_thread(_copy_tree, source, Path(target_dir))
+        await asyncio.to_thread(_copy_tree, source, Path(target_dir), max_bytes=DOWNLOAD_MAX_BYTES)
 
 
 __all__ = ["BubblewrapEnvironment", "ENVIRONMENT_TYPE", "IMPORT_PATH", "SANDBOX_RECORD", "SandboxRecord",

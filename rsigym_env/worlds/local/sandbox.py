@@ -22,7 +22,7 @@ import shlex
 import shutil
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -34,22 +34,29 @@ from ...prices import DEFAULT_PRICES, PriceList
 from ...services import Billed, CommandResult, Quote
 from ...tools import SandboxExec
 from .envd import EnvdServer
-from .isolation import INSTALL_HINT, WALL_EXIT, IsolationUnavailable, Limits, Mount, bwrap_available
+from .isolation import INSTALL_HINT, WALL_EXIT, IsolationUnavailable, Limits, Mount, SandboxGroup, bwrap_available
 
 KILL_GRACE_S = 1.0     # after the timeout, TERM; this much later, KILL
 CLIENT_GRACE_S = 10.0  # the SDK's own deadline, beyond the command's
 
 
+class OutputTooLarge(Exception):
+    """An output file of a script is larger than the caller allows (or not a regular file)."""
+
+
 @dataclass(frozen=True)
 class ScriptRun:
     """A finished :meth:`LocalSandboxService.run_script`: the command, the output files it left
-    (path as requested → bytes; missing ones are absent), its cost and duration. Unpacks as
-    ``result, outputs``."""
+    (path as requested → bytes; missing ones are absent), the ones streamed to host files
+    (``saved``: path → bytes written; ``refused``: path → why not), its cost and duration.
+    Unpacks as ``result, outputs``."""
 
     result: CommandResult
     outputs: dict[str, bytes]
     cost_usd: float
     seconds: float
+    saved: dict[str, int] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.result, self.outputs))
@@ -65,12 +72,16 @@ class LocalSandboxService:
     """The :class:`~rsigym_env.services.SandboxService` of the local world.
 
     Args:
-        run_dir: the run's directory; the sandbox lives in ``run_dir/sandbox/app`` (kept after
-            :meth:`close`), :meth:`run_script` jobs in ``run_dir/sandbox/jobs`` (removed after each).
+        run_dir: the run's directory; the sandbox lives in ``run_dir/sandbox/main/app``,
+            :meth:`run_script` jobs in ``run_dir/sandbox/jobs`` (removed after each).
         network: give commands the host's network (the scenario's switch); off: loopback only.
         prices, vcpus, memory_gib: the rates and the sandbox size seconds are billed at.
         limits: memory, CPU, processes, output and file-size limits of every command (its wall
             limit is the call's ``timeout_s``).
+        processes, disk_mb: limits of the sandbox as a whole (every command together; with
+            ``memory_gib``, a :class:`~.isolation.SandboxGroup`): processes and threads, and a disk
+            quota over ``/app`` and the jobs' ``/data``. The sandbox's files live in that quota and
+            are gone after :meth:`close`.
         mounts: extra host paths shown to commands (e.g. datasets read-only at ``/data``).
         require_isolation: refuse to start (:class:`~.isolation.IsolationUnavailable`) where bubblewrap
             does not work; ``False``: run commands unisolated there, with a loud warning each time.
@@ -83,7 +94,8 @@ class LocalSandboxService:
     def __init__(self, run_dir: Path, *, network: bool = False, prices: PriceList = DEFAULT_PRICES,
                  vcpus: float = 2.0, memory_gib: float = 2.0, limits: Limits = Limits(), mounts: Sequence[Mount] = (),
                  env: Mapping[str, str] | None = None, require_isolation: bool = True,
-                 sandbox_factory: Callable[[], Sandbox] | None = None, workdir: str | None = None) -> None:
+                 sandbox_factory: Callable[[], Sandbox] | None = None, workdir: str | None = None,
+                 processes: int = 256, disk_mb: int = 1024) -> None:
         self.dir = Path(run_dir) / "sandbox"
         self.network = network
         self.prices = prices
@@ -98,14 +110,22 @@ class LocalSandboxService:
         self._jobs = itertools.count(1)
         self._lock = threading.Lock()
         self.server: EnvdServer | None = None
+        self.group: SandboxGroup | None = None
+        self.processes, self.disk_mb = processes, disk_mb
         if sandbox_factory is not None:
             self.sandbox = sandbox_factory()
             return
         if require_isolation and not bwrap_available():
             raise IsolationUnavailable(f"the local sandbox needs bubblewrap. {INSTALL_HINT}")
-        self.server = EnvdServer(self.dir / "app", network=network, limits=limits, mounts=self.mounts, env=self.env,
-                                 require_isolation=require_isolation).start()
+        self.group = self._group(self.dir / "main")
+        self.server = EnvdServer(self.group.subdir("app"), network=network, limits=limits, mounts=self.mounts,
+                                 env=self.env, require_isolation=require_isolation, group=self.group).start()
         self.sandbox = Sandbox.create(debug=True, sandbox_url=self.server.url)
+
+    def _group(self, root: Path) -> SandboxGroup:
+        """Aggregate limits of one sandbox: its memory size, a process limit and a disk quota, all processes together."""
+        return SandboxGroup(root, memory_mb=max(64, int(self.memory_gib * 1024)), processes=self.processes,
+                            disk_mb=self.disk_mb)
 
     @property
     def app_dir(self) -> Path:
@@ -155,14 +175,17 @@ class LocalSandboxService:
 
     def run_script(self, command: str, inputs: Mapping[str, bytes | str | Path] | None = None, *,
                    outputs: Sequence[str] = (), timeout_s: float = 600.0, limits: Limits | None = None,
-                   network: bool = False) -> ScriptRun:
+                   network: bool = False, save: Mapping[str, Path] | None = None,
+                   max_save_bytes: int = 64 << 20) -> ScriptRun:
         """Run ``command`` in a fresh private sandbox holding ``inputs`` and fetch ``outputs`` back.
 
         Paths are the sandbox's: under ``/app`` (relative paths too) or under ``/data`` (a
         writable directory of the job); ``inputs`` values are contents or host files to copy in.
         Everything goes through the e2b SDK against the job's own envd; the job's directories are
         removed afterwards. The cost is the command's measured duration (upload and download are
-        free, as with E2B's file API).
+        free, as with E2B's file API). ``save`` maps sandbox paths to host files they are streamed
+        into (never held in memory), each at most ``max_save_bytes`` (a larger one, or one that is
+        not a regular file, is not saved: ``refused`` says why).
 
         >>> import tempfile
         >>> with LocalSandboxService(Path(tempfile.mkdtemp()), require_isolation=False) as sandbox:
@@ -176,10 +199,10 @@ class LocalSandboxService:
             return self._run_script_factory(command, inputs, outputs, timeout_s)
         with self._lock:
             job_dir = self.dir / "jobs" / f"job-{next(self._jobs)}"
-        (job_dir / "data").mkdir(parents=True)
-        server = EnvdServer(job_dir / "app", network=network, limits=limits or self.limits, env=self.env,
-                            mounts=[*self.mounts, Mount(job_dir / "data", "/data", writable=True)],
-                            require_isolation=self.require_isolation)
+        group = self._group(job_dir)
+        server = EnvdServer(group.subdir("app"), network=network, limits=limits or self.limits, env=self.env,
+                            mounts=[*self.mounts, Mount(group.subdir("data"), "/data", writable=True)],
+                            require_isolation=self.require_isolation, group=group)
         try:
             server.start()
             sandbox = Sandbox.create(debug=True, sandbox_url=server.url)
@@ -194,11 +217,42 @@ class LocalSandboxService:
             for path in outputs:
                 if sandbox.files.exists(path):
                     got[path] = bytes(sandbox.files.read(path, format="bytes"))
+            saved, refused = self._save(sandbox, save or {}, max_save_bytes)
         finally:
             server.stop()
+            group.close()
             shutil.rmtree(job_dir, ignore_errors=True)
         seconds = min(result.duration_s, timeout_s)
-        return ScriptRun(result=result, outputs=got, cost_usd=self.usd(seconds), seconds=result.duration_s)
+        return ScriptRun(result=result, outputs=got, cost_usd=self.usd(seconds), seconds=result.duration_s,
+                         saved=saved, refused=refused)
+
+    @staticmethod
+    def _save(sandbox: Sandbox, save: Mapping[str, Path], limit: int) -> tuple[dict[str, int], dict[str, str]]:
+        """Stream each sandbox file of ``save`` into its host file, refusing ones over ``limit`` bytes."""
+        saved: dict[str, int] = {}
+        refused: dict[str, str] = {}
+        for path, target in save.items():
+            try:
+                if not sandbox.files.exists(path):
+                    continue
+                info = sandbox.files.get_info(path)
+                if str(getattr(info.type, "value", info.type)) != "file":
+                    raise OutputTooLarge(f"{path} is not a regular file")
+                if info.size > limit:
+                    raise OutputTooLarge(f"{path} is {info.size:,} bytes; at most {limit:,}")
+                written = 0
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with open(target, "wb") as fh:
+                    for chunk in sandbox.files.read(path, format="stream"):
+                        written += len(chunk)
+                        if written > limit:  # it grew meanwhile
+                            raise OutputTooLarge(f"{path} is over {limit:,} bytes")
+                        fh.write(chunk)
+                saved[path] = written
+            except (OutputTooLarge, Exception) as exc:  # noqa: BLE001 - a bad output is reported, never fatal
+                target.unlink(missing_ok=True)
+                refused[path] = str(exc)[:300] if isinstance(exc, OutputTooLarge) else f"{type(exc).__name__}: {exc}"[:300]
+        return saved, refused
 
     def _run_script_factory(self, command: str, inputs: Mapping[str, bytes | str | Path] | None,
                             outputs: Sequence[str], timeout_s: float) -> ScriptRun:
@@ -234,6 +288,8 @@ class LocalSandboxService:
         A factory-made sandbox is killed."""
         if self.server is not None:
             self.server.stop()
+            if self.group is not None:
+                self.group.close()
         elif self.sandbox_factory is not None:
             try:
                 self.sandbox.kill()

@@ -19,35 +19,38 @@ import hashlib
 import json
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 from openai import OpenAI
 
-from rsigym_env.errors import ActionError
+from rsigym_env.errors import ActionError, WorkFailed
 from rsigym_env.prices import DEFAULT_PRICES, PriceList, TeacherPrice
 from rsigym_env.scenario import Scenario
 from rsigym_env.serving import ModelRegistry, OpenAIServer
-from rsigym_env.services import (
-    Billed,
-    Completion,
-    DatasetInfo,
-    Job,
-    Quote,
-    TrainResult,
-)
+from rsigym_env.splits import official_split
+from rsigym_env.services import Billed, Completion, DatasetInfo, Job, Quote, TrainResult, progress_reporter
 from rsigym_env.tools import GenerateData, Infer, Train, TransformData
+
+from .datasets import DatasetStore, count_tokens
 
 BASE_MODEL = "rsigym-base"
 CONTEXT_TOKENS = 512
 INFER_TOKENS_PER_SECOND = 1500.0   # for quotes only; actual time is measured
 TRAIN_TOKENS_PER_SECOND = 4000.0
 TRANSFORM_TIMEOUT_S = 60.0
+CANCEL_WAIT_S = 30.0   # how long a cancelled job may take to stop (one training step, one trial)
+
+
+class JobCancelled(Exception):
+    """A job stopped because it was cancelled (the run ended, was reset or closed)."""
 LOCAL_OPTIONS: dict[str, Any] = {
     "base_model": BASE_MODEL,   # a registered base model (tinker_client.register_base_model), e.g. a test's tiny one
     "eval_concurrency": 2,      # trials at once in an evaluation
     "lr_scale": 10.0,           # learning rates are scaled by this (see LocalTrain)
+    "official_split": "secret",  # "secret": drawn from the platform's secret (rsigym_env.splits); "public": reproducible
 }
 
 
@@ -83,10 +86,6 @@ def local_prices(teachers: dict[str, TeacherPrice]) -> PriceList:
                      source="local world: target at Tinker's Qwen3.5-35B-A3B-Base rates, local teachers, E2B rates")
 
 
-def _count_tokens(text: str) -> int:
-    return len(text.encode())
-
-
 class LocalWorld:
     """One benchmark's local world for one run. ``run_dir`` keeps every artifact; ``close()`` stops the servers."""
 
@@ -113,7 +112,9 @@ class LocalWorld:
         self.prices = local_prices(teachers.TEACHER_PRICES)
         sandbox = scenario.permissions.sandbox
         self.vcpus, self.memory_gib = sandbox.vcpus, sandbox.memory_gib
-        self.tasks = self.benchmark.build(tasks_cache())
+        self.split = official_split(self.options["official_split"])
+        self.official_split = self.split.info  # recorded in every result: which held-out split it was scored on
+        self.tasks = self.benchmark.build(tasks_cache(), self.split)
         self.tinker = LocalServiceClient(root_dir=self.run_dir / "tinker")
         self.registry = ModelRegistry()
         self.checkpoints: dict[str, str] = {}        # checkpoint id -> tinker sampler path
@@ -124,18 +125,19 @@ class LocalWorld:
                 self.registry.add(name, teachers.TEACHERS[name]())
         self.server = OpenAIServer(self.registry).start()   # loopback TCP, for the platform side only
         self.client = OpenAI(base_url=self.server.base_url, api_key="local", max_retries=0, timeout=600)
-        self.datasets: dict[str, Path] = {}
+        self.store = DatasetStore(self.run_dir / "datasets")
         self._pool = cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="rsigym-local-job")
 
         self.rollout = LocalRollout(self)
         self.train = LocalTrain(self)
         self.inference = LocalInference(self)
         self.sandbox = LocalSandboxService(self.run_dir, network=sandbox.network, prices=self.prices,
-                                           vcpus=self.vcpus, memory_gib=self.memory_gib)
+                                           vcpus=self.vcpus, memory_gib=self.memory_gib, processes=sandbox.processes,
+                                           disk_mb=max(16, int(sandbox.disk_gib * 1024)))
         self.evaluation = LocalEvalService(
             model_for=self.chat_model, tasks=self.tasks, run_dir=self.run_dir / "evals", prices=self.prices,
             seed=seed, server=self.server, vcpus=self.vcpus, memory_gib=self.memory_gib, clock=self.clock.now,
-            concurrency=int(self.options["eval_concurrency"]))
+            concurrency=int(self.options["eval_concurrency"]), seed_key=self.split.key("trial-seeds"))
 
     # ---- models ---------------------------------------------------------------------------------
 
@@ -193,16 +195,18 @@ class LocalWorld:
         parts = ref.split("/")
         if len(parts) in (2, 3) and parts[0].startswith("job-"):
             return self._trajectories(*parts)
-        if ref.endswith(":rows") and ref[:-5] in self.datasets:
-            rows = read_jsonl(self.datasets[ref[:-5]])
-            return "\n".join(json.dumps(r, sort_keys=True) for r in rows[:20]) + (
-                f"\n... {len(rows) - 20} more" if len(rows) > 20 else "")
+        if ref.endswith(":rows") and ref[:-5] in self.store:
+            n = self.store.meta(ref[:-5]).info.n_examples
+            return "\n".join(self.store.head(ref[:-5], 20)) + (f"\n... {n - 20} more" if n > 20 else "")
         return None
 
     def _trajectories(self, job: str, task: str, attempt: str | None = None) -> str:
         summary_path = self.run_dir / "evals" / job / "summary.json"
         if not summary_path.is_file():
             raise ActionError("unknown_ref", f"read: {job} is not a finished dev evaluation of this run")
+        if (summary_path.parent / "PRUNED").exists():
+            raise ActionError("unknown_ref", f"read: the trial logs of {job} were deleted to keep the run's "
+                                             f"evaluation logs under their quota (read {job} has every score)")
         summary = json.loads(summary_path.read_text())
         trials = [t for t in summary.get("trials", []) if t["task"] == task
                   and (attempt is None or str(t["attempt"]) == attempt)]
@@ -228,16 +232,10 @@ class LocalWorld:
     # ---- datasets -------------------------------------------------------------------------------
 
     def dataset_path(self, ref: str) -> Path:
-        if ref not in self.datasets:
-            raise ActionError("unknown_ref", f"no dataset {ref!r}; datasets: {', '.join(self.datasets) or 'none yet'}")
-        return self.datasets[ref]
+        return self.store.path(ref)
 
     def save_dataset(self, dataset_id: str, rows: list[dict[str, Any]], origin: str) -> DatasetInfo:
-        path = self.run_dir / "datasets" / f"{dataset_id}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
-        self.datasets[dataset_id] = path
-        return dataset_info(dataset_id, rows, origin)
+        return self.store.save_rows(dataset_id, rows, origin)
 
 
 def tasks_cache() -> Path:
@@ -246,18 +244,6 @@ def tasks_cache() -> Path:
 
     home = os.environ.get("RSIGYM_HOME")
     return (Path(home) if home else Path.home() / ".cache" / "rsigym") / "tasks"
-
-
-def dataset_info(dataset_id: str, rows: list[dict[str, Any]], origin: str) -> DatasetInfo:
-    tokens = sum(_count_tokens(m["content"]) for r in rows for m in r["messages"])
-    passed = [bool(r.get("meta", {}).get("passed")) for r in rows]
-    stats = {"pass_rate": sum(passed) / len(passed)} if rows else {}
-    return DatasetInfo(id=dataset_id, n_examples=len(rows), tokens=tokens, origin=origin, stats=stats,
-                       preview=[{"messages": r["messages"]} for r in rows[:2]])
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 class LocalRollout:
@@ -291,15 +277,24 @@ class LocalRollout:
         stream = int(hashlib.sha256(f"{w.seed}/{dataset_id}".encode()).hexdigest()[:8], 16)
         problems = w.benchmark.synthetic(call.n_examples, seed=stream)
         rows, usage = [], [0, 0]
-        for i, problem in enumerate(problems):
-            messages, prompt_tokens, completion_tokens = demonstrate(
-                w.client, call.teacher, problem, seed=stream + i, max_tokens=call.max_tokens_per_example)
-            usage[0] += prompt_tokens
-            usage[1] += completion_tokens
-            rows.append({"messages": messages,
-                         "meta": {"problem": problem.id, "teacher": call.teacher,
-                                  "passed": bool(w.benchmark.check(problem, messages))}})
-        info = w.save_dataset(dataset_id, rows, f"{call.teacher} x {call.n_examples} (synthetic)")
+        report = progress_reporter()
+        try:
+            for i, problem in enumerate(problems):
+                messages, prompt_tokens, completion_tokens = demonstrate(
+                    w.client, call.teacher, problem, seed=stream + i, max_tokens=call.max_tokens_per_example)
+                usage[0] += prompt_tokens
+                usage[1] += completion_tokens
+                report(w.prices.teacher_usd(call.teacher, *usage))
+                rows.append({"messages": messages,
+                             "meta": {"problem": problem.id, "teacher": call.teacher,
+                                      "passed": bool(w.benchmark.check(problem, messages))}})
+            info = w.save_dataset(dataset_id, rows, f"{call.teacher} x {call.n_examples} (synthetic)")
+        except Exception as exc:  # the tokens served so far were used: bill them
+            code = exc.code if isinstance(exc, ActionError) else "service_error"
+            raise WorkFailed(code, f"generate_data stopped after {len(rows)} of {call.n_examples} examples: "
+                                   f"{getattr(exc, 'message', None) or f'{type(exc).__name__}: {exc}'}",
+                             cost_usd=w.prices.teacher_usd(call.teacher, *usage),
+                             seconds=time.monotonic() - start) from exc
         cost = w.prices.teacher_usd(call.teacher, *usage)
         return Billed[DatasetInfo](value=info, cost_usd=cost, seconds=time.monotonic() - start)
 
@@ -317,22 +312,30 @@ class LocalRollout:
                                                  for i, ref in enumerate(call.datasets)}
         inputs["/app/transform.py"] = TRANSFORM_PY
         command = call.script if call.operation == "script" else f"python3 /app/transform.py {call.operation}"
-        job = w.sandbox.run_script(command, inputs, outputs=["/data/out.jsonl"], timeout_s=TRANSFORM_TIMEOUT_S)
-        out = job.outputs.get("/data/out.jsonl")
-        if job.result.exit_code != 0 or out is None:
-            detail = (job.result.stderr or job.result.stdout or "no /data/out.jsonl written")[-400:]
-            raise ActionError("script_failed", f"transform_data {call.operation}: exit {job.result.exit_code}; {detail}")
+        staging = w.store.staging(dataset_id)
+        job = w.sandbox.run_script(command, inputs, timeout_s=TRANSFORM_TIMEOUT_S, save={OUT_JSONL: staging},
+                                   max_save_bytes=w.store.room())
+
+        def failed(code: str, why: str) -> WorkFailed:  # the script ran: its sandbox time is billed all the same
+            staging.unlink(missing_ok=True)
+            return WorkFailed(code, f"transform_data {call.operation}: {why}", cost_usd=job.cost_usd, seconds=job.seconds)
+
+        if job.result.exit_code != 0:
+            raise failed("script_failed", f"exit {job.result.exit_code}; "
+                                          f"{(job.result.stderr or job.result.stdout or '')[-400:]}")
+        if OUT_JSONL in job.refused:
+            raise failed("dataset_too_large" if "bytes" in job.refused[OUT_JSONL] else "script_failed",
+                         job.refused[OUT_JSONL])
+        if OUT_JSONL not in job.saved:
+            raise failed("script_failed", f"no {OUT_JSONL} written")
         try:
-            rows = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
-            for row in rows:
-                if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
-                    raise ValueError("every line must be an object with a 'messages' list")
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ActionError("script_failed", f"transform_data: /data/out.jsonl is not chat JSONL ({exc})") from None
-        info = w.save_dataset(dataset_id, rows, f"{call.operation}({', '.join(call.datasets)})")
+            info = w.store.ingest(dataset_id, staging, f"{call.operation}({', '.join(call.datasets)})")
+        except ActionError as err:
+            raise failed(err.code, err.message) from None
         return Billed[DatasetInfo](value=info, cost_usd=job.cost_usd, seconds=job.seconds)
 
 
+OUT_JSONL = "/data/out.jsonl"
 TRANSFORM_PY = '''\
 """filter | dedupe | mix over /data/in_*.jsonl -> /data/out.jsonl (runs inside the sandbox)."""
 import glob, json, sys
@@ -367,15 +370,14 @@ class LocalTrain:
         self.world = world
 
     def _tokens(self, call: Train) -> int:
+        """Billed tokens of the whole run, from the dataset's recorded statistics (nothing is read)."""
         w = self.world
-        rows = read_jsonl(w.dataset_path(call.dataset))
-        if not rows:
+        meta = w.store.meta(call.dataset)
+        if meta.info.n_examples == 0:
             raise ActionError("invalid_args", f"dataset {call.dataset!r} is empty")
         if call.base != "base" and call.base not in w.states:
             raise ActionError("unknown_ref", f"no finished checkpoint {call.base!r} to continue from")
-        # billed tokens: rendered length ~ bytes + a few special tokens per message
-        per_epoch = sum(_count_tokens(m["content"]) + 2 for r in rows for m in r["messages"]) + len(rows)
-        return per_epoch * call.num_epochs
+        return meta.train_tokens_per_epoch * call.num_epochs
 
     def quote(self, call: Train) -> Quote:
         tokens = self._tokens(call)
@@ -392,9 +394,17 @@ class LocalTrain:
             seed=w.seed, load_checkpoint_path=w.states.get(call.base) if call.base != "base" else None,
             checkpoint_name=checkpoint_id)
         path = w.dataset_path(call.dataset)
+        stop, done_tokens = threading.Event(), [0]
+        report = progress_reporter()
+
+        def on_step(metrics: Any) -> None:  # progress, and where a cancelled job stops
+            done_tokens[0] += metrics.num_tokens
+            report(w.prices.train_usd(done_tokens[0]))
+            if stop.is_set():
+                raise JobCancelled(f"{job_id} was cancelled after {done_tokens[0]:,} trained tokens")
 
         def run() -> Billed[TrainResult]:
-            result = run_supervised(w.tinker, config, path)
+            result = run_supervised(w.tinker, config, path, on_step=on_step)
             w.checkpoints[checkpoint_id] = result.sampler_path
             if result.state_path:
                 w.states[checkpoint_id] = result.state_path
@@ -405,7 +415,15 @@ class LocalTrain:
                                        seconds=result.wall_seconds)
 
         meta = {"checkpoint": checkpoint_id, "dataset": call.dataset, "base": call.base}
-        return Job(id=job_id, kind="train", started_at=w.clock.now(), future=w._pool.submit(run), meta=meta)
+        future = w._pool.submit(run)
+
+        def cancel() -> float:
+            """Stop after the current step; the trained tokens so far are what it cost."""
+            stop.set()
+            cf.wait([future], timeout=CANCEL_WAIT_S)
+            return w.prices.train_usd(done_tokens[0])
+
+        return Job(id=job_id, kind="train", started_at=w.clock.now(), future=future, meta=meta, cancel=cancel)
 
 
 class LocalInference:
@@ -416,7 +434,7 @@ class LocalInference:
 
     def quote(self, call: Infer) -> Quote:
         self.world.chat_model(call.model)
-        prompt = _count_tokens(call.prompt) + 8
+        prompt = count_tokens(call.prompt) + 8
         if prompt >= CONTEXT_TOKENS:
             raise ActionError("invalid_args", f"infer: the prompt is {prompt} tokens; the model's context is "
                                               f"{CONTEXT_TOKENS} tokens (bytes)")
@@ -427,7 +445,7 @@ class LocalInference:
         w = self.world
         quote = self.quote(call)
         start = time.monotonic()
-        max_tokens = max(1, min(call.max_tokens, CONTEXT_TOKENS - _count_tokens(call.prompt) - 8))
+        max_tokens = max(1, min(call.max_tokens, CONTEXT_TOKENS - count_tokens(call.prompt) - 8))
         reply = w.client.chat.completions.create(
             model=call.model, messages=[{"role": "user", "content": call.prompt}], max_tokens=max_tokens,
             seed=w.seed, temperature=0.7)

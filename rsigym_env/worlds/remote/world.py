@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping
 from ...errors import ActionError
 from ...prices import TeacherPrice
 from ...scenario import Scenario
+from ..local.datasets import DatasetStore
 from ..local.world import LocalWorld, WallClock
 from .clients import ForwardingChatModel, Route, RoutedClient, openai_completions
 from .config import BENCHMARKS, RemoteBenchmark, RemoteOptions, required_credentials
@@ -87,7 +88,7 @@ class RemoteWorld:
         self.clock = WallClock()
         self.checkpoints: dict[str, str] = {}   # checkpoint id -> tinker://.../sampler_weights/...
         self.states: dict[str, str] = {}        # checkpoint id -> tinker://.../weights/...
-        self.datasets: dict[str, Path] = {}
+        self.store = DatasetStore(self.run_dir / "datasets")
         self._pool = cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="rsigym-remote-job")
         self._lock = threading.Lock()
 

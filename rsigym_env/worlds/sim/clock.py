@@ -22,6 +22,8 @@ from rsigym_env.services import Job
 class SimClock:
     """A clock that jumps: ``spend`` adds a call's duration, ``wait`` skips to the next finished job."""
 
+    simulated = True
+
     def __init__(self, start: float = 0.0):
         self._now = float(start)
 

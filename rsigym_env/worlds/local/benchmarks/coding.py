@@ -124,17 +124,18 @@ def make_problem(rng: random.Random, templates: list, names: list[str]) -> Probl
         call = f"{fmt['f']}({', '.join(repr(a) for a in args)})"
         if _run(buggy, call) != want:
             break
-    tests = [f"m.{call} == {want!r}"]
+    calls, wants = [[fmt["f"], list(args)]], [want]
     for _ in range(4):
         a = _args(rng, sig)
-        tests.append(f"m.{fmt['f']}({', '.join(repr(x) for x in a)}) == {_value(truth, sig, a)!r}")
+        calls.append([fmt["f"], list(a)])
+        wants.append(_value(truth, sig, a))
     instruction = f"Fix the bug in calc.py: {call} must return {want!r}.\ncalc.py:\n{buggy}"
     check = ("#!/bin/bash\n# Visible check: the example from the instruction.\n"
              'cd "$(dirname "$0")"\n'
              f"python3 -c 'import calc; r = calc.{call}; assert r == {want!r}, \"{call} = %r, expected {want!r}\" % (r,)' "
              "2>&1 | tail -n 1\nexit ${PIPESTATUS[0]}\n")
     p = Problem(id="", domain="code", instruction=instruction, files={"calc.py": buggy, "check.sh": check},
-                expected={"kind": "pytests", "module": "calc", "tests": tests},
+                expected={"kind": "calls", "module": "calc", "calls": calls, "want": wants},
                 solution=[_sed(bad, good), "DONE"],
                 difficulty="easy" if sig == "x" else "medium", key=buggy + call,
                 meta={"good": good, "bad": bad})
