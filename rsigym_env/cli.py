@@ -12,6 +12,9 @@
     rsigym run --agent ag-3f2a... --record tape.jsonl       rsigym run --replay tape.jsonl
     rsigym recurse --scenario recursive-scripted --rounds 3 --seeds 3 --out runs/recursion
     rsigym ledger show runs/<run>/ledger.sqlite       rsigym ledger recover runs/<run>/ledger.sqlite
+    rsigym serve --port 8765                          rsigym mcp --scenario sim-joint-aime-500
+    rsigym skills --out skills/                       rsigym export atif runs/<run>
+    rsigym openenv --port 8000
 """
 
 from __future__ import annotations
@@ -381,6 +384,8 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
             console.print(f"[yellow]warning:[/] unknown agent {name!r} (known: {', '.join(sorted(known))}); "
                           "its episodes will be reported as failed")
     seeds = range(args.first_seed, args.first_seed + args.seeds)
+    if args.budget is None:  # the world's own default budget (sim $500, local $5, ...)
+        args.budget = load_scenario(world=args.world, track=args.track).budget_usd
     specs = make_grid(agents, benchmarks, seeds, track=args.track, budget_usd=args.budget, world=args.world,
                       max_steps=args.max_steps)
     if registered:  # registered researchers travel with their spec: workers need no registry
@@ -649,7 +654,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--seeds", type=int, default=3, help="seeds per (agent, benchmark): first-seed .. first-seed+N-1")
     sw.add_argument("--first-seed", type=int, default=0)
     sw.add_argument("--track", default="joint", choices=["joint", "data", "harness"])
-    sw.add_argument("--budget", type=float, default=500.0, help="budget in dollars per episode (default 500)")
+    sw.add_argument("--budget", type=float, help="budget in dollars per episode (default: the world's, $500 on sim)")
     sw.add_argument("--world", default="sim")
     sw.add_argument("--max-steps", type=int, help="tool calls per episode (default: the scenario's)")
     sw.add_argument("--address", help="join this Ray cluster (e.g. ray://host:10001 or host:6379; its workers "
@@ -702,6 +707,12 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--out", help="directory for recursion.json and recursion.md (default runs/recursion-<timestamp>)")
     rec.add_argument("-q", "--quiet", action="store_true")
     rec.set_defaults(func=cmd_recurse)
+    # any agent as the researcher: serve, skills, export (rsigym_env.gateway), mcp, openenv
+    from .gateway import cli as gateway_cli, mcp_server, openenv_server
+
+    gateway_cli.register(sub)
+    mcp_server.register(sub)
+    openenv_server.register(sub)
     return parser
 
 

@@ -1,0 +1,74 @@
+"""Runs in this process for the agent surfaces: one scenario, a fresh :class:`LocalRun` per episode.
+
+A :class:`LocalRunFactory` holds what the server operator chose (scenario, world, benchmark,
+budget, ...); the agent only picks the seed. The MCP server (stdio), the OpenEnv server (one run
+per WebSocket session) and the TRL environment class all build their runs with it.
+
+>>> factory = LocalRunFactory(world="sim", benchmark="aime", budget_usd=50)
+>>> run = factory(seed=0)
+>>> run.call("read", {"ref": "budget"}).ok
+True
+>>> run.close()
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..env import ResearchEnv
+from .backend import LocalRun
+
+RUN_FLAGS = ("scenario", "world", "benchmark", "track", "budget", "max_steps")
+"""The argparse destinations :func:`add_run_arguments` adds that choose a run (besides ``seed``)."""
+
+
+@dataclass(frozen=True)
+class LocalRunFactory:
+    """Builds a :class:`LocalRun` of one scenario; ``None`` fields keep the scenario's own values.
+
+    ``ledger_path`` keeps the ledger and audit log in that SQLite file (default: in memory);
+    ``run_dir`` keeps the world's artifacts there.
+    """
+
+    scenario: str | None = None
+    world: str | None = None
+    benchmark: str | None = None
+    track: str | None = None
+    budget_usd: float | None = None
+    max_steps: int | None = None
+    ledger_path: str | None = None
+    run_dir: str | None = None
+    world_options: dict[str, Any] = field(default_factory=dict)
+
+    def make_env(self) -> ResearchEnv:
+        """A new :class:`ResearchEnv` of this scenario (not reset yet)."""
+        return ResearchEnv(self.scenario, track=self.track, world=self.world, benchmark=self.benchmark,
+                           budget_usd=self.budget_usd, max_steps=self.max_steps, ledger_path=self.ledger_path,
+                           run_dir=self.run_dir, world_options=dict(self.world_options) or None)
+
+    def __call__(self, seed: int | None = None) -> LocalRun:
+        """A new run, reset with ``seed``."""
+        return LocalRun(self.make_env(), seed=seed)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "LocalRunFactory":
+        """The factory the flags of :func:`add_run_arguments` describe."""
+        return cls(scenario=args.scenario, world=args.world, benchmark=args.benchmark, track=args.track,
+                   budget_usd=args.budget, max_steps=args.max_steps,
+                   ledger_path=str(Path(args.ledger)) if getattr(args, "ledger", None) else None,
+                   run_dir=getattr(args, "run_dir", None))
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the flags that choose an in-process run (as ``rsigym run`` has them)."""
+    parser.add_argument("--scenario", help="bundled scenario name or YAML path (see `rsigym scenarios`)")
+    parser.add_argument("--world", help="world (default: the scenario's, sim)")
+    parser.add_argument("--benchmark", help="benchmark id, e.g. swe-bench-verified, aime")
+    parser.add_argument("--track", choices=["joint", "data", "harness"], help="track (default: the scenario's)")
+    parser.add_argument("--budget", type=float, help="budget in dollars")
+    parser.add_argument("--max-steps", type=int, help="tool calls per episode")
+    parser.add_argument("--ledger", metavar="PATH", help="keep the ledger and audit log in this SQLite file")
+    parser.add_argument("--run-dir", help="keep the world's artifacts in this directory")

@@ -1,0 +1,503 @@
+"""The MCP surface, driven by the official ``mcp`` SDK's own client: a real ``rsigym mcp`` subprocess over
+stdio, and the streamable-HTTP app served by uvicorn on loopback with per-request run keys."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from starlette.testclient import TestClient
+
+from gateway_helpers import serve_in_thread
+from rsigym_env.gateway.backend import LocalRun, ToolReply
+from rsigym_env.gateway.local_runs import LocalRunFactory
+from rsigym_env.gateway.mcp_server import (
+    BUDGET_URI, backend_maker, build_mcp_server, cmd_mcp, main, mcp_http_app, register,
+)
+from rsigym_env.platform.audit import verify_audit
+from rsigym_env.tools import TOOL_NAMES, tool_schemas
+
+FIX = {"path": "harness.toml", "old": 'on_truncation = "stop"', "new": 'on_truncation = "continue"'}
+SIM = dict(world="sim", benchmark="aime", budget_usd=50)
+
+
+def sim_run(**overrides: Any) -> LocalRun:
+    return LocalRunFactory(**{**SIM, **overrides})(seed=0)
+
+
+def audit_of(run: LocalRun) -> list[dict[str, Any]]:
+    return [r.event for r in run.env.platform.ledger.audit_records()]
+
+
+async def assert_tool_listing(client: Client) -> None:
+    listed = (await client.list_tools()).tools
+    expected = [s["function"] for s in tool_schemas()]
+    assert [t.name for t in listed] == [f["name"] for f in expected] == list(TOOL_NAMES)
+    for tool, schema in zip(listed, expected):
+        assert tool.input_schema == schema["parameters"]
+        assert tool.description == schema["description"]
+        assert tool.output_schema == ToolReply.model_json_schema()
+
+
+async def play_episode(client: Client) -> dict[str, Any]:
+    """A whole sim episode through MCP tool calls: evaluate, fix the harness, evaluate, submit."""
+    progress: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, total, message))
+
+    async def call(tool: str, args: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        result = await client.call_tool(tool, args, **kwargs)
+        assert not result.is_error, result.content
+        assert result.content[0].text == result.structured_content["text"]
+        return result.structured_content
+
+    start = json.loads((await client.read_resource(BUDGET_URI)).contents[0].text)
+    job = (await call("evaluate", {"k": 1}))["result"]["job"]
+    waited = await call("wait", {}, progress_callback=on_progress)
+    assert [e["job"] for e in waited["events"]] == [job] and "finished: dev score" in waited["text"]
+    assert [m for _, _, m in progress] == ["waiting for a job to finish", f"wait returned ({job} finished)"]
+    await call("edit_harness", FIX)
+    second = (await call("evaluate", {"k": 1}))["result"]["job"]
+    await call("wait", {"job": second})
+    assert "dev score" in (await call("read", {"ref": second}))["text"]
+    budget = json.loads((await client.read_resource(BUDGET_URI)).contents[0].text)
+    assert 0 < budget["budget_left_usd"] < 50 and budget["step"] == start["step"] + 6 and budget["done"] is False
+    done = await call("submit", {})
+    assert done["done"] and done["end"]["end_reason"] == "submitted"
+    assert done["reward"] == pytest.approx(done["end"]["normalized_gain"]) and done["reward"] > 0
+    after = await client.call_tool("read", {"ref": "budget"})
+    assert after.is_error and after.structured_content["error"] == "episode_over"
+    return done
+
+
+# ------------------------------------------------------------------------------------------------ stdio
+
+
+def stdio_server(tmp_path: Path, *flags: str) -> StdioServerParameters:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RSIGYM_")}
+    return StdioServerParameters(command=sys.executable, args=["-m", "rsigym_env.gateway.mcp_server", *flags],
+                                 env=env, cwd=str(tmp_path))
+
+
+def test_stdio_subprocess_lists_the_tools_and_plays_an_episode(tmp_path):
+    ledger = tmp_path / "ledger.sqlite"
+    params = stdio_server(tmp_path, "--world", "sim", "--benchmark", "aime", "--budget", "50", "--seed", "0",
+                          "--ledger", str(ledger))
+
+    async def session() -> dict[str, Any]:
+        async with Client(params, read_timeout_seconds=30) as client:
+            await assert_tool_listing(client)
+            refused = await client.call_tool("evaluate", {"k": "two", "bogus": 1})
+            assert refused.is_error and refused.structured_content["error"] == "invalid_args"
+            assert "ERROR invalid_args" in refused.content[0].text and refused.structured_content["cost_usd"] == 0
+            return await play_episode(client)
+
+    done = anyio.run(session)
+    assert done["end"]["spend_usd"] > 0
+    # the subprocess kept the ledger: intact chain, the refusal and every call audited under one key
+    assert verify_audit(ledger).ok
+    from rsigym_env.platform.ledger import Ledger
+
+    with Ledger(ledger) as book:
+        events = [r.event for r in book.audit_records()]
+    assert {e["key"] for e in events} == {events[0]["key"]}
+    assert [e["tool"] for e in events if e["op"] != "settle"] == [
+        "evaluate", "evaluate", "wait", "edit_harness", "evaluate", "wait", "read", "official_evaluation", "submit"]
+    assert events[0]["decision"] == "refused" and events[0]["code"] == "invalid_args"
+
+
+def test_stdio_command_refuses_a_bad_configuration_before_serving(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RSIGYM_RUN_KEY", raising=False)
+    assert main(["--scenario", "no-such-scenario"]) == 2
+    assert "unknown scenario 'no-such-scenario'" in capsys.readouterr().err
+    assert main(["--world", "sim", "--progress-interval", "0"]) == 2
+    assert "--progress-interval must be > 0" in capsys.readouterr().err
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["mcp", "--benchmark", "aime"])
+    assert args.func is cmd_mcp and args.seed == 0
+    with pytest.raises(ValueError, match="RSIGYM_URL"):
+        backend_maker(parser.parse_args(["mcp"]), {"RSIGYM_RUN_KEY": "k"})
+    with pytest.raises(ValueError, match="--benchmark"):
+        backend_maker(args, {"RSIGYM_RUN_KEY": "k", "RSIGYM_URL": "http://127.0.0.1:1"})
+    remote = backend_maker(parser.parse_args(["mcp"]), {"RSIGYM_RUN_KEY": "k", "RSIGYM_URL": "http://127.0.0.1:9/"})()
+    try:  # a run of the session service (nothing is contacted until the first call)
+        assert type(remote).__name__ == "RemoteRun" and remote.url == "http://127.0.0.1:9"
+    finally:
+        remote.close()
+    local = backend_maker(parser.parse_args(["mcp", "--world", "sim", "--budget", "7"]), {})()
+    try:
+        assert local.observation()["budget_left_usd"] == 7
+    finally:
+        local.close()
+
+
+# ------------------------------------------------------------------------------------------------ HTTP
+
+
+class Keys:
+    """A test key resolver: run keys -> in-process runs; counts every lookup."""
+
+    def __init__(self, runs: dict[str, LocalRun]):
+        self.runs = runs
+        self.lookups: list[str] = []
+
+    def __call__(self, token: str) -> LocalRun | None:
+        self.lookups.append(token)
+        if token == "explode":
+            raise RuntimeError("the key store is down")
+        return self.runs.get(token)
+
+
+@pytest.fixture()
+def served():
+    keys = Keys({secrets.token_urlsafe(24): sim_run(), secrets.token_urlsafe(24): sim_run(),
+                 secrets.token_urlsafe(24): sim_run(budget_usd=0.5)})
+    app = mcp_http_app(keys, max_request_body_size=64 * 1024)
+    with serve_in_thread(app) as url:
+        yield f"{url}/mcp", keys
+    for run in keys.runs.values():
+        run.close()
+
+
+@contextlib.asynccontextmanager
+async def http_client(url: str, key: str | None) -> AsyncIterator[Client]:
+    """The SDK's client over streamable HTTP, sending ``key`` as the bearer token."""
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+        async with Client(streamable_http_client(url, http_client=http)) as client:
+            yield client
+
+
+def test_http_lists_the_tools_and_plays_an_episode(served):
+    url, keys = served
+    key, run = next(iter(keys.runs.items()))
+
+    async def session() -> dict[str, Any]:
+        async with http_client(url, key) as client:
+            await assert_tool_listing(client)
+            return await play_episode(client)
+
+    done = anyio.run(session)
+    assert run.done and run.observation()["end"]["normalized_gain"] == done["reward"]
+    assert set(keys.lookups) == {key} and len(keys.lookups) > 10  # the key was checked on every request
+
+
+def contains(exc: BaseException, kind: type[BaseException]) -> bool:
+    if isinstance(exc, kind):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and any(contains(e, kind) for e in exc.exceptions)
+
+
+def test_http_refuses_every_request_without_a_valid_run_key(served):
+    url, keys = served
+    real_key = next(iter(keys.runs))
+    before = {k: (len(audit_of(r)), r.observation()["budget_left_usd"]) for k, r in keys.runs.items()}
+    attempts = {
+        "no header": None, "wrong key": "not-a-run-key", "a key's prefix": real_key[:-1],
+        "a key with a suffix": real_key + "x", "over-long key": "k" * 5000,
+    }
+
+    async def attempt(key: str | None) -> BaseException:
+        try:
+            async with http_client(url, key) as client:
+                await client.call_tool("submit", {})
+        except BaseException as exc:  # the SDK raises inside its task groups
+            return exc
+        raise AssertionError(f"a request with key {key!r:.20} was served")
+
+    for label, key in attempts.items():
+        assert contains(anyio.run(attempt, key), MCPError), label
+    for scheme in (f"Basic {real_key}", f"bearer{real_key}", "Bearer", real_key):
+        response = httpx2.post(url, headers={"Authorization": scheme}, json={})
+        assert response.status_code == 401, scheme
+        assert response.json()["error"] == "invalid_token"
+        assert response.headers["www-authenticate"].startswith("Bearer ")
+    # the key store failing is a 503, not a crash, and not a pass
+    down = httpx2.post(url, headers={"Authorization": "Bearer explode"}, json={})
+    assert down.status_code == 503 and down.json()["error"] == "temporarily_unavailable"
+    assert "k" * 5000 not in keys.lookups  # an over-long token is refused before the lookup
+    # nothing reached a run: no audit record, no money, and the server still serves a good key
+    after = {k: (len(audit_of(r)), r.observation()["budget_left_usd"]) for k, r in keys.runs.items()}
+    assert after == before
+
+    async def still_serving() -> bool:
+        async with http_client(url, real_key) as client:
+            return (await client.call_tool("read", {"ref": "budget"})).is_error
+
+    assert anyio.run(still_serving) is False
+
+
+BAD_CALLS = [
+    ("evaluate", {"k": "two"}, "invalid_args"),
+    ("evaluate", {"k": 99}, "invalid_args"),
+    ("evaluate", {"k": 1, "admin": True}, "invalid_args"),
+    ("generate_data", {"teacher": "claude-opus-5"}, "invalid_args"),
+    ("read", {"ref": ["job-1"]}, "invalid_args"),
+    ("fly", {"to": "the moon"}, "unknown_tool"),
+    ("read", {"ref": "job-999"}, "unknown_ref"),
+    ("generate_data", {"teacher": "claude-opus-5", "n_examples": 20000}, "insufficient_budget"),
+]
+
+
+def test_http_refusals_are_error_results_with_their_code_and_cost_nothing(served):
+    url, keys = served
+    key, run = [(k, r) for k, r in keys.runs.items() if r.env.scenario.budget_usd == 0.5][0]
+
+    async def session() -> list[Any]:
+        async with http_client(url, key) as client:
+            return [await client.call_tool(tool, args) for tool, args, _ in BAD_CALLS]
+
+    results = anyio.run(session)
+    for (tool, args, code), result in zip(BAD_CALLS, results):
+        assert result.is_error, (tool, args)
+        assert result.structured_content["error"] == code, (tool, args, result.structured_content)
+        assert result.structured_content["cost_usd"] == 0 and f"ERROR {code}" in result.content[0].text
+    assert run.observation()["budget_left_usd"] == 0.5
+    refused = [e for e in audit_of(run) if e["decision"] == "refused"]
+    assert [e["code"] for e in refused] == [code for _, _, code in BAD_CALLS]  # every refusal audited
+
+
+def test_http_body_over_the_limit_is_refused_before_it_reaches_the_run(served):
+    url, keys = served
+    key, run = next(iter(keys.runs.items()))
+
+    async def session() -> tuple[BaseException | None, bool]:
+        async with http_client(url, key) as client:
+            error = None
+            try:
+                await client.call_tool("infer", {"prompt": "x" * 200_000})
+            except BaseException as exc:
+                error = exc
+            return error, (await client.call_tool("read", {"ref": "budget"})).is_error
+
+    error, read_refused = anyio.run(session)
+    assert error is not None and not read_refused
+    assert [e["tool"] for e in audit_of(run)] == ["read"]  # the oversized call never reached the run
+
+
+def test_http_runs_of_different_keys_cannot_read_each_others_artifacts(served):
+    url, keys = served
+    (key_a, run_a), (key_b, run_b) = list(keys.runs.items())[:2]
+    secret = f"SECRET-{secrets.token_hex(8)}"
+    leaked: dict[str, str] = {}
+    a_done = anyio.Event()
+
+    async def researcher_a() -> None:
+        async with http_client(url, key_a) as client:
+            edit = await client.call_tool("edit_harness", {"path": "notes.md", "content": secret})
+            leaked["version"] = edit.structured_content["result"]["version"]
+            leaked["job"] = (await client.call_tool("evaluate", {"k": 1})).structured_content["result"]["job"]
+            await client.call_tool("wait", {})
+            a_done.set()
+
+    async def researcher_b() -> list[Any]:
+        async with http_client(url, key_b) as client:
+            await client.call_tool("read", {"ref": "artifacts"})  # both sessions open at once
+            await a_done.wait()
+            return [await client.call_tool("read", {"ref": ref}) for ref in (
+                f"harness:{leaked['version']}/notes.md", f"harness:{leaked['version']}", leaked["job"], "artifacts", "jobs")]
+
+    async def both() -> list[Any]:
+        out: list[Any] = []
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(researcher_a)
+                tg.start_soon(researcher_b_into, out)
+        return out
+
+    async def researcher_b_into(out: list[Any]) -> None:
+        out.extend(await researcher_b())
+
+    stolen_file, stolen_version, stolen_job, artifacts, jobs = anyio.run(both)
+    for result in (stolen_file, stolen_version, stolen_job):
+        assert result.is_error and result.structured_content["error"] == "unknown_ref"
+    for result in (stolen_file, stolen_version, stolen_job, artifacts, jobs):
+        assert secret not in json.dumps(result.structured_content), result.structured_content
+    for result in (artifacts, jobs):  # B's listings know nothing of A's version or job
+        assert not result.is_error and leaked["version"] not in json.dumps(result.structured_content)
+        assert "evaluate" not in result.content[0].text.split("\n", 1)[1]
+    assert secret in json.dumps(run_a.call("read", {"ref": f"harness:{leaked['version']}/notes.md"}).model_dump())
+    assert all(e["key"] != audit_of(run_a)[0]["key"] for e in audit_of(run_b))
+
+
+def test_http_app_refuses_requests_until_started(served):
+    url, keys = served
+    app = mcp_http_app(keys)
+    response = TestClient(app).post("/mcp", headers={"Authorization": f"Bearer {next(iter(keys.runs))}"}, json={})
+    assert response.status_code == 503 and response.json()["error"] == "not_started"
+    with pytest.raises(ValueError):
+        build_mcp_server(progress_interval_s=1.0)  # neither a run nor a way to find one
+
+
+def test_an_unreachable_run_is_an_error_result_not_a_crash():
+    from rsigym_env.gateway.remote import RemoteRun
+
+    with socket.socket() as sock:  # a port that was just freed: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    run = RemoteRun(dead, "rsr_key", timeout_s=2)
+
+    async def session() -> tuple[Any, BaseException | None, Any]:
+        async with Client(build_mcp_server(run)) as client:
+            first = await client.call_tool("evaluate", {"k": 1})
+            try:
+                await client.read_resource(BUDGET_URI)
+                error = None
+            except MCPError as exc:
+                error = exc
+            return first, error, await client.call_tool("submit", {})
+
+    try:
+        first, error, again = anyio.run(session)
+    finally:
+        run.close()
+    assert first.is_error and first.structured_content["error"] == "service_unreachable"
+    assert isinstance(error, MCPError) and "run unavailable" in str(error)
+    assert again.is_error  # the server is still answering
+
+
+# ------------------------------------------------------------------------------------------------ progress
+
+
+class SlowWaits:
+    """A real run whose ``wait`` takes ``seconds`` of wall time, as the local world's waits do."""
+
+    def __init__(self, run: LocalRun, seconds: float):
+        self.run, self.seconds = run, seconds
+
+    def call(self, tool: str, args: dict[str, Any] | None = None) -> ToolReply:
+        if tool == "wait":
+            time.sleep(self.seconds)
+        return self.run.call(tool, args)
+
+    def observation(self) -> dict[str, Any]:
+        return self.run.observation()
+
+    def close(self) -> None:
+        self.run.close()
+
+
+def test_a_long_wait_sends_progress_notifications_while_it_runs():
+    run = SlowWaits(sim_run(), seconds=0.65)
+    progress: list[tuple[float, str | None]] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, message))
+
+    async def session() -> Any:
+        async with Client(build_mcp_server(run, progress_interval_s=0.15)) as client:
+            await client.call_tool("evaluate", {"k": 1})
+            return await client.call_tool("wait", {}, progress_callback=on_progress)
+
+    try:
+        result = anyio.run(session)
+    finally:
+        run.close()
+    assert not result.is_error and result.structured_content["events"]
+    heartbeats = [(v, m) for v, m in progress if m and "still running" in m]
+    assert 3 <= len(heartbeats) <= 5, progress
+    values = [v for v, _ in progress]
+    assert values == sorted(values) and progress[-1][1] == "wait returned (job-1 finished)"
+
+
+# ------------------------------------------------------------------------------------------------ an agent framework
+
+
+def test_openai_agents_sdk_completes_an_episode_through_the_stdio_server(tmp_path):
+    """The OpenAI Agents SDK (not written here) gets `rsigym mcp` as its MCP server and a scripted chat model
+    served by this package's OpenAI-compatible server; every action it takes is an MCP tool call."""
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+    from agents.mcp import MCPServerStdio
+    from openai import AsyncOpenAI
+
+    from rsigym_env.platform.ledger import Ledger
+    from rsigym_env.serving import Call, ModelRegistry, OpenAIServer, ScriptedChatModel
+
+    set_tracing_disabled(True)
+    script = ScriptedChatModel([
+        Call("evaluate", {"k": 1}), Call("wait", {}), Call("edit_harness", FIX), Call("evaluate", {"k": 99}),
+        Call("evaluate", {"k": 1}), Call("wait", {}), Call("submit", {}), "Submitted the fixed harness.",
+    ])
+    ledger = tmp_path / "ledger.sqlite"
+    params = stdio_server(tmp_path, "--world", "sim", "--benchmark", "aime", "--budget", "50", "--ledger", str(ledger))
+
+    async def episode(base_url: str) -> Any:
+        async with AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0) as openai_client, \
+                MCPServerStdio(params=params.model_dump(include={"command", "args", "env", "cwd"}),
+                               client_session_timeout_seconds=30, cache_tools_list=True) as server:
+            model = OpenAIChatCompletionsModel(model="researcher", openai_client=openai_client)
+            agent = Agent(name="researcher", instructions="Improve the target system, then submit.",
+                          mcp_servers=[server], model=model)
+            return await Runner.run(agent, "Start the research run.", max_turns=12)
+
+    with OpenAIServer(ModelRegistry({"researcher": script})) as chat:
+        result = anyio.run(episode, chat.base_url)
+
+    assert result.final_output == "Submitted the fixed harness." and script.remaining == 0
+    first = script.requests[0]
+    assert first.tool_names == list(TOOL_NAMES)  # the framework offered the model exactly the MCP tools
+    answers = [[m for m in r.messages if m.role == "tool"][-1].text for r in script.requests[1:]]
+    assert "started as job-1" in answers[0] and "finished: dev score" in answers[1]
+    assert "invalid_args" in answers[3]  # the refusal reached the model as the tool's answer
+    assert "submitted base + h-" in answers[6] and "normalized gain +0." in answers[6]
+    assert verify_audit(ledger).ok
+    with Ledger(ledger) as book:
+        events = [r.event for r in book.audit_records()]
+    assert [e["tool"] for e in events if e["op"] != "settle"] == [
+        "evaluate", "wait", "edit_harness", "evaluate", "evaluate", "wait", "official_evaluation", "submit"]
+    assert next(e for e in events if e["tool"] == "submit")["decision"] == "allowed"
+
+
+# ------------------------------------------------------------------------------------------------ in the session service
+
+
+def test_mounted_in_the_session_service_over_http_and_stdio(tmp_path):
+    """The same tools on `rsigym serve`: the HTTP app mounted at /mcp resolving the service's run keys, and
+    `rsigym mcp` over stdio driving the same run through RSIGYM_URL and RSIGYM_RUN_KEY."""
+    from rsigym_env.gateway.rest import create_app
+    from rsigym_env.gateway.service import RunRequest, SessionService
+
+    service = SessionService(tmp_path / "state", admin_token=secrets.token_urlsafe(24))
+    try:
+        key = service.create_run(RunRequest(world="sim", benchmark="aime", budget_usd=50, seed=0))["run_key"]
+        other = service.create_run(RunRequest(world="sim", benchmark="aime", budget_usd=50, seed=0))["run_key"]
+        mcp_app = mcp_http_app(service.backend_for_key)
+        app = create_app(service, mounts={"/mcp": mcp_app}, lifespan=lambda _: mcp_app.lifespan())
+        with serve_in_thread(app) as url:
+            async def over_http() -> Any:
+                async with http_client(f"{url}/mcp", key) as client:
+                    await assert_tool_listing(client)
+                    return await client.call_tool("evaluate", {"k": 1})
+
+            started = anyio.run(over_http)
+            assert not started.is_error and started.structured_content["result"]["job"] == "job-1"
+            env = {k: v for k, v in os.environ.items() if not k.startswith("RSIGYM_")}
+            params = StdioServerParameters(command=sys.executable, args=["-m", "rsigym_env.gateway.mcp_server"],
+                                           env={**env, "RSIGYM_URL": url, "RSIGYM_RUN_KEY": key}, cwd=str(tmp_path))
+
+            async def over_stdio() -> list[Any]:
+                async with Client(params, read_timeout_seconds=30) as client:
+                    return [await client.call_tool("wait", {}), await client.call_tool("submit", {})]
+
+            waited, submitted = anyio.run(over_stdio)
+            assert "job-1 (evaluate) finished" in waited.structured_content["text"]  # the run HTTP started
+            assert submitted.structured_content["done"] and submitted.structured_content["end"]["end_reason"] == "submitted"
+            assert service.backend_for_key(other).observation()["step"] == 0  # the other key's run was untouched
+    finally:
+        service.shutdown()
