@@ -117,13 +117,29 @@ class ScriptedResearcher:
             if result is not None:
                 candidates[(ckpt, version)] = result["score"]
         best = max(candidates, key=lambda c: candidates[c])
-        yield {"tool": "submit", "args": {"checkpoint": best[0], "harness": best[1]}}
+        _, info = yield {"tool": "submit", "args": {"checkpoint": best[0], "harness": best[1]}}
+        if info.get("ok") and "job" in (info.get("result") or {}):  # submission as a job (async_jobs): wait for it
+            yield from self.wait_for(info["result"]["job"])
+
+    def call(self, action: Action) -> Generator[Action, Step, dict[str, Any]]:
+        """Run a dataset-making call; with ``async_jobs`` it returns a job, waited for here. The info of
+        the finished call: ``ok``, ``result`` (``id``, ``n_examples``, ``stats``), ``cost_usd`` or the error."""
+        _, info = yield action
+        job = (info.get("result") or {}).get("job") if info.get("ok") else None
+        if job is None:
+            return info
+        event = yield from self.wait_for(job)
+        if not event or not event.get("ok"):
+            return {"ok": False, "error": "job_failed", "cost_usd": (event or {}).get("cost_usd", 0.0)}
+        return {"ok": True, "cost_usd": event.get("cost_usd", 0.0),
+                "result": {"id": event["dataset"], "n_examples": event["n_examples"], "stats": event["stats"]}}
 
     def distil(self, teachers: list[str], data_budget: float) -> Generator[Action, Step, str | None]:
         """Probe teachers, generate with the best, filter, dedupe, train; the new checkpoint id or None."""
         probes: dict[str, tuple[float, float]] = {}  # teacher -> (pass rate, dollars per example)
         for teacher in teachers:
-            _, info = yield {"tool": "generate_data", "args": {"teacher": teacher, "n_examples": self.args.probe_examples}}
+            info = yield from self.call({"tool": "generate_data", "args": {"teacher": teacher,
+                                                                           "n_examples": self.args.probe_examples}})
             if not info["ok"]:
                 continue
             probes[teacher] = (info["result"]["stats"].get("pass_rate", 0.0),
@@ -135,7 +151,7 @@ class ScriptedResearcher:
         n = min(self.args.max_examples, int((data_budget - spent) / max(probes[teacher][1], 1e-9)))
         dataset = None
         while n >= self.args.probe_examples and dataset is None:
-            _, info = yield {"tool": "generate_data", "args": {"teacher": teacher, "n_examples": n}}
+            info = yield from self.call({"tool": "generate_data", "args": {"teacher": teacher, "n_examples": n}})
             if info["ok"]:
                 dataset = info["result"]["id"]
             elif info.get("error") == "insufficient_budget":  # the worst case did not fit: scale to what does
@@ -146,7 +162,7 @@ class ScriptedResearcher:
         if dataset is None:
             return None
         for operation in ("filter", "dedupe"):
-            _, info = yield {"tool": "transform_data", "args": {"operation": operation, "datasets": [dataset]}}
+            info = yield from self.call({"tool": "transform_data", "args": {"operation": operation, "datasets": [dataset]}})
             if info["ok"] and info["result"]["n_examples"] > 0:
                 dataset = info["result"]["id"]
         _, info = yield {"tool": "train", "args": {"dataset": dataset}}

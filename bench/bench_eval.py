@@ -12,9 +12,9 @@ an instant rule (no NumPy model), so what is measured is the evaluation machiner
   the harness's sandbox, trajectory → ATIF), verifier (upload tests, ``chmod``, ``test.sh`` sandbox,
   reward), and the rest of the trial (Harbor's bookkeeping: config, lock and result files, hooks,
   artifacts, stop).
-* ``direct``: per trial, copy ``environment/`` into a fresh directory, run the harness command and
-  then ``test.sh`` (tests mounted) with ``run_isolated_async``, read the reward; same concurrency,
-  same model server.
+* ``direct``: per trial, a fresh sandbox group (its cgroup and tmpfs, as every trial has), copy
+  ``environment/`` into it, run the harness command and then ``test.sh`` (tests mounted) with
+  ``run_isolated_async``, read the reward; same concurrency, same model server.
 * ``sandbox_start``: one ``run_isolated_async("true")`` (bubblewrap start-up, the floor of any command).
 
     python bench/bench_eval.py [--tasks 10] [--k 3] [--concurrency 2]
@@ -133,6 +133,7 @@ async def _direct(root: Path, n_tasks: int, k: int, concurrency: int) -> float:
     async def trial(task: Path, attempt: int) -> None:
         async with gate:
             d = root / "trials" / f"{task.name}-{attempt}"
+            group = isolation.SandboxGroup(d, memory_mb=2048, processes=256, disk_mb=512)  # as every trial has
             app, logs, verifier = d / "app", d / "agent", d / "verifier"
             for x in (app, logs, verifier):
                 x.mkdir(parents=True)
@@ -146,14 +147,15 @@ async def _direct(root: Path, n_tasks: int, k: int, concurrency: int) -> float:
             (skeleton / "verifier").mkdir()
             skeleton.chmod(0o755)
             await isolation.run_isolated_async(
-                "python3 /harness/agent.py", workdir=app, env=env,
+                "python3 /harness/agent.py", workdir=app, env=env, group=group,
                 mounts=[isolation.Mount(skeleton, "/logs"), isolation.Mount(logs, "/logs/agent", writable=True),
                         isolation.Mount(harness_dir, "/harness"), isolation.Mount(sock, "/model.sock")])
             await isolation.run_isolated_async(
-                "bash /tests/test.sh", workdir=app,
+                "bash /tests/test.sh", workdir=app, group=group,
                 mounts=[isolation.Mount(skeleton, "/logs"), isolation.Mount(verifier, "/logs/verifier", writable=True),
                         isolation.Mount(task / "tests", "/tests")])
             rewards.append(float((verifier / "reward.txt").read_text()))
+            group.close()
 
     with OpenAIServer(ModelRegistry({"m": Solver()}), port=None, uds=sock):
         start = time.perf_counter()

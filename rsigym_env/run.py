@@ -232,22 +232,19 @@ class ResearchRun:
     def _generate_data(self, tool: GenerateData) -> tuple[str, dict[str, Any]]:
         rollout = self.world.rollout
         quote = rollout.quote_generate(tool)
-        ds = self._next("ds")
         if self.async_jobs:
-            return self._start_call(tool, quote, lambda: rollout.generate(tool, ds), ds,
-                                    f"{tool.teacher} x {tool.n_examples}")
-        return self._new_dataset(self._paid(tool, quote, lambda: rollout.generate(tool, ds)))
+            return self._start_call(tool, quote, lambda ds: rollout.generate(tool, ds), f"{tool.teacher} x {tool.n_examples}")
+        return self._new_dataset(self._paid(tool, quote, lambda: rollout.generate(tool, self._next("ds"))))
 
     def _transform_data(self, tool: TransformData) -> tuple[str, dict[str, Any]]:
         for ds in tool.datasets:
             self._dataset(ds)
         rollout = self.world.rollout
         quote = rollout.quote_transform(tool)
-        ds = self._next("ds")
         if self.async_jobs:
-            return self._start_call(tool, quote, lambda: rollout.transform(tool, ds), ds,
+            return self._start_call(tool, quote, lambda ds: rollout.transform(tool, ds),
                                     f"{tool.operation}({', '.join(tool.datasets)})")
-        return self._new_dataset(self._paid(tool, quote, lambda: rollout.transform(tool, ds)))
+        return self._new_dataset(self._paid(tool, quote, lambda: rollout.transform(tool, self._next("ds"))))
 
     def _background(self, call: Callable[[], T], kind: str, job_id: str, eta_s: float) -> Job:
         """``call`` as a job: computed at once and ready after its duration on a simulated clock (so the
@@ -280,11 +277,19 @@ class ResearchRun:
         return Job(id=job_id, kind=kind, started_at=now, future=future, meta={"eta_s": eta_s},  # type: ignore[arg-type]
                    cancel=cancel)
 
-    def _start_call(self, tool: Tool, quote: Quote, call: Callable[[], Billed[DatasetInfo]], dataset: str,
+    def _start_call(self, tool: Tool, quote: Quote, call: Callable[[str], Billed[DatasetInfo]],
                     what: str) -> tuple[str, dict[str, Any]]:
-        """A dataset-making call started as a job (``async_jobs``); ``wait`` for it, then read the dataset."""
-        job_id = self._next("job")
-        job = self._start(tool, quote, lambda: self._background(call, tool.name, job_id, quote.seconds), dataset)
+        """A dataset-making call started as a job (``async_jobs``); ``wait`` for it, then read the dataset.
+        Ids are taken only once the reservation holds (a refused call uses none, as in blocking mode)."""
+        made: list[str] = []
+
+        def start() -> Job:
+            made.append(self._next("ds"))
+            return self._background(lambda: call(made[0]), tool.name, self._next("job"), quote.seconds)
+
+        job = self._start(tool, quote, start, "")
+        dataset = made[0]
+        self.running[job.id].target = dataset
         return (f"{tool.name} started as {job.id}: {what} -> {dataset} when done "
                 f"(reserved ${quote.usd:.2f}, ~{quote.seconds / 60:.0f} min; wait {job.id})",
                 {"job": job.id, "dataset": dataset, "quote_usd": quote.usd, "eta_s": quote.seconds})
@@ -490,8 +495,8 @@ class ResearchRun:
         value = billed.value
         if isinstance(value, DatasetInfo):
             text, _ = self._new_dataset(billed)
-            return {"job": job_id, "kind": "dataset", "ok": True, "dataset": value.id, "cost_usd": billed.cost_usd,
-                    "text": f"{job_id} finished: {text}"}
+            return {"job": job_id, "kind": "dataset", "ok": True, "dataset": value.id, "n_examples": value.n_examples,
+                    "stats": dict(value.stats), "cost_usd": billed.cost_usd, "text": f"{job_id} finished: {text}"}
         if isinstance(value, TrainResult):
             self.checkpoints[value.checkpoint] = value
             return {"job": job_id, "kind": "train", "ok": True, "checkpoint": value.checkpoint,
@@ -630,6 +635,7 @@ class ResearchRun:
             "budget_usd": balance.budget_usd,
             "gain_per_usd": gain / balance.spent_usd if balance.spent_usd > 0 else 0.0,
             "official_eval_usd": initial.cost_usd + (final.cost_usd if final is not initial else 0.0),
+            "initial_official_cached": initial.value.cached,
             "steps": self.steps,
             "elapsed_h": now / 3600.0,
             "official_split": dict(getattr(self.world, "official_split", None) or {"mode": "world-seed"}),

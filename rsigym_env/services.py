@@ -118,6 +118,7 @@ class EvalResult(BaseModel):
     failure_modes: dict[str, int] = Field(description="Failed attempts per failure mode.")
     tokens: int
     sandbox_seconds: float
+    cached: bool = Field(False, description="A stored result of the very same evaluation (same system, tasks, seeds).")
 
     @property
     def tasks(self) -> list[TaskResult]:

@@ -209,6 +209,9 @@ ACTION_MAX_NODES = 4096       # containers + scalars in one action
 ACTION_MAX_BYTES = 1 << 20    # JSON text, and the sum of string lengths, of one action
 
 
+_SCALARS = frozenset({int, float, bool, type(None), np.int64, np.float64, np.int8})
+
+
 def check_shape(action: Any) -> None:
     """Refuse (``malformed_action``) an action nested deeper than ``ACTION_MAX_DEPTH``, with more than
     ``ACTION_MAX_NODES`` parts or ``ACTION_MAX_BYTES`` of text, or a self-referencing container —
@@ -221,6 +224,20 @@ def check_shape(action: Any) -> None:
     ...
     rsigym_env.errors.ActionError: the action is nested deeper than 8 levels
     """
+    if type(action) is tuple and len(action) == 2 and type(action[1]) is dict:  # the common case: a space sample
+        text = 0
+        for value in action[1].values():
+            kind = type(value)
+            if kind is str:
+                text += len(value)
+            elif kind is np.ndarray:
+                if value.size > 1:
+                    break
+            elif kind not in _SCALARS and not (kind is tuple and all(type(v) is str for v in value)):
+                break
+        else:
+            if len(action[1]) <= ACTION_MAX_NODES and text <= ACTION_MAX_BYTES:
+                return
     stack: list[tuple[Any, int]] = [(action, 0)]
     seen: set[int] = set()
     nodes = text = 0

@@ -8,6 +8,7 @@ running Ray instead of starting its own, and leaves it running.
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Any, Iterator
 
 import pytest
@@ -15,6 +16,8 @@ import pytest
 # The official split of the local world is drawn from a secret (rsigym_env.splits); the suite pins it so
 # its runs are reproducible and never touch the machine's own secret.
 os.environ.setdefault("RSIGYM_SPLIT_SECRET", "rsigym-test-suite-split-secret")
+# The platform's state (agents, secrets, caches, tasks) in a home of the test run's own, not the user's.
+os.environ.setdefault("RSIGYM_HOME", tempfile.mkdtemp(prefix="rsigym-test-home-"))
 
 
 @pytest.fixture(scope="session")

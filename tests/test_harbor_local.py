@@ -407,3 +407,27 @@ def test_minimal_harness_on_a_generated_benchmark(tmp_path):
     atif = json.loads((tmp_path / "evals" / "ev-1" / summary["trials"][0]["dir"] / "agent" / "trajectory.json").read_text())
     assert [s["source"] for s in atif["steps"][:2]][-1] == "user" and atif["extra"]["end_reason"] in ("done", "answer")
     assert any(s.get("tool_calls") for s in atif["steps"])  # the harness ran commands in the sandbox
+
+
+def test_tuned_harbor_hashes_exactly_as_harbor(tmp_path):
+    """The memoized task hashes (evaluation.tune_harbor) equal Harbor's own, and follow a changed file."""
+    import warnings
+
+    from harbor.models.task.task import Task
+    from harbor.publisher.packager import Packager
+
+    task = make_tasks(tmp_path / "tasks", {"t-add": 42}) / "t-add"
+    plain_hash, plain_files = Packager.compute_content_hash(task)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        plain_sum = Task(task).checksum
+    from rsigym_env.worlds.local.evaluation import tune_harbor
+
+    tune_harbor()
+    assert Packager.compute_content_hash(task) == (plain_hash, plain_files)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert Task(task).checksum == plain_sum
+        (task / "tests" / "expected.txt").write_text("43\n")
+        changed = Task(task).checksum
+    assert changed != plain_sum and Packager.compute_content_hash(task)[0] != plain_hash

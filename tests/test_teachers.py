@@ -48,6 +48,11 @@ def test_multi_turn_demonstrations_solve_and_use_the_action_language(name):
                 assert m["content"].startswith("OUT: ")
     wrong = sum(b.check(p, demonstrate_local(never, p, seed=i)[0]) for i, p in enumerate(probs))
     assert wrong <= 2  # a teacher that always errs rarely solves (skills: a guessed convention may be right)
+    # the in-place check of a played episode says what replaying its chat and verifying says
+    for teacher in (perfect, never, TeacherModel("half", accuracy=0.5)):
+        for i, p in enumerate(b.synthetic(6, seed=9)):
+            demo = demonstrate_local(teacher, p, seed=i, check=True)
+            assert demo.passed == b.check(p, demo.messages), (teacher, p.instruction)
 
 
 def test_same_seed_same_answer_and_seed_changes_errors():

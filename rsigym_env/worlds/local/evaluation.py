@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -80,6 +81,7 @@ SETUP_SLACK_S = 30.0          # sandbox seconds a trial may spend outside the ag
 EXPECTED_TRIAL_S = 1.0        # for the quote's duration estimate only
 AGENT_SLACK_S = 5.0           # Harbor's agent limit beyond the harness's own (upload, trajectory conversion)
 CANCEL_WAIT_S = 30.0          # how long a cancelled evaluation may take to stop its sandboxes
+CACHE_VERSION = "1"           # of the official-evaluation cache: bump when trials would score differently
 
 
 def failure_label(reward: float, end_reason: str | None, harness_error: str | None,
@@ -158,8 +160,11 @@ class LocalEvalService:
                  environment_kwargs: Mapping[str, Any] | None = None, max_parallel_evals: int = 1,
                  clock: Callable[[], float] = time.monotonic, environment_type: str | None = None,
                  model_host: str | None = None, model_port: int = 0, model_url: str | None = None,
-                 seed_key: bytes = b"", logs_quota_bytes: int = 1 << 30):
+                 seed_key: bytes = b"", logs_quota_bytes: int = 1 << 30, cache_dir: Path | None = None,
+                 model_identity: Callable[[str], str | None] | None = None):
         self.model_for = model_for
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None  # official results of fixed systems
+        self.model_identity = model_identity  # checkpoint -> content identity (None: not cacheable)
         self.logs_quota_bytes = logs_quota_bytes  # the run's dev evaluation logs, all together (prune_logs)
         self.seed_key = seed_key  # keys the trials' seeds (the platform's secret; see harbor_agent.trial_seed)
         # Remote reuse (default: bubblewrap trials, the model on a unix socket). ``environment_type``: a Harbor
@@ -261,15 +266,56 @@ class LocalEvalService:
         return min(quote.usd, cost)
 
     def official(self, req: EvalRequest) -> Billed[EvalResult]:
-        """The official split, synchronously; only the score and per-task rewards are kept."""
+        """The official split, synchronously; only the score and per-task rewards are kept.
+
+        With ``cache_dir`` and a ``model_identity`` for the checkpoint (the shipped base model), the
+        result is cached by content — split, tasks, model, harness files, k, seeds and the service's
+        settings — and a repeat costs nothing: it is the same evaluation (``cached`` in its summary)."""
         tasks = self._plan(req, "official")
+        key = self._cache_key(req, tasks)
+        if key is not None and (hit := self._cached(key)) is not None:
+            return hit
         with self._lock:
             self._counter += 1
             eval_id = f"official-{self._counter}"
         # its own thread: Harbor's job needs an event loop of its own, whatever the caller's thread runs
         with cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rsigym-official") as pool:
-            return pool.submit(self._evaluate, req, "official", eval_id, tasks,
-                               self._quote(len(tasks) * req.k)).result()
+            billed = pool.submit(self._evaluate, req, "official", eval_id, tasks,
+                                 self._quote(len(tasks) * req.k)).result()
+        if key is not None:
+            self._store(key, billed)
+        return billed
+
+    def _cache_key(self, req: EvalRequest, tasks: list[Path]) -> str | None:
+        identity = self.model_identity(req.checkpoint) if self.model_identity is not None else None
+        if self.cache_dir is None or identity is None:
+            return None
+        blob = json.dumps({"model": identity, "harness": req.harness_files, "k": req.k, "seed": self.seed,
+                           "seed_key": hashlib.sha256(self.seed_key).hexdigest(), "tasks": [str(t) for t in tasks],
+                           "settings": [self.tokens_per_trial, self.agent_timeout_s, self.verifier_timeout_s,
+                                        self.environment_type, sorted(self.environment_kwargs.items())],
+                           "code": CACHE_VERSION}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def _cached(self, key: str) -> Billed[EvalResult] | None:
+        try:
+            data = json.loads((self.cache_dir / f"{key}.json").read_text())
+            value = EvalResult.model_validate(data["result"]).model_copy(update={"cached": True})
+        except (OSError, ValueError, KeyError):
+            return None
+        log.info("official evaluation %s: cached result", key[:12])
+        return Billed[EvalResult](value=value, cost_usd=0.0, seconds=0.0)
+
+    def _store(self, key: str, billed: Billed[EvalResult]) -> None:
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.cache_dir, 0o700)
+            tmp = self.cache_dir / f".{key}.{os.getpid()}.tmp"
+            tmp.write_text(json.dumps({"result": billed.value.model_dump(), "cost_usd": billed.cost_usd,
+                                       "seconds": billed.seconds}))
+            os.replace(tmp, self.cache_dir / f"{key}.json")
+        except OSError as exc:  # a cache that cannot be written only costs time
+            log.warning("cannot cache an official evaluation in %s: %s", self.cache_dir, exc)
 
     def prune_logs(self) -> int:
         """Keep the run's evaluation logs under ``logs_quota_bytes``: the trial directories of the oldest
@@ -390,12 +436,9 @@ class LocalEvalService:
     def _run_job(self, req: EvalRequest, tasks: list[Path], work_dir: Path, harness_dir: Path,
                  session_key: str, eval_id: str) -> list[Any]:
         """Harbor's ``Job`` over the tasks, in a fresh event loop in this thread (cancelled by :meth:`close`)."""
-        import harbor.job
         from harbor.job import Job as HarborJob
 
-        if not getattr(harbor.job, "_rsigym_silenced", False):  # Harbor draws a rich progress bar even when quiet
-            harbor.job.Progress = functools.partial(harbor.job.Progress, disable=True)
-            harbor.job._rsigym_silenced = True
+        tune_harbor()
         config = self._job_config(req, tasks, work_dir, harness_dir, session_key)
 
         async def run() -> list[Any]:
@@ -472,6 +515,66 @@ class LocalEvalService:
             return max(0.0, float(json.loads(path.read_text())["seconds"]))
         except (OSError, ValueError, KeyError, TypeError):
             return 0.0
+
+
+_TUNED = threading.Lock()
+_TREE_CACHE_MAX = 4096
+
+
+def tune_harbor() -> None:
+    """Two adjustments to Harbor 0.25 (pinned), applied once per process.
+
+    * its job draws a rich progress bar even when ``quiet``: disabled;
+    * every trial hashes its task directory's whole content twice (the trial lock's digest and the
+      deprecated ``Task.checksum``), about a third of Harbor's own per-trial work here. Both are
+      memoized by the directory's files (path, size, mtime, inode of each): a changed file gives a
+      new key, so the value is always the one Harbor would compute (``tests/test_harbor_local.py``
+      checks it against Harbor's own)."""
+    with _TUNED:
+        import harbor.job
+        from harbor.models.task.task import Task
+        from harbor.publisher.packager import Packager
+
+        if getattr(harbor.job, "_rsigym_tuned", False):
+            return
+        harbor.job.Progress = functools.partial(harbor.job.Progress, disable=True)
+        content_hash = Packager.compute_content_hash
+        checksum = Task.checksum.fget
+        hashes: dict[tuple, Any] = {}
+        sums: dict[tuple, str] = {}
+
+        def cached_content_hash(task_dir: Path) -> tuple[str, list[Path]]:
+            key = _tree_key(Path(task_dir))
+            if key not in hashes:
+                if len(hashes) >= _TREE_CACHE_MAX:
+                    hashes.clear()
+                hashes[key] = content_hash(task_dir)
+            digest, files = hashes[key]
+            return digest, list(files)
+
+        def cached_checksum(task: Any) -> str:
+            key = _tree_key(Path(task.task_dir))
+            if key not in sums:
+                if len(sums) >= _TREE_CACHE_MAX:
+                    sums.clear()
+                sums[key] = checksum(task)
+            return sums[key]
+
+        Packager.compute_content_hash = staticmethod(cached_content_hash)
+        Task.checksum = property(cached_checksum, doc=Task.checksum.__doc__)
+        harbor.job._rsigym_tuned = True
+
+
+def _tree_key(root: Path) -> tuple:
+    """What identifies a directory's content without reading it: every entry's path, size, mtime and inode."""
+    root = root.resolve()
+    entries = []
+    for current, dirs, files in os.walk(root):
+        for name in files:
+            st = os.lstat(os.path.join(current, name))
+            entries.append((current, name, st.st_size, st.st_mtime_ns, st.st_ino))
+        entries.append((current, "", len(dirs), len(files), 0))
+    return (str(root), tuple(sorted(entries)))
 
 
 def discard_private(path: Path) -> None:

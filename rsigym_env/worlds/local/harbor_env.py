@@ -33,9 +33,9 @@ files are removed from the host log directories, so nothing the sandbox writes c
 (or a later reader of the job directory) open a host file it could not see.
 
 Harbor's ``user`` argument is accepted and ignored: every command runs as the sandbox's own
-unprivileged user. Two of Harbor's bookkeeping commands are done on the host, on the same files,
+unprivileged user. Three of Harbor's bookkeeping commands are done on the host, on the same files,
 instead of starting a sandbox (~20 ms each): the verifier's ``rm -f -- /logs/verifier/reward.*``
-and its ``chmod +x /tests/<script>``. ``stop()`` writes ``sandbox.json`` (sandbox seconds, commands) into the trial
+and its ``chmod +x /tests/<script>``, and the artifact collector's ``test -d /logs/<dir>``. ``stop()`` writes ``sandbox.json`` (sandbox seconds, commands) into the trial
 directory, where the evaluation bills it from.
 
 >>> sandbox_path_parts("/app/src/../x.py")
@@ -76,6 +76,7 @@ SANDBOX_RECORD = "sandbox.json"
 # start (~20 ms each): the verifier's removal of stale reward files and its chmod of the test script.
 _RM_REWARDS = re.compile(r"rm -f -- ((?:/logs/verifier/reward\.(?:txt|json) ?)+)")
 _CHMOD_TEST = re.compile(r"chmod \+x (/tests/[A-Za-z0-9_./-]+)")
+_TEST_DIR = re.compile(r"test -d (/logs/[A-Za-z0-9_./-]+)")  # Harbor asks before collecting artifacts
 # Files of environment/ that describe a container image rather than /app's contents.
 DOCKER_FILES = frozenset({"Dockerfile", "docker-compose.yaml", "docker-compose.yml", ".dockerignore"})
 # The probe runner: code under test, run apart from the verifier (see BubblewrapEnvironment._probe).
@@ -415,6 +416,13 @@ class BubblewrapEnvironment(BaseEnvironment):
                     return None  # let rm in the sandbox report it
                 target.unlink(missing_ok=True)
             return ExecResult(stdout="", stderr="", return_code=0)
+        if m := _TEST_DIR.fullmatch(command.strip()):
+            try:
+                target = self.host_path(m.group(1))
+            except (ValueError, PermissionError):
+                return None
+            found = target.is_dir() and not target.is_symlink()
+            return ExecResult(stdout="", stderr="", return_code=0 if found else 1)
         if (m := _CHMOD_TEST.fullmatch(command.strip())) and self._verifying:
             try:
                 target = self.host_path(m.group(1))

@@ -31,13 +31,15 @@ import hashlib
 import random
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from rsigym_env.prices import TeacherPrice
 from rsigym_env.serving.models import ChatChoice, ChatRequest, apply_limits, estimate_completion_tokens, estimate_prompt_tokens
 
-from .benchmarks import BENCHMARKS, SOLVERS, Problem, domain_of, observation, parse_action, run_command, write_files
+from .benchmarks import (BENCHMARKS, SOLVERS, Problem, domain_of, observation, parse_action, run_command, verify_dir,
+                         write_files)
 
 TEACHER_ACCURACY: dict[str, float] = {"teacher-small": 0.70, "teacher-large": 0.95}
 TEACHER_PRICES: dict[str, TeacherPrice] = {
@@ -88,11 +90,29 @@ TEACHERS: dict[str, Callable[[], TeacherModel]] = {
 """Teacher name → factory."""
 
 
+@dataclass(frozen=True)
+class Demonstration:
+    """A played episode: the chat (with the observations the harness showed), its token usage, and
+    whether it solved the task (the verifier's rules on the final files; None when not checked)."""
+
+    messages: list[dict[str, str]]
+    prompt_tokens: int
+    completion_tokens: int
+    passed: bool | None = None
+
+    def __iter__(self):  # (messages, prompt tokens, completion tokens), as before
+        return iter((self.messages, self.prompt_tokens, self.completion_tokens))
+
+    def __getitem__(self, index: int) -> Any:
+        return (self.messages, self.prompt_tokens, self.completion_tokens)[index]
+
+
 def run_episode(ask: Callable[[list[dict[str, str]]], tuple[str, int, int]], problem: Problem,
-                max_turns: int | None = None) -> tuple[list[dict[str, str]], int, int]:
+                max_turns: int | None = None, *, check: bool = False) -> Demonstration:
     """Play one episode as the minimal harness does (fresh shell per command at a copy of the task's
-    files; ``OUT:`` observations) with ``ask(messages) -> (reply, prompt_tokens, completion_tokens)``.
-    Returns (messages, prompt tokens, completion tokens)."""
+    files, ``OUT:`` observations, ``ANSWER:`` written to ``answer.txt``) with ``ask(messages) -> (reply,
+    prompt_tokens, completion_tokens)``. ``check``: judge the final files with the verifier's rules —
+    what replaying the chat and verifying would give, without running anything twice."""
     bench = next(b for b in BENCHMARKS.values() if b.domain == problem.domain)
     turns = max_turns or bench.max_turns
     messages = list(problem.messages)
@@ -108,20 +128,25 @@ def run_episode(ask: Callable[[list[dict[str, str]]], tuple[str, int, int]], pro
             reply = reply.strip()
             messages.append({"role": "assistant", "content": reply})
             kind, arg = parse_action(reply)
+            if kind == "answer":
+                (app / "answer.txt").write_text(arg + "\n")
             if kind != "cmd":
                 break
             out, code = run_command(arg, app)
             messages.append({"role": "user", "content": observation(out, code)})
         if messages[-1]["role"] != "assistant":
             messages.pop()
+        passed = verify_dir(app, problem.expected) if check else None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return messages, used[0], used[1]
+    return Demonstration(messages, used[0], used[1], passed)
 
 
-def demonstrate(client: Any, teacher: str, problem: Problem, seed: int, max_tokens: int = 256) -> tuple[list[dict], int, int]:
+def demonstrate(client: Any, teacher: str, problem: Problem, seed: int, max_tokens: int = 256, *,
+                check: bool = False) -> Demonstration:
     """A teacher demonstration of ``problem`` through an ``openai`` client (the OpenAI-compatible
-    server): the full chat with the observations the harness would show, and the token usage."""
+    server): the full chat with the observations the harness would show, the token usage and (with
+    ``check``) whether it solved the task."""
     def ask(messages: list[dict[str, str]]) -> tuple[str, int, int]:
         r = client.chat.completions.create(model=teacher, messages=messages, max_tokens=max_tokens, seed=seed,
                                            temperature=0)
@@ -129,18 +154,18 @@ def demonstrate(client: Any, teacher: str, problem: Problem, seed: int, max_toke
         return (r.choices[0].message.content or "", getattr(usage, "prompt_tokens", 0) or 0,
                 getattr(usage, "completion_tokens", 0) or 0)
 
-    return run_episode(ask, problem)
+    return run_episode(ask, problem, check=check)
 
 
-def demonstrate_local(model: TeacherModel, problem: Problem, seed: int) -> tuple[list[dict], int, int]:
+def demonstrate_local(model: TeacherModel, problem: Problem, seed: int, *, check: bool = False) -> Demonstration:
     """As :func:`demonstrate` but calling the teacher in-process (no server)."""
     def ask(messages: list[dict[str, str]]) -> tuple[str, int, int]:
         req = ChatRequest(model=model.name, messages=messages, seed=seed)
         c = model.complete(req)[0]
         return c.content or "", c.prompt_tokens or 0, c.completion_tokens or 0
 
-    return run_episode(ask, problem)
+    return run_episode(ask, problem, check=check)
 
 
-__all__ = ["TEACHERS", "TEACHER_ACCURACY", "TEACHER_PRICES", "TeacherModel", "demonstrate", "demonstrate_local",
-           "run_episode"]
+__all__ = ["Demonstration", "TEACHERS", "TEACHER_ACCURACY", "TEACHER_PRICES", "TeacherModel", "demonstrate",
+           "demonstrate_local", "run_episode"]

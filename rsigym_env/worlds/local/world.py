@@ -30,7 +30,7 @@ from rsigym_env.errors import ActionError, WorkFailed
 from rsigym_env.prices import DEFAULT_PRICES, PriceList, TeacherPrice
 from rsigym_env.scenario import Scenario
 from rsigym_env.serving import ModelRegistry, OpenAIServer
-from rsigym_env.splits import official_split
+from rsigym_env.splits import official_split, rsigym_home
 from rsigym_env.services import Billed, Completion, DatasetInfo, Job, Quote, TrainResult, progress_reporter
 from rsigym_env.tools import GenerateData, Infer, Train, TransformData
 
@@ -42,6 +42,7 @@ INFER_TOKENS_PER_SECOND = 1500.0   # for quotes only; actual time is measured
 TRAIN_TOKENS_PER_SECOND = 4000.0
 TRANSFORM_TIMEOUT_S = 60.0
 CANCEL_WAIT_S = 30.0   # how long a cancelled job may take to stop (one training step, one trial)
+DEMO_WORKERS = 3       # teacher demonstrations at once (they mostly wait on the teacher server and on processes)
 
 
 class JobCancelled(Exception):
@@ -137,7 +138,8 @@ class LocalWorld:
         self.evaluation = LocalEvalService(
             model_for=self.chat_model, tasks=self.tasks, run_dir=self.run_dir / "evals", prices=self.prices,
             seed=seed, server=self.server, vcpus=self.vcpus, memory_gib=self.memory_gib, clock=self.clock.now,
-            concurrency=int(self.options["eval_concurrency"]), seed_key=self.split.key("trial-seeds"))
+            concurrency=int(self.options["eval_concurrency"]), seed_key=self.split.key("trial-seeds"),
+            cache_dir=rsigym_home() / "cache" / "official", model_identity=self._model_identity)
 
     # ---- models ---------------------------------------------------------------------------------
 
@@ -148,6 +150,15 @@ class LocalWorld:
             register_base(self.registry, self.tinker, self.base_model, name=checkpoint, replace=True)
         else:
             register_checkpoint(self.registry, self.tinker, sampler_path, name=checkpoint, replace=True)
+
+    def _model_identity(self, checkpoint: str) -> str | None:
+        """What a checkpoint's weights are, for caching its official evaluations: only the shipped base
+        model has one (trained checkpoints and test models are evaluated every time)."""
+        if checkpoint != "base" or self.base_model != BASE_MODEL:
+            return None
+        from .base import manifest
+
+        return f"{BASE_MODEL}:{manifest()['sha256']['weights.npz']}"
 
     def chat_model(self, checkpoint: str) -> Any:
         """The servable model behind a checkpoint id ('base' or 'ckpt-N')."""
@@ -278,16 +289,19 @@ class LocalRollout:
         problems = w.benchmark.synthetic(call.n_examples, seed=stream)
         rows, usage = [], [0, 0]
         report = progress_reporter()
-        try:
-            for i, problem in enumerate(problems):
-                messages, prompt_tokens, completion_tokens = demonstrate(
-                    w.client, call.teacher, problem, seed=stream + i, max_tokens=call.max_tokens_per_example)
-                usage[0] += prompt_tokens
-                usage[1] += completion_tokens
-                report(w.prices.teacher_usd(call.teacher, *usage))
-                rows.append({"messages": messages,
-                             "meta": {"problem": problem.id, "teacher": call.teacher,
-                                      "passed": bool(w.benchmark.check(problem, messages))}})
+
+        def one(i: int) -> Any:
+            return demonstrate(w.client, call.teacher, problems[i], seed=stream + i,
+                               max_tokens=call.max_tokens_per_example, check=True)
+
+        try:  # demonstrations side by side (their commands and checks wait on processes), kept in order
+            with cf.ThreadPoolExecutor(max_workers=DEMO_WORKERS, thread_name_prefix="rsigym-demo") as pool:
+                for i, demo in enumerate(pool.map(one, range(len(problems)))):
+                    usage[0] += demo.prompt_tokens
+                    usage[1] += demo.completion_tokens
+                    report(w.prices.teacher_usd(call.teacher, *usage))
+                    rows.append({"messages": demo.messages,
+                                 "meta": {"problem": problems[i].id, "teacher": call.teacher, "passed": bool(demo.passed)}})
             info = w.save_dataset(dataset_id, rows, f"{call.teacher} x {call.n_examples} (synthetic)")
         except Exception as exc:  # the tokens served so far were used: bill them
             code = exc.code if isinstance(exc, ActionError) else "service_error"

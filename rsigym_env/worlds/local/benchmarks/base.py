@@ -28,7 +28,9 @@ import os
 import random
 import shutil
 import subprocess
+import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -115,155 +117,12 @@ def write_files(root: Path, files: dict[str, str]) -> None:
 
 # --- the verifier (stdlib python run by tests/test.sh) -----------------------------------------
 
-PROBE_SOCKET = "/run/rsigym/probe.sock"
+from . import verifier  # noqa: E402
+
+PROBE_SOCKET = verifier.SOCKET
 """Where the verifier reaches the environment's probe runner (mounted for verifier commands only)."""
-
-PROBE_PY = """import json, sys
-sys.dont_write_bytecode = True
-req = json.loads(sys.stdin.read())
-sys.path.insert(0, req["app"])
-try:
-    m = __import__(req["module"])
-except BaseException as e:
-    out = {"import_error": type(e).__name__}
-else:
-    res = []
-    for name, args in req["calls"]:
-        try:
-            v = getattr(m, name)(*args)
-            res.append(["value", v if type(v) in (int, bool, str) else repr(v)[:200]])
-        except BaseException as e:
-            res.append(["error", type(e).__name__])
-    out = {"results": res}
-sys.stdout.write("\\n" + json.dumps(out) + "\\n")
-sys.stdout.flush()
-"""
-"""Runs the code under test in the probe's own sandbox: imports the module from the app directory,
-makes the calls, prints one JSON line. Whatever the code under test does there (exit early, print,
-patch this program) it can only change what comes back, and only knowing the expected values would
-make that pass."""
-
-_VERIFIER_TEMPLATE = '''"""Hidden check (stdlib only): reads expected.json beside this file, inspects /app, exits 0 iff solved.
-
-It never runs, imports or follows anything left in /app: files are read with O_NOFOLLOW and
-O_NONBLOCK one directory at a time and must be regular files. Code under test ("calls" tasks) runs
-only in a sandbox of its own (no /tests, no /logs/verifier, no network), started by the
-environment's probe runner behind the socket mounted for the verifier; only its printed results
-come back and are compared with strict types. No probe runner: the task fails closed.
-``--local`` (host-side checks of trusted demonstrations only) runs the probe as a subprocess.
-"""
-import json, os, socket, stat, subprocess, sys
-HERE = os.path.dirname(os.path.abspath(__file__))
-APP = os.environ.get("RSIGYM_APP_DIR", "/app")
-SOCKET = @SOCKET@
-MAX_BYTES = 1 << 20
-PROBE = @PROBE@
-exp = json.load(open(os.path.join(HERE, "expected.json")))
-
-
-def _walk(rel, leaf_flags):
-    """An fd of APP/rel opened without following any symlink on the way (or None)."""
-    parts = [p for p in rel.split("/") if p not in ("", ".")]
-    if not parts or ".." in parts:
-        return None
-    try:
-        fd = os.open(APP, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return None
-    try:
-        for part in parts[:-1]:
-            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-        return os.open(parts[-1], leaf_flags | os.O_NOFOLLOW, dir_fd=fd)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def read(rel):
-    fd = _walk(rel, os.O_RDONLY | os.O_NONBLOCK)
-    if fd is None:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, MAX_BYTES + 1)
-        return None if len(data) > MAX_BYTES else data.decode("utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-    finally:
-        os.close(fd)
-
-
-def is_dir(rel):
-    fd = _walk(rel, os.O_RDONLY | os.O_DIRECTORY)
-    if fd is None:
-        return False
-    os.close(fd)
-    return True
-
-
-def probe(module, calls):
-    """Run the calls in the code under test's own sandbox; the parsed results, or None."""
-    request = {"module": module, "calls": calls, "app": "/app"}
-    if "--local" in sys.argv[1:]:
-        request["app"] = APP
-        try:
-            out = subprocess.run([sys.executable, "-I", "-c", PROBE], input=json.dumps(request).encode(), cwd=APP,
-                                 capture_output=True, timeout=10).stdout.decode("utf-8", "replace")
-        except subprocess.TimeoutExpired:
-            return None
-    else:
-        if not os.path.exists(SOCKET):
-            print("no probe runner: code under test cannot run apart from the verifier here", file=sys.stderr)
-            return None
-        message = json.dumps({"argv": ["python3", "-I", "-c", PROBE], "stdin": json.dumps(request),
-                              "timeout_s": 10}).encode() + b"\\n"
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-                conn.settimeout(30)
-                conn.connect(SOCKET)
-                conn.sendall(message)
-                conn.shutdown(socket.SHUT_WR)
-                data = b""
-                while len(data) <= 4 * MAX_BYTES:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-            out = json.loads(data.decode("utf-8"))["stdout"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-    lines = [line for line in str(out).splitlines() if line.strip()]
-    try:
-        return json.loads(lines[-1]) if lines else None
-    except ValueError:
-        return None
-
-
-def same(got, want):
-    return type(got) is type(want) and got == want
-
-
-kind = exp["kind"]
-if kind == "answer":
-    ok = (read("answer.txt") or "").strip().upper() == str(exp["answer"]).upper()
-elif kind == "files":
-    ok = all((read(p) or "\\0").strip() == c.strip() for p, c in exp["files"].items())
-    ok = ok and all(is_dir(d) for d in exp.get("dirs", []))
-elif kind == "calls":
-    out = probe(exp["module"], exp["calls"])
-    results = out.get("results") if isinstance(out, dict) else None
-    ok = (isinstance(results, list) and len(results) == len(exp["want"])
-          and all(isinstance(r, list) and len(r) == 2 and r[0] == "value" and same(r[1], w)
-                  for r, w in zip(results, exp["want"])))
-else:
-    ok = False
-sys.exit(0 if ok else 1)
-'''
-VERIFIER_PY = _VERIFIER_TEMPLATE.replace("@SOCKET@", repr(PROBE_SOCKET)).replace("@PROBE@", repr(PROBE_PY))
+VERIFIER_PY = Path(verifier.__file__).read_text()
+"""Each task's ``tests/check.py``: the source of :mod:`.verifier`, which the host imports too."""
 
 TEST_SH = """#!/bin/bash
 # Writes 1 (solved) or 0 to /logs/verifier/reward.txt; the check and its hidden data are beside this file.
@@ -280,17 +139,91 @@ COPY . /app
 
 
 def verify_dir(app: Path, expected: dict[str, Any]) -> bool:
-    """Run the verifier script against an app directory on the host (``--local``: trusted demonstrations only)."""
-    with tempfile.TemporaryDirectory(prefix="rsigym-verify-") as tmp:
-        (Path(tmp) / "check.py").write_text(VERIFIER_PY)
-        (Path(tmp) / "expected.json").write_text(json.dumps(expected))
-        env = _clean_env(app) | {"RSIGYM_APP_DIR": str(app)}
+    """Does the app directory ``app`` solve the task? The verifier's own rules, in this process (code under
+    test, for "calls" tasks, in a forked child of a warm worker process): for trusted demonstrations
+    only, never for harness output.
+
+    >>> verify_dir(Path("/nonexistent"), {"kind": "answer", "answer": "4"})
+    False
+    """
+    if expected.get("kind") != "calls":
+        return verifier.judge(expected, str(app), local=True)
+    out = _WARM_PROBE.run({"module": expected["module"], "calls": expected["calls"], "app": str(app)})
+    results = out.get("results") if isinstance(out, dict) else None
+    return (isinstance(results, list) and len(results) == len(expected["want"])
+            and all(isinstance(r, list) and len(r) == 2 and r[0] == "value" and verifier.same(r[1], w)
+                    for r, w in zip(results, expected["want"])))
+
+
+_FORK_SERVER = r"""
+import json, os, select, signal, sys
+PROBE = sys.argv[1]
+for line in sys.stdin:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        request = json.loads(line)
+        os.chdir(request["app"])
+        sys.stdin = open(os.devnull)
+        os.dup2(w, 1)
+        import io
+        sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", closefd=False), write_through=True)
+        sys.stdin = io.StringIO(line)
         try:
-            proc = subprocess.run(["python3", "-I", str(Path(tmp) / "check.py"), "--local"], cwd=app, env=env,
-                                  capture_output=True, timeout=20)
-        except subprocess.TimeoutExpired:
-            return False
-        return proc.returncode == 0
+            exec(compile(PROBE, "<probe>", "exec"), {"__name__": "__main__"})
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks, ready = [], select.select([r], [], [], 10)[0]
+    while ready:
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        ready = select.select([r], [], [], 10)[0]
+    os.close(r)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.waitpid(pid, 0)
+    lines = [l for l in b"".join(chunks).decode("utf-8", "replace").splitlines() if l.strip()]
+    sys.stdout.write((lines[-1] if lines else "null") + chr(10))
+    sys.stdout.flush()
+"""
+
+
+class _WarmProbe:
+    """A Python worker started once per process that forks a child per check (~1 ms instead of a
+    ~50 ms interpreter start); each child imports the code under test fresh and is killed after 10 s."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+
+    def run(self, request: dict[str, Any]) -> Any:
+        with self._lock:
+            for _ in range(2):  # a worker that died is replaced once
+                if self._proc is None or self._proc.poll() is not None:
+                    self._proc = subprocess.Popen([sys.executable, "-I", "-c", _FORK_SERVER, verifier.PROBE],
+                                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                try:
+                    self._proc.stdin.write(json.dumps(request) + "\n")  # type: ignore[union-attr]
+                    self._proc.stdin.flush()  # type: ignore[union-attr]
+                    line = self._proc.stdout.readline()  # type: ignore[union-attr]
+                except (BrokenPipeError, OSError):
+                    line = ""
+                if line:
+                    try:
+                        return json.loads(line)
+                    except ValueError:
+                        return None
+                self._proc = None
+        raise RuntimeError("the probe worker for host-side checks did not answer (twice)")
+
+
+_WARM_PROBE = _WarmProbe()
 
 
 def replay(problem: Problem, actions: list[str], app: Path) -> None:

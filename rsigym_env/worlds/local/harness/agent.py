@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import json
 import os
-import py_compile
 import re
 import shlex
 import subprocess
@@ -190,6 +189,8 @@ def py_files(app: str) -> dict[str, bytes]:
 
 
 def compiles(path: str) -> bool:
+    import py_compile  # only the [edits] check needs it (imports are a trial's start-up cost)
+
     with tempfile.TemporaryDirectory() as tmp:
         try:
             py_compile.compile(path, cfile=os.path.join(tmp, "x.pyc"), doraise=True)

@@ -1,7 +1,8 @@
 """A stdlib OpenAI-compatible chat client over a unix socket or http (the harness's only way out).
 
-Importing ``openai`` costs ~0.6 s per trial; this costs ~0.03 s. ``RSIGYM_MODEL_SOCKET`` (a unix
-socket path) wins over ``RSIGYM_MODEL_URL`` (e.g. ``http://127.0.0.1:8000/v1``).
+Importing ``openai`` costs ~0.6 s per trial and ``http.client`` ~0.04 s; this speaks HTTP/1.1 on a
+plain socket (``http.client`` only for https). ``RSIGYM_MODEL_SOCKET`` (a unix socket path) wins over
+``RSIGYM_MODEL_URL`` (e.g. ``http://127.0.0.1:8000/v1``).
 
 >>> client = Client(url="http://127.0.0.1:9/v1")
 >>> client.path("/chat/completions")
@@ -10,7 +11,6 @@ socket path) wins over ``RSIGYM_MODEL_URL`` (e.g. ``http://127.0.0.1:8000/v1``).
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import socket
@@ -26,16 +26,35 @@ class LLMError(RuntimeError):
         self.status, self.code = status, code
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self._path)
-        self.sock = sock
+def _request(sock: socket.socket, host: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+    """One HTTP/1.1 POST on a connected socket (``Connection: close``) → (status, body)."""
+    head = "".join(f"{k}: {v}\r\n" for k, v in {"Host": host, "Content-Length": str(len(body)),
+                                                  "Connection": "close", **headers}.items())
+    sock.sendall(f"POST {path} HTTP/1.1\r\n{head}\r\n".encode() + body)
+    chunks = []
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    header, _, data = raw.partition(b"\r\n\r\n")
+    lines = header.decode("latin-1").split("\r\n")
+    try:
+        status = int(lines[0].split()[1])
+    except (IndexError, ValueError):
+        raise OSError(f"not an HTTP response: {lines[0][:80]!r}") from None
+    fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    if fields.get("transfer-encoding", "").lower() == "chunked":
+        out, rest = b"", data
+        while rest:
+            size_line, _, rest = rest.partition(b"\r\n")
+            size = int(size_line.split(b";")[0] or b"0", 16)
+            if size == 0:
+                break
+            out, rest = out + rest[:size], rest[size + 2:]
+        data = out
+    return status, data
 
 
 class Client:
@@ -59,32 +78,45 @@ class Client:
     def path(self, endpoint: str) -> str:
         return self.prefix + endpoint
 
-    def _connection(self) -> http.client.HTTPConnection:
+    def _post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        if self.https:  # rare (a remote endpoint): the stdlib's client, imported only then
+            import http.client
+
+            conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout)
+            try:
+                conn.request("POST", path, body=body, headers=headers)
+                resp = conn.getresponse()
+                return resp.status, resp.read()
+            finally:
+                conn.close()
         if self.socket_path:
-            return _UnixConnection(self.socket_path, self.timeout)
-        cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-        return cls(self.host, self.port, timeout=self.timeout)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            address: Any = self.socket_path
+        else:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            address = (self.host, self.port or 80)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(address)
+            return _request(sock, "localhost" if self.socket_path else self.host, path, body, headers)
+        finally:
+            sock.close()
 
     def chat(self, model: str, messages: list[dict[str, Any]], **params: Any) -> dict[str, Any]:
         """POST /chat/completions → ``{"content", "finish_reason", "usage"}`` of the first choice."""
         body = json.dumps({"model": model, "messages": messages, **{k: v for k, v in params.items() if v is not None}})
-        conn = self._connection()
         try:
-            conn.request("POST", self.path("/chat/completions"), body=body.encode(),
-                         headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"})
-            resp = conn.getresponse()
-            data = resp.read()
+            status, data = self._post(self.path("/chat/completions"), body.encode(),
+                                      {"Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"})
         except OSError as exc:
             raise LLMError(f"cannot reach the model server: {exc}") from None
-        finally:
-            conn.close()
         try:
             payload = json.loads(data or b"{}")
         except ValueError:
-            raise LLMError(f"model server answered {resp.status} with non-JSON", resp.status) from None
-        if resp.status != 200:
+            raise LLMError(f"model server answered {status} with non-JSON", status) from None
+        if status != 200:
             err = payload.get("error") or {}
-            raise LLMError(err.get("message") or f"HTTP {resp.status}", resp.status, err.get("code"))
+            raise LLMError(err.get("message") or f"HTTP {status}", status, err.get("code"))
         choice = payload["choices"][0]
         return {"content": (choice.get("message") or {}).get("content") or "",
                 "finish_reason": choice.get("finish_reason"), "usage": payload.get("usage") or {}}
