@@ -36,6 +36,17 @@ $(STAMP): pyproject.toml constraints.txt
 	      "Install it as root: apt-get install -y bubblewrap (or dnf/apk install bubblewrap)." >&2; \
 	  fi; \
 	fi
+	@# the dashboard's browser tests drive Debian's chromium through chromedriver
+	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium and chromium-driver (browser tests of rsigym watch)"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } || \
+	      echo "WARNING: could not install chromium/chromium-driver; the rsigym watch browser tests will be skipped" >&2; \
+	  else \
+	    echo "WARNING: chromium or chromedriver is missing: the rsigym watch browser tests will be skipped." \
+	      "Install them as root: apt-get install -y chromium chromium-driver" >&2; \
+	  fi; \
+	fi
 	@touch $(STAMP)
 
 setup: $(STAMP)  ## create .venv and install the package with every extra the tests need

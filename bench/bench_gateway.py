@@ -1,4 +1,4 @@
-"""The session service under load: N concurrent sim runs x M steps through REST, next to in-process stepping.
+"""The session service under load: N concurrent sim runs x M steps through REST and MCP, next to in-process stepping.
 
 A real ``rsigym serve`` process (``python -m rsigym_env.gateway.cli serve --port 0``) on loopback;
 this process creates the runs (admin token) and drives each from its own thread with its own
@@ -145,6 +145,53 @@ def through_rest(url: str, calls: list[tuple[str, dict[str, Any]]], runs: int, f
             "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
 
 
+def through_mcp(url: str, calls: list[tuple[str, dict[str, Any]]], runs: int, first_seed: int = 0) -> dict[str, Any]:
+    """``runs`` runs driven at once through the service's ``/mcp`` (the ``mcp`` SDK's streamable-HTTP
+    client, one per run, in one event loop): each call is one MCP ``tools/call``."""
+    import anyio
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    created = [httpx.post(f"{url}/v1/runs", json={"benchmark": BENCHMARK, "budget_usd": BUDGET, "seed": s},
+                          headers=admin, timeout=120).json() for s in range(first_seed, first_seed + runs)]
+    latencies: list[list[float]] = [[] for _ in created]
+    costs: list[float] = [0.0] * runs
+    errors: list[str] = []
+
+    async def drive(i: int) -> None:
+        headers = {"Authorization": f"Bearer {created[i]['run_key']}"}
+        async with httpx2.AsyncClient(headers=headers, timeout=120) as http:
+            async with Client(streamable_http_client(f"{url}/mcp", http_client=http)) as client:
+                for tool, args in calls:
+                    t = time.perf_counter()
+                    try:
+                        result = await client.call_tool(tool, args)
+                    except Exception as exc:  # counted, not fatal
+                        errors.append(f"run {i} {tool}: {type(exc).__name__}: {exc}")
+                        continue
+                    latencies[i].append(time.perf_counter() - t)
+                    reply = result.structured_content or {}
+                    if result.is_error or not reply.get("ok"):
+                        errors.append(f"run {i} {tool}: {reply.get('error')}")
+                    costs[i] += float(reply.get("cost_usd", 0.0))
+
+    async def everyone() -> None:
+        async with anyio.create_task_group() as tg:
+            for i in range(runs):
+                tg.start_soon(drive, i)
+
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    anyio.run(everyone)
+    wall = time.perf_counter() - started
+    flat = [x for run in latencies for x in run]
+    return {"created": created, "costs": costs, "errors": errors, "wall_s": wall, "calls": len(flat),
+            "calls_per_s": len(flat) / wall, "latency": percentiles(flat),
+            "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
+
+
 def check_books(state: Path, created: list[dict[str, Any]], costs: list[float]) -> list[str]:
     problems = []
     for run, cost in zip(created, costs):
@@ -176,23 +223,28 @@ def main(argv: list[str] | None = None) -> int:
         try:
             alone = through_rest(url, calls, 1, first_seed=10_000)  # one run by itself: no queueing
             rest = through_rest(url, calls, args.runs)
+            mcp_alone = through_mcp(url, calls, 1, first_seed=20_000)
+            mcp = through_mcp(url, calls, args.runs, first_seed=30_000)
         finally:
             proc.terminate()
             proc.wait(60)
-        problems = check_books(state, alone.pop("created"), alone.pop("costs"))
-        problems += check_books(state, rest.pop("created"), rest.pop("costs"))
-    errors = alone.pop("errors") + rest.pop("errors")
+        problems = []
+        for part in (alone, rest, mcp_alone, mcp):
+            problems += check_books(state, part.pop("created"), part.pop("costs"))
+    errors = alone.pop("errors") + rest.pop("errors") + mcp_alone.pop("errors") + mcp.pop("errors")
     out = {"runs": args.runs, "steps": args.steps, "ray": args.ray, "cpus": os.cpu_count(),
-           "in_process": reference, "rest_one_run": alone, "rest": rest, "books_problems": problems,
-           "errors": len(errors), "error_samples": errors[:5]}
+           "in_process": reference, "rest_one_run": alone, "rest": rest, "mcp_one_run": mcp_alone, "mcp": mcp,
+           "books_problems": problems, "errors": len(errors), "error_samples": errors[:5]}
     rows = [("env.step (memory ledger)", reference["env.step"]), ("RunHost.call (file ledger + steps.jsonl)",
             reference["RunHost.call"]), ("REST, one run alone", alone["latency"]),
-            (f"REST, {args.runs} runs at once", rest["latency"])]
+            (f"REST, {args.runs} runs at once", rest["latency"]), ("MCP (streamable HTTP), one run alone",
+            mcp_alone["latency"]), (f"MCP, {args.runs} runs at once", mcp["latency"])]
     print(f"{args.runs} runs x {args.steps} steps, {os.cpu_count()} CPUs{', Ray ' + args.ray if args.ray else ''}")
     print(f"{'per call':44} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9}")
     for name, p in rows:
         print(f"{name:44} {p['p50_ms']:9.3f} {p['p99_ms']:9.3f} {p['mean_ms']:9.3f}")
     print(f"REST: {rest['calls']} calls in {rest['wall_s']:.2f} s = {rest['calls_per_s']:.0f} calls/s; "
+          f"MCP: {mcp['calls']} calls in {mcp['wall_s']:.2f} s = {mcp['calls_per_s']:.0f} calls/s; "
           f"errors {out['errors']}; books of every run balanced: {not problems}")
     print(f"load average before {rest['loadavg_before'][0]:.2f}, after {rest['loadavg_after'][0]:.2f} (1 min)")
     if args.json:

@@ -14,7 +14,7 @@
     rsigym ledger show runs/<run>/ledger.sqlite       rsigym ledger recover runs/<run>/ledger.sqlite
     rsigym serve --port 8765                          rsigym mcp --scenario sim-joint-aime-500
     rsigym skills --out skills/                       rsigym export atif runs/<run>
-    rsigym openenv --port 8000
+    rsigym openenv --port 8000                        rsigym watch runs/ --port 8766
 """
 
 from __future__ import annotations
@@ -79,6 +79,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         from .replay import TapeWrapper
 
         env = TapeWrapper(env, record=args.record, replay=args.replay, meta={"agent": args.agent})
+    from .watch.record import RunRecorder
+
+    env = RunRecorder(env, run_dir, researcher=args.agent, surface="rsigym run")  # what `rsigym watch` shows, live
     try:
         researcher = _researcher(args, run_dir)
     except (ValueError, KeyError) as exc:
@@ -711,6 +714,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .gateway import cli as gateway_cli, mcp_server, openenv_server
 
     gateway_cli.register(sub)
+    from .watch import cli as watch_cli
+
+    watch_cli.register(sub)
     mcp_server.register(sub)
     openenv_server.register(sub)
     return parser

@@ -1,4 +1,5 @@
-"""``rsigym serve`` as a user starts it: REST and MCP (streamable HTTP at /mcp) on one port, one run key."""
+"""``rsigym serve`` as a user starts it: REST, MCP (streamable HTTP at /mcp) and the dashboard (/watch)
+on one port, one run key."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def test_rsigym_serve_speaks_rest_and_mcp_with_the_same_run_key(tmp_path: Path):
     token_file.write_text(ADMIN)
     token_file.chmod(0o600)
     proc = subprocess.Popen([sys.executable, "-m", "rsigym_env.cli", "serve", "--port", "0", "--state-dir",
-                             str(tmp_path / "state"), "--admin-token-file", str(token_file)],
+                             str(tmp_path / "state"), "--admin-token-file", str(token_file), "--watch"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = None
@@ -49,6 +50,8 @@ def test_rsigym_serve_speaks_rest_and_mcp_with_the_same_run_key(tmp_path: Path):
         assert refused.is_error and refused.structured_content["error"] == "invalid_args"
         jobs = httpx.get(f"{url}/v1/jobs", headers={"Authorization": f"Bearer {key}"}, timeout=30).json()
         assert "job-1" in str(jobs)  # the job MCP started is the REST view's job: one run behind both
+        page = httpx.get(f"{url}/watch/", timeout=30)  # the live dashboard of the same runs (--watch)
+        assert page.status_code == 200 and created["run_id"][:8] in page.text
         with pytest.raises(Exception):
             anyio.run(lambda: _list_with(url, "wrong-key"))
     finally:

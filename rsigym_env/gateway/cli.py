@@ -84,7 +84,17 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     from .mcp_server import mcp_http_app
 
     mcp_app = mcp_http_app(service.backend_for_key)  # MCP over streamable HTTP at /mcp, the same run keys
-    app = create_app(service, mounts={"/mcp": mcp_app}, lifespan=lambda _: mcp_app.lifespan())
+    mounts: dict[str, Any] = {"/mcp": mcp_app}
+    if args.watch:  # the live dashboard of these runs (its pages have no login: loopback only)
+        if not is_loopback(args.host):
+            console.print("[red]error:[/] --watch serves pages without a login: only on a loopback --host")
+            sock.close()
+            return 2
+        from ..watch.app import create_app as watch_app
+        from ..watch.catalog import ServiceSource
+
+        mounts["/watch"] = watch_app([service.runs_dir], live=ServiceSource(service))
+    app = create_app(service, mounts=mounts, lifespan=lambda _: mcp_app.lifespan())
     server = uvicorn_server(app, args.log_level)
     console.print(f"state {state_dir}: " + ", ".join(f"{n} {s}" for s, n in states.items()), highlight=False)
     print(f"rsigym serve: listening on {url_of(sock)}", flush=True)
@@ -172,6 +182,8 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--ray", metavar="ADDRESS", help="run each run in a Ray actor: a cluster address, 'auto', "
                                                         "or 'local' to start a Ray here")
     serve.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --host")
+    serve.add_argument("--watch", action="store_true", help="also serve the live dashboard of the runs at /watch "
+                                                            "(loopback only)")
     serve.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(func=cmd_serve)
 

@@ -63,6 +63,7 @@ from ..run import ResearchRun
 from ..scenario import Scenario
 from ..services import EvalResult, TrainResult
 from ..worlds.sim.clock import SimClock
+from ..watch.record import RunRecorder
 from .backend import LocalRun, ToolReply, jsonable
 
 RUN_FILE = "run.json"
@@ -321,6 +322,8 @@ class ServedRun(LocalRun):
             env = self.env.unwrapped
             if isinstance(self.env, StepLog):
                 self.env.close_file()
+                if isinstance(self.env.env, RunRecorder):
+                    self.env.env.close_file()
             if env.run is not None:
                 env.run.world.close()
                 env.run = None
@@ -462,7 +465,9 @@ class RunHost:
         ``active``/``done``, or ``interrupted`` with ``code`` and ``message`` (then it is released)."""
         if not resume:
             env = self._env(self.run_dir / LEDGER_FILE)
-            self.served = ServedRun(StepLog(env, self.run_dir / STEPS_FILE), self.meta.seed)
+            recorder = RunRecorder(env, self.run_dir, researcher=self.meta.label, surface="rsigym serve",
+                                   run_id=self.meta.run_id)
+            self.served = ServedRun(StepLog(recorder, self.run_dir / STEPS_FILE), self.meta.seed)
             self.ledger_key = env.run.key.id  # type: ignore[union-attr]
             (self.run_dir / BRIEFING_FILE).write_text(self.served.observation()["log"])
         else:
@@ -488,7 +493,9 @@ class RunHost:
         if any(n > len(lines) for n in resumes):
             raise ReplayDiverged(f"a hand-over after step {max(resumes)} but only {len(lines)} steps are recorded")
         env = self._env(None)
-        log = StepLog(env, self.run_dir / STEPS_FILE, recording=False)
+        recorder = RunRecorder(env, self.run_dir, researcher=self.meta.label, surface="rsigym serve",
+                               run_id=self.meta.run_id, recording=False)
+        log = StepLog(recorder, self.run_dir / STEPS_FILE, recording=False)
         served = ServedRun(log, self.meta.seed)
         try:
             assert env.run is not None
@@ -523,6 +530,7 @@ class RunHost:
             env.close()
             raise
         log.recording = True
+        recorder.recording = True  # appends a "resume" line: this process writes the run from here on
         return served
 
     def _interrupt(self, code: str, message: str) -> dict[str, Any]:

@@ -1,0 +1,471 @@
+"""The ``rsigym watch`` web app (Starlette): the runs list, a run's page, a sweep's page, live updates.
+
+Pages are rendered on the server (Jinja2); one small script (``static/watch.js``) sorts and filters
+the list, draws the charts with plotly.js (served from the ``plotly`` Python package, no build step,
+nothing from the network) and keeps pages current through server-sent events:
+
+* ``GET /`` — runs and sweeps; ``GET /events?gen=N`` streams the list rows changed after generation N.
+* ``GET /runs/{key}`` — a run; ``GET /runs/{key}/events?after=N`` streams its new steps and sections;
+  ``GET /runs/{key}/steps/{n}`` is step n's full observation text; ``GET /runs/{key}/diff?a=&b=``
+  the harness diff between two versions; ``GET /runs/{key}/trajectory.json`` the ATIF export.
+* ``GET /sweeps/{key}``, ``GET /sweeps/{key}/episodes/{i}``, ``GET /sweeps/{key}/files/{name}``.
+* ``GET /api/runs``, ``GET /api/runs/{key}``, ``GET /api/sweeps/{key}`` — the same as JSON.
+
+>>> import httpx, tempfile
+>>> from rsigym_env.serving.asgi import ThreadedASGIServer
+>>> with ThreadedASGIServer(create_app([tempfile.mkdtemp()]), name="watch") as server:
+...     httpx.get(server.url + "/api/runs").json()
+{'runs': [], 'sweeps': [], 'generation': 0}
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+import json
+import math
+import os
+import time
+import urllib.parse
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, AsyncIterator, Iterable
+
+import anyio
+import anyio.to_thread
+import jinja2
+import markupsafe
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from .catalog import Catalog, LiveSource
+from .model import STALL_AFTER_S, signature
+from .sweeps import FILES, load_sweep, sweep_view
+from .views import run_view
+
+HERE = Path(__file__).resolve().parent
+POLL_S = 0.5
+"""How often a live page's stream looks for changes."""
+TIMELINE_MAX = 2000
+"""A run page lists at most this many steps (the last ones); the JSON API has them all."""
+CSP = ("default-src 'self'; img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; script-src 'self'; "
+       "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
+
+
+def plotly_js() -> Path | None:
+    """``plotly.min.js`` as the ``plotly`` package ships it (``None`` if it is not installed)."""
+    spec = importlib.util.find_spec("plotly")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "package_data" / "plotly.min.js"
+    return path if path.is_file() else None
+
+
+# ------------------------------------------------------------------------------------ formatting
+
+
+def _money(value: Any) -> str:
+    if value is None or isinstance(value, jinja2.Undefined):
+        return "—"
+    value = float(value)
+    return f"${value:,.2f}" if abs(value) >= 0.995 or value == 0 else f"${value:,.4f}"
+
+
+def _pct(value: Any) -> str:
+    return "—" if value is None or isinstance(value, jinja2.Undefined) else f"{100 * float(value):.2f}%"
+
+
+def _score(value: Any) -> str:
+    return "—" if value is None or isinstance(value, jinja2.Undefined) else f"{float(value):.3f}"
+
+
+def _gain(value: Any) -> str:
+    return "—" if value is None or isinstance(value, jinja2.Undefined) else f"{float(value):+.4f}"
+
+
+def _when(t: Any) -> str:
+    if not isinstance(t, (int, float)) or not math.isfinite(t):
+        return "—"
+    return datetime.fromtimestamp(t, timezone.utc).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _hours(seconds: Any) -> str:
+    return "—" if seconds is None or isinstance(seconds, jinja2.Undefined) else f"{float(seconds) / 3600:.2f} h"
+
+
+def _tojson(value: Any) -> markupsafe.Markup:
+    """JSON safe inside a ``<script type="application/json">`` element."""
+    text = json.dumps(value, default=str, allow_nan=False) if _finite(value) else json.dumps(_nan_free(value), default=str)
+    return markupsafe.Markup(text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))
+
+
+def _finite(value: Any) -> bool:
+    try:
+        json.dumps(value, default=str, allow_nan=False)
+        return True
+    except ValueError:
+        return False
+
+
+def _nan_free(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _nan_free(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_nan_free(v) for v in value]
+    return value
+
+
+_ORDER = {"running": 0, "stalled": 1, "failed": 2, "finished": 3}
+
+
+def render_row(r: dict[str, Any], base: str = "") -> str:
+    """One row of the runs list (the hot path of a list of thousands: plain Python, not a template).
+
+    >>> render_row({"key": "r<1>", "status": "running", "status_note": "", "last_t": None, "kind": "run",
+    ...             "scenario": "s", "world": "sim", "benchmark": "aime", "researcher": "me", "steps": 2,
+    ...             "max_steps": 9, "spend_frac": 0.5, "spent_usd": 1.0, "budget_usd": 2.0, "best_dev": None,
+    ...             "official": None, "gain": None})[:64]
+    '<tr data-key="r&lt;1&gt;" data-status="running" data-scenario="s'
+    """
+    e = html.escape
+    status, key = str(r["status"]), str(r["key"])
+    note = f' <small class="muted">{e(str(r["status_note"]))}</small>' if r.get("status_note") else ""
+    last_t = r.get("last_t")
+    ago = f'<br><small class="muted" data-ago="{last_t}">{_when(last_t)}</small>' if last_t else ""
+    service = ' <small class="muted">(service)</small>' if r.get("kind") == "live" else ""
+    world, bench = r.get("world") or "", r.get("benchmark") or ""
+    frac, spent, gain = r.get("spend_frac"), r.get("spent_usd"), r.get("gain")
+    if spent is not None:
+        width = min(100.0 * (frac or 0.0), 100.0)
+        spend = (f'<span class="bar" title="{100 * (frac or 0):.1f}% of the budget"><i style="width: {width:.1f}%"></i>'
+                 f'</span>{_money(spent)}' + (f' <small class="muted">of {_money(r["budget_usd"])}</small>'
+                                              if r.get("budget_usd") else ""))
+    else:
+        spend = "—"
+    steps = f'{r["steps"]}' + (f'<small class="muted">/{r["max_steps"]}</small>' if r.get("max_steps") else "")
+    trend = " up" if gain is not None and gain > 0 else " down" if gain is not None and gain < 0 else ""
+    num = lambda v, none: none if v is None else v  # noqa: E731
+    return (
+        f'<tr data-key="{e(key)}" data-status="{e(status)}" data-scenario="{e(str(r["scenario"]))}" '
+        f'data-researcher="{e(str(r["researcher"]))}" data-world="{e(world)}" class="st-{e(status)}">\n'
+        f'  <td data-v="{_ORDER.get(status, 9)}"><span class="badge {e(status)}">{e(status)}</span>{note}{ago}</td>\n'
+        f'  <td data-v="{e(key)}"><a href="{e(base)}/runs/{urllib.parse.quote(key, safe="")}">{e(key)}</a>{service}</td>\n'
+        f'  <td data-v="{e(str(r["scenario"]))}">{e(str(r["scenario"]))}</td>\n'
+        f'  <td data-v="{e(world)}">{e(world) or "—"}</td>\n'
+        f'  <td data-v="{e(bench)}">{e(bench) or "—"}</td>\n'
+        f'  <td data-v="{e(str(r["researcher"]))}">{e(str(r["researcher"]))}</td>\n'
+        f'  <td class="num" data-v="{r["steps"]}">{steps}</td>\n'
+        f'  <td class="num" data-v="{num(frac, -1)}">{spend}</td>\n'
+        f'  <td class="num" data-v="{num(r.get("best_dev"), -1)}">{_score(r.get("best_dev"))}</td>\n'
+        f'  <td class="num" data-v="{num(r.get("official"), -1)}">{_pct(r.get("official"))}</td>\n'
+        f'  <td class="num{trend}" data-v="{num(gain, -9)}">{_gain(gain)}</td>\n'
+        "</tr>\n")
+
+
+def templates() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
+                             autoescape=jinja2.select_autoescape(default=True), trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(money=_money, pct=_pct, score=_score, gain=_gain, when=_when, hours=_hours, tojson=_tojson)
+    return env
+
+
+# ------------------------------------------------------------------------------------ the app
+
+
+def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_after_s: float = STALL_AFTER_S,
+               live: LiveSource | None = None, catalog: Catalog | None = None, poll_s: float = POLL_S,
+               title: str = "rsigym watch") -> Starlette:
+    """The watch app over ``roots`` (run directories, sweep directories or folders of them).
+
+    Args:
+        stall_after_s: a running run with no step for this long is shown as stalled.
+        live: runs of a session service (:class:`~.catalog.ServiceSource`, :class:`~.catalog.URLSource`).
+        catalog: use this catalog instead of making one from ``roots``.
+        poll_s: how often live pages look for changes.
+    """
+    catalog = catalog or Catalog(list(roots), stall_after_s=stall_after_s, live=live)
+    env = templates()
+    plotly = plotly_js()
+    state: dict[str, Any] = {"stop": False}
+
+    def page(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+        base = request.scope.get("root_path", "").rstrip("/")
+        html = env.get_template(name).render(base=base, title=title, plotly=plotly is not None, now=time.time(),
+                                             stall_after_s=catalog.stall_after_s, **context)
+        return HTMLResponse(html, status_code=status_code, headers={"Content-Security-Policy": CSP})
+
+    def not_found(request: Request, what: str) -> HTMLResponse:
+        return page(request, "missing.html", 404, what=what)
+
+    rendered: dict[tuple[str, str], tuple[dict[str, Any], str]] = {}
+
+    def row_html(row: dict[str, Any], base: str) -> str:
+        """A list row's HTML, rendered again only when the catalog has a new row object for it."""
+        cached = rendered.get((row["key"], base))
+        if cached is not None and cached[0] is row:
+            return cached[1]
+        text = render_row(row, base)
+        rendered[(row["key"], base)] = (row, text)
+        if len(rendered) > 4 * max(1024, len(catalog.keys())):
+            rendered.clear()
+        return text
+
+    async def thread(fn: Any, *args: Any) -> Any:
+        return await anyio.to_thread.run_sync(fn, *args)
+
+    # ---------------------------------------------------------------- the list
+
+    def _index(base: str) -> dict[str, Any]:
+        rows = catalog.rows()
+        return {"rows_html": markupsafe.Markup("".join(row_html(r, base) for r in rows)), "n_rows": len(rows),
+                "scenarios": sorted({str(r["scenario"]) for r in rows}),
+                "researchers": sorted({str(r["researcher"]) for r in rows}), "sweeps": catalog.sweeps(),
+                "generation": catalog.generation}
+
+    async def index(request: Request) -> Response:
+        context = await thread(_index, request.scope.get("root_path", "").rstrip("/"))
+        live_error = getattr(catalog.live, "error", None) if catalog.live is not None else None
+        return page(request, "runs.html", roots=[str(r) for r in catalog.roots], live_error=live_error, **context)
+
+    async def api_runs(request: Request) -> Response:
+        rows = await thread(catalog.rows)
+        return JSONResponse({"runs": _nan_free(rows), "sweeps": await thread(catalog.sweeps),
+                             "generation": catalog.generation})
+
+    async def list_events(request: Request) -> Response:
+        from sse_starlette import EventSourceResponse
+
+        try:
+            since = int(request.query_params.get("gen", "0"))
+        except ValueError:
+            since = 0
+        base = request.scope.get("root_path", "").rstrip("/")
+
+        async def stream() -> AsyncIterator[dict[str, Any]]:
+            nonlocal since
+            keys: set[str] | None = None
+            while not state["stop"]:
+                generation = await thread(catalog.refresh)
+                if generation != since:
+                    rows = await thread(catalog.rows, since)
+                    now_keys = catalog.keys()
+                    payload: dict[str, Any] = {"gen": generation,
+                                               "rows": {r["key"]: row_html(r, base) for r in rows}}
+                    if keys is not None and now_keys != keys or keys is None:
+                        payload["keys"] = sorted(now_keys)
+                    keys = now_keys
+                    since = generation
+                    yield {"event": "rows", "data": json.dumps(payload)}
+                await anyio.sleep(poll_s)
+
+        return EventSourceResponse(stream(), ping=15, send_timeout=30)
+
+    # ---------------------------------------------------------------- a run
+
+    def _view(key: str) -> dict[str, Any] | None:
+        entry = catalog.entry(key)
+        if entry is None or entry.path is None:
+            return None
+        reader = catalog.reader(key)
+        assert reader is not None
+        return run_view(entry.path, reader, catalog.stall_after_s, key=key, live=catalog.live_run(key))
+
+    def _parts(view: dict[str, Any], base: str, after: int) -> dict[str, Any]:
+        steps = [s for s in view["steps"] if s["step"] > after]
+        ctx = {"v": view, "base": base, "now": time.time()}
+        return {
+            "after": view["n_steps"], "status": view["row"]["status"],
+            "rows": env.get_template("_steps.html").render(steps=steps[-TIMELINE_MAX:], **ctx),
+            "sections": {name: env.get_template(f"_{name}.html").render(**ctx)
+                         for name in ("header", "jobs", "datasets", "harness", "result")},
+            "charts": _nan_free(view["charts"]),
+        }
+
+    async def run_page(request: Request) -> Response:
+        key = request.path_params["key"]
+        entry = await thread(catalog.entry, key)
+        if entry is not None and entry.kind == "live":
+            return page(request, "live.html", key=key, run=await thread(catalog.live_run, key))
+        view = await thread(_view, key)
+        if view is None:
+            return not_found(request, f"run {key!r}")
+        shown = view["steps"][-TIMELINE_MAX:]
+        return page(request, "run.html", v=view, shown=shown, hidden=len(view["steps"]) - len(shown))
+
+    async def api_run(request: Request) -> Response:
+        view = await thread(_view, request.path_params["key"])
+        if view is None:
+            return JSONResponse({"error": "unknown_run"}, status_code=404)
+        return JSONResponse(_nan_free({k: v for k, v in view.items() if k != "versions"}
+                                      | {"versions": [{k: x for k, x in v.items() if k != "files"}
+                                                      for v in view["versions"]]}))
+
+    async def run_events(request: Request) -> Response:
+        from sse_starlette import EventSourceResponse
+
+        key = request.path_params["key"]
+        entry = await thread(catalog.entry, key)
+        if entry is None or entry.path is None:
+            return JSONResponse({"error": "unknown_run"}, status_code=404)
+        try:
+            after = int(request.query_params.get("after", "0"))
+        except ValueError:
+            after = 0
+        base = request.scope.get("root_path", "").rstrip("/")
+        path = entry.path
+
+        async def stream() -> AsyncIterator[dict[str, Any]]:
+            nonlocal after
+            seen: Any = None
+            while not state["stop"]:
+                sig = await thread(signature, path)
+                row = await thread(catalog.row, key)
+                mark = (sig, (row or {}).get("status"), (row or {}).get("status_note"))
+                if mark != seen:
+                    view = await thread(_view, key)
+                    if view is None:
+                        return
+                    if seen is not None or view["n_steps"] != after:
+                        parts = await thread(_parts, view, base, after)
+                        after = parts["after"]
+                        yield {"event": "run", "data": json.dumps(parts, default=str)}
+                    seen = mark
+                await anyio.sleep(poll_s)
+
+        return EventSourceResponse(stream(), ping=15, send_timeout=30)
+
+    async def observation(request: Request) -> Response:
+        key, n = request.path_params["key"], request.path_params["n"]
+        reader = await thread(catalog.reader, key)
+        if reader is None:
+            return PlainTextResponse("no such run", status_code=404)
+        st = await thread(reader.state)
+        text = st.logs.get(n)
+        if text is None:
+            step = next((s for s in st.steps if s["step"] == n), None)
+            if step is None:
+                return PlainTextResponse(f"no step {n}", status_code=404)
+            text = _rendered(step)
+        return PlainTextResponse(text)
+
+    async def harness_diff(request: Request) -> Response:
+        reader = await thread(catalog.reader, request.path_params["key"])
+        if reader is None:
+            return PlainTextResponse("no such run", status_code=404)
+        st = await thread(reader.state)
+        a, b = request.query_params.get("a", ""), request.query_params.get("b", "")
+        diff = st.harness_diff(a, b)
+        html = env.get_template("_diff.html").render(diff=diff, a=a, b=b)
+        return HTMLResponse(html, status_code=200 if diff is not None else 404)
+
+    async def trajectory(request: Request) -> Response:
+        entry = await thread(catalog.entry, request.path_params["key"])
+        if entry is None or entry.path is None:
+            return JSONResponse({"error": "unknown_run"}, status_code=404)
+        try:
+            from ..gateway.atif import export_atif
+
+            t = await thread(export_atif, entry.path)
+        except ImportError as exc:
+            return JSONResponse({"error": "unavailable", "message": f"the ATIF export needs harbor: {exc}"}, 501)
+        except (ValueError, OSError) as exc:
+            return JSONResponse({"error": "no_trajectory", "message": str(exc)}, status_code=404)
+        return Response(json.dumps(t.to_json_dict(), indent=1, ensure_ascii=False), media_type="application/json",
+                        headers={"Content-Disposition": f'attachment; filename="{entry.key}.atif.json"'})
+
+    # ---------------------------------------------------------------- sweeps
+
+    def _sweep(key: str) -> tuple[Any, dict[str, Any]] | None:
+        entry = catalog.entry(key)
+        if entry is None or entry.kind != "sweep" or entry.path is None:
+            return None
+        data = load_sweep(entry.path)
+        return entry, sweep_view(data)
+
+    async def sweep_page(request: Request) -> Response:
+        found = await thread(_sweep, request.path_params["key"])
+        if found is None:
+            return not_found(request, f"sweep {request.path_params['key']!r}")
+        entry, view = found
+        files = {name: (entry.path / name).is_file() for name in FILES}
+        runs = catalog.keys()
+        return page(request, "sweep.html", s=view, key=entry.key, path=str(entry.path), files=files, runs=runs)
+
+    async def episode_page(request: Request) -> Response:
+        found = await thread(_sweep, request.path_params["key"])
+        i = request.path_params["i"]
+        if found is None or not 0 <= i < len(found[1]["episodes"]):
+            return not_found(request, f"episode {i} of sweep {request.path_params['key']!r}")
+        entry, view = found
+        data = await thread(load_sweep, entry.path)
+        episode = data["episodes"][i]
+        run_key = Path(str(episode.get("run_dir"))).name if episode.get("run_dir") else None
+        return page(request, "episode.html", key=entry.key, i=i, e=episode, n=len(view["episodes"]),
+                    run_key=run_key if run_key in catalog.keys() else None)
+
+    async def api_sweep(request: Request) -> Response:
+        found = await thread(_sweep, request.path_params["key"])
+        if found is None:
+            return JSONResponse({"error": "unknown_sweep"}, status_code=404)
+        return JSONResponse(_nan_free({k: v for k, v in found[1].items() if k != "aggregates"}))
+
+    async def sweep_file(request: Request) -> Response:
+        entry = await thread(catalog.entry, request.path_params["key"])
+        name = request.path_params["name"]
+        if entry is None or entry.kind != "sweep" or entry.path is None or name not in FILES:
+            return PlainTextResponse("not found", status_code=404)
+        path = entry.path / name
+        if not path.is_file():
+            return PlainTextResponse("not found", status_code=404)
+        return FileResponse(path)
+
+    # ---------------------------------------------------------------- static
+
+    async def plotly_file(request: Request) -> Response:
+        if plotly is None:
+            return PlainTextResponse("// plotly is not installed: pip install plotly", media_type="text/javascript",
+                                     status_code=404)
+        return FileResponse(plotly, media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state["stop"] = False
+        yield
+        state["stop"] = True
+
+    routes = [
+        Route("/", index), Route("/api/runs", api_runs), Route("/events", list_events),
+        Route("/runs/{key}", run_page), Route("/api/runs/{key}", api_run), Route("/runs/{key}/events", run_events),
+        Route("/runs/{key}/steps/{n:int}", observation), Route("/runs/{key}/diff", harness_diff),
+        Route("/runs/{key}/trajectory.json", trajectory),
+        Route("/sweeps/{key}", sweep_page), Route("/sweeps/{key}/episodes/{i:int}", episode_page),
+        Route("/api/sweeps/{key}", api_sweep), Route("/sweeps/{key}/files/{name}", sweep_file),
+        Route("/static/plotly.min.js", plotly_file), Route("/health", health),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.catalog = catalog
+    return app
+
+
+def _rendered(step: dict[str, Any]) -> str:
+    """What an older record's step showed, where its text was not recorded."""
+    if not step.get("ok"):
+        text = f"ERROR {step.get('error')}: {step.get('message')}"
+    else:
+        text = json.dumps(step.get("result"), indent=1, default=str)
+    events = [str(e.get("text", "")) for e in step.get("events") or [] if isinstance(e, dict)]
+    return "\n".join([text, *events]) + "\n\n(older run: the observation text itself was not recorded)"
+
+
+__all__ = ["create_app", "plotly_js", "templates"]
