@@ -254,7 +254,7 @@ class LocalChatModel:
 
 
 def chat_model(service_client: Any, model_path: str | None = None, base_model: str | None = None, *,
-               renderer: Any = None) -> LocalChatModel:
+               renderer: Any = None, pool: Any = None) -> LocalChatModel:
     """A :class:`LocalChatModel` for a checkpoint (``tinker://...`` path) or a base model of a
     ``LocalServiceClient``. The path is checked now (``CheckpointNotFoundError``, an ``ActionError``);
     the weights load on the first request; a checkpoint whose files vanish later answers 404."""
@@ -268,6 +268,8 @@ def chat_model(service_client: Any, model_path: str | None = None, base_model: s
     else:
         base = service_client.base_model(base_model)
     def factory() -> Any:
+        if pool is not None and pool.poolable(base.name):  # sampled in worker processes (the same tokens)
+            return pool.client(model_path=model_path, base_model=base_model, tokenizer=base.tokenizer)
         return service_client.create_sampling_client(model_path=model_path, base_model=base_model).result()
 
     return LocalChatModel(factory, renderer if renderer is not None else _default_renderer(base.tokenizer),
@@ -275,22 +277,22 @@ def chat_model(service_client: Any, model_path: str | None = None, base_model: s
 
 
 def register_checkpoint(registry: ModelRegistry, service_client: Any, sampler_path: str, name: str | None = None, *,
-                        renderer: Any = None, replace: bool = False) -> str:
+                        renderer: Any = None, replace: bool = False, pool: Any = None) -> str:
     """Serve the checkpoint at ``sampler_path`` as ``name`` (default: the path itself) and return the name.
 
     Raises ``CheckpointNotFoundError`` (an ``ActionError``) for a malformed or unknown path and
     ``ValueError`` if the name is taken (unless ``replace``). Safe while the server runs."""
     parse_tinker_path(sampler_path)
     name = name or sampler_path
-    registry.add(name, chat_model(service_client, model_path=sampler_path, renderer=renderer), replace=replace)
+    registry.add(name, chat_model(service_client, model_path=sampler_path, renderer=renderer, pool=pool), replace=replace)
     return name
 
 
 def register_base(registry: ModelRegistry, service_client: Any, base_model: str, name: str | None = None, *,
-                  renderer: Any = None, replace: bool = False) -> str:
+                  renderer: Any = None, replace: bool = False, pool: Any = None) -> str:
     """Serve base model ``base_model`` as ``name`` (default: its name) and return the name."""
     name = name or base_model
-    registry.add(name, chat_model(service_client, base_model=base_model, renderer=renderer), replace=replace)
+    registry.add(name, chat_model(service_client, base_model=base_model, renderer=renderer, pool=pool), replace=replace)
     return name
 
 

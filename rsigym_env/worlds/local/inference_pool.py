@@ -1,0 +1,231 @@
+"""Sampling from the local world's models in worker processes, so evaluations use every core.
+
+An evaluation's trials ask the model for a reply several times each; in one process those requests
+queue behind one another and behind Harbor's own work (one GIL). :class:`InferencePool` runs them in
+``workers`` processes instead, each with its own copy of the weights (the base model and the
+checkpoints, read from the run's ``tinker`` directory on first use). A worker runs exactly the code
+the in-process sampler runs, on the same inputs, with one BLAS thread: the same tokens come back
+for the same request and seed, whichever worker serves it.
+
+:meth:`InferencePool.client` gives an object with the sampling client's interface (``sample(...)``
+returns a future of a ``tinker.types.SampleResponse``; ``get_tokenizer()``), which
+:func:`~.chat.chat_model` serves like any other. Base models registered with a callable (tests'
+in-memory models) are not poolable: :meth:`poolable` says so and the caller samples in-process.
+
+>>> pool = InferencePool(Path("/nonexistent"), workers=1)
+>>> pool.poolable("rsigym-base"), pool.poolable("no-such-model")
+(True, False)
+>>> pool.close()
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import pickle
+import queue
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from . import tinker_client
+
+# in each worker: the service clients (one per run directory) and the sampling clients they made
+_SERVICES: dict[str, Any] = {}
+_CLIENTS: dict[tuple[str, str | None, str | None], Any] = {}
+_CLIENTS_MAX = 8
+
+
+def _sample(root: str, bases: dict[str, str], model_path: str | None, base_model: str | None,
+            tokens: list[int], num_samples: int, params: dict[str, Any]) -> tuple[str, Any]:
+    """Run one request in a worker: ``("ok", SampleResponse)`` or ``("error", (class name, message))``."""
+    from tinker import types
+
+    try:
+        for name, path in bases.items():
+            if tinker_client._REGISTRY.get(name) != Path(path):
+                tinker_client.register_base_model(name, path)
+        service = _SERVICES.get(root)
+        if service is None:
+            service = _SERVICES[root] = tinker_client.LocalServiceClient(root_dir=root)
+        key = (root, model_path, base_model)
+        client = _CLIENTS.get(key)
+        if client is None:
+            if len(_CLIENTS) >= _CLIENTS_MAX:
+                _CLIENTS.pop(next(iter(_CLIENTS)))
+            client = _CLIENTS[key] = service.create_sampling_client(model_path=model_path, base_model=base_model).result()
+        response = client.sample(types.ModelInput.from_ints(tokens), num_samples,
+                                 types.SamplingParams(**params)).result()
+        return "ok", response
+    except Exception as exc:  # noqa: BLE001 - raised again in the caller, by kind
+        return "error", (type(exc).__name__, str(exc))
+
+
+def _raise(kind: str, message: str) -> None:
+    from .model import ContextOverflowError
+
+    known = {"ContextOverflowError": ContextOverflowError,
+             "CheckpointNotFoundError": tinker_client.CheckpointNotFoundError,
+             "UnknownModelError": tinker_client.UnknownModelError}
+    raise known.get(kind, RuntimeError)(message if kind in known else f"{kind}: {message}")
+
+
+class _Response:
+    """The future :meth:`PooledSamplingClient.sample` returns (``result()`` as Tinker's ``APIFuture``)."""
+
+    def __init__(self, future: cf.Future):
+        self._future = future
+
+    def result(self, timeout: float | None = None) -> Any:
+        status, value = self._future.result(timeout)
+        if status != "ok":
+            _raise(*value)
+        return value
+
+
+class PooledSamplingClient:
+    """A sampling client whose requests run in the pool's workers (see the module docstring)."""
+
+    def __init__(self, pool: "InferencePool", model_path: str | None, base_model: str | None, tokenizer: Any):
+        self.pool, self.model_path, self.base_model, self.tokenizer = pool, model_path, base_model, tokenizer
+
+    def sample(self, prompt: Any, num_samples: int, sampling_params: Any, **unsupported: Any) -> _Response:
+        if any(unsupported.values()):
+            raise NotImplementedError("a pooled sampler returns sequences only (no prompt or top-k logprobs)")
+        params = sampling_params.model_dump(exclude_none=True)
+        return _Response(self.pool.submit(self.model_path, self.base_model, prompt.to_ints(), num_samples, params))
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+
+class _Worker:
+    """One worker process (``python -m rsigym_env.worlds.local.inference_pool``) and the thread that
+    feeds it requests from the pool's queue: pickled frames over its stdin and stdout."""
+
+    def __init__(self, pool: "InferencePool", index: int):
+        self.pool, self.index = pool, index
+        self.proc: subprocess.Popen | None = None
+        self.thread = threading.Thread(target=self._serve, name=f"rsigym-sampler-{index}", daemon=True)
+        self.thread.start()
+
+    def _start(self) -> subprocess.Popen:
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        return subprocess.Popen([sys.executable, "-m", "rsigym_env.worlds.local.inference_pool"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+
+    def _serve(self) -> None:
+        while True:
+            item = self.pool._queue.get()
+            if item is None:
+                break
+            args, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            for attempt in (1, 2):  # a request is pure: a worker that died is replaced and the request re-sent once
+                try:
+                    if self.proc is None or self.proc.poll() is not None:
+                        self.proc = self._start()
+                    _write_frame(self.proc.stdin, args)
+                    future.set_result(_read_frame(self.proc.stdout))
+                    break
+                except Exception as exc:  # noqa: BLE001 - the pipe broke: the worker died
+                    self.stop()
+                    if attempt == 2:
+                        future.set_exception(RuntimeError(f"the sampling worker failed twice: {type(exc).__name__}: {exc}"))
+        self.stop()
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.stdin.close()  # type: ignore[union-attr]
+                proc.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait(5)
+
+
+def _write_frame(stream: Any, value: Any) -> None:
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(struct.pack(">I", len(data)) + data)
+    stream.flush()
+
+
+def _read_frame(stream: Any) -> Any:
+    head = stream.read(4)
+    if len(head) < 4:
+        raise EOFError("the worker closed its pipe")
+    (size,) = struct.unpack(">I", head)
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError("the worker closed its pipe")
+    return pickle.loads(data)
+
+
+class InferencePool:
+    """``workers`` sampling processes over the checkpoints under ``root_dir`` (started on first use)."""
+
+    def __init__(self, root_dir: Path, workers: int = 2):
+        self.root_dir = Path(root_dir)
+        self.workers = max(1, int(workers))
+        self._queue: queue.Queue = queue.Queue()
+        self._threads: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def poolable(self, base_model: str) -> bool:
+        """Can workers load ``base_model``? (the shipped ones, and ones registered from a directory)."""
+        source = tinker_client._REGISTRY.get(base_model)
+        return isinstance(source, Path) or source in (tinker_client._shipped_base, tinker_client._random_tiny)
+
+    def _bases(self) -> dict[str, str]:
+        return {name: str(path) for name, path in tinker_client._REGISTRY.items() if isinstance(path, Path)}
+
+    def submit(self, model_path: str | None, base_model: str | None, tokens: list[int], num_samples: int,
+               params: dict[str, Any]) -> cf.Future:
+        future: cf.Future = cf.Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the sampling pool is closed")
+            if not self._threads:
+                self._threads = [_Worker(self, i) for i in range(self.workers)]
+        self._queue.put(((str(self.root_dir), self._bases(), model_path, base_model, tokens, num_samples, params),
+                         future))
+        return future
+
+    def client(self, *, model_path: str | None = None, base_model: str | None = None, tokenizer: Any) -> PooledSamplingClient:
+        return PooledSamplingClient(self, model_path, base_model, tokenizer)
+
+    def close(self) -> None:
+        """Stop the workers (running requests finish first). Safe to call twice."""
+        with self._lock:
+            self._closed = True
+            threads, self._threads = self._threads, []
+        for _ in threads:
+            self._queue.put(None)
+        for worker in threads:
+            worker.thread.join(30)
+            worker.stop()
+
+
+def _main() -> None:
+    """A worker: requests in on stdin, answers out on stdout, until stdin closes."""
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing but frames goes to the pipe
+    while True:
+        try:
+            args = _read_frame(stdin)
+        except EOFError:
+            return
+        _write_frame(stdout, _sample(*args))
+
+
+if __name__ == "__main__":
+    _main()
+
+
+__all__ = ["InferencePool", "PooledSamplingClient"]

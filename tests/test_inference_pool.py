@@ -1,0 +1,99 @@
+"""The local world's sampling pool: worker processes answer exactly what the in-process sampler
+answers, for base models and checkpoints, keep errors by kind, and survive a worker's death."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("tinker")
+from tinker import types  # noqa: E402
+
+from rsigym_env.worlds.local.chat import chat_model  # noqa: E402
+from rsigym_env.worlds.local.inference_pool import InferencePool  # noqa: E402
+from rsigym_env.worlds.local.model import ContextOverflowError  # noqa: E402
+from rsigym_env.worlds.local.tinker_client import CheckpointNotFoundError, LocalServiceClient  # noqa: E402
+from rsigym_env.worlds.local.training import SupervisedConfig, run_supervised  # noqa: E402
+from rsigym_env.serving import ChatRequest  # noqa: E402
+
+BASE = "rsigym-base"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A service with one trained sampler checkpoint and a two-worker pool over its directory."""
+    root = tmp_path_factory.mktemp("pool")
+    data = root / "data.jsonl"
+    data.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"Say {w}."},
+                                                       {"role": "assistant", "content": w}]})
+                              for w in ("alpha", "beta", "gamma", "delta")) + "\n")
+    service = LocalServiceClient(root_dir=root / "tinker")
+    result = run_supervised(service, SupervisedConfig(base_model=BASE, lora_rank=4, max_steps=2, batch_size=4,
+                                                      learning_rate=1e-2, save_state=False), data)
+    pool = InferencePool(root / "tinker", workers=2)
+    yield service, pool, result.sampler_path
+    pool.close()
+    service.close("success")
+
+
+def sample(client, tokens, seed, temperature=1.0, num_samples=2):
+    params = types.SamplingParams(max_tokens=12, temperature=temperature, seed=seed)
+    response = client.sample(types.ModelInput.from_ints(tokens), num_samples, params).result()
+    return [(list(s.tokens), [round(x, 5) for x in s.logprobs], s.stop_reason) for s in response.sequences]
+
+
+@pytest.mark.parametrize("which", ["base", "checkpoint"])
+def test_pooled_samples_equal_in_process_samples(setup, which):
+    service, pool, path = setup
+    model_path, base_model = (None, BASE) if which == "base" else (path, None)
+    local = service.create_sampling_client(model_path=model_path, base_model=base_model).result()
+    pooled = pool.client(model_path=model_path, base_model=base_model, tokenizer=local.get_tokenizer())
+    prompt = local.get_tokenizer().encode("Say alpha.")
+    requests = [(seed, temp) for seed in (0, 1, 7) for temp in (0.0, 1.0)]
+    futures = [pooled.sample(types.ModelInput.from_ints(prompt), 2,
+                             types.SamplingParams(max_tokens=12, temperature=t, seed=s)) for s, t in requests]
+    got = [[(list(q.tokens), [round(x, 5) for x in q.logprobs], q.stop_reason) for q in f.result(60).sequences]
+           for f in futures]  # in flight at once: served by both workers, in any order
+    assert got == [sample(local, prompt, s, t) for s, t in requests]
+
+
+def test_a_served_chat_model_answers_the_same_through_the_pool(setup):
+    service, pool, path = setup
+    request = ChatRequest.model_validate({"model": path, "messages": [{"role": "user", "content": "Say beta."}],
+                                          "max_tokens": 10, "seed": 3, "n": 3})
+    direct = chat_model(service, model_path=path).complete(request)
+    pooled = chat_model(service, model_path=path, pool=pool).complete(request)
+    assert [c.model_dump() for c in pooled] == [c.model_dump() for c in direct]
+
+
+def test_errors_keep_their_kind(setup):
+    service, pool, path = setup
+    tokenizer = service.create_sampling_client(base_model=BASE).result().get_tokenizer()
+    missing = pool.client(model_path=path.replace("final", "nope"), base_model=None, tokenizer=tokenizer)
+    with pytest.raises(CheckpointNotFoundError, match="no checkpoint"):
+        sample(missing, [1, 2, 3], 0)
+    base = pool.client(base_model=BASE, tokenizer=tokenizer)
+    with pytest.raises(ContextOverflowError):
+        sample(base, [1] * 100_000, 0)
+    assert sample(base, [1, 2, 3], 0)  # the workers still serve
+
+
+def test_a_dead_worker_is_replaced(setup):
+    service, pool, _ = setup
+    tokenizer = service.create_sampling_client(base_model=BASE).result().get_tokenizer()
+    base = pool.client(base_model=BASE, tokenizer=tokenizer)
+    before = sample(base, [5, 6, 7], 4)
+    for worker in pool._threads:
+        if worker.proc is not None:
+            worker.proc.kill()
+            worker.proc.wait()
+    assert [sample(base, [5, 6, 7], 4) for _ in range(4)] == [before] * 4
+
+
+def test_a_closed_pool_refuses_new_work(tmp_path):
+    pool = InferencePool(tmp_path, workers=1)
+    pool.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.submit(None, BASE, [1], 1, {"max_tokens": 1})
+    pool.close()
