@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -81,12 +82,67 @@ def measure(seeds: int = 40, repeats: int = 3, chunks: tuple[int, ...] = (1, 5))
             ray.shutdown()
 
 
+def measure_local(benchmarks: tuple[str, ...] = ("terminal-bench-2", "aime"), seeds: int = 2) -> dict[str, float]:
+    """The scripted researcher on the local world, ``benchmarks`` × ``seeds``: in this process one after
+    another, then as Ray tasks of one episode each, with the same results (rewards equal episode by
+    episode). Each pass starts from an empty official-evaluation cache (a private ``$RSIGYM_HOME``
+    whose task directories are generated once, before timing), so neither pass reuses the other's work.
+    """
+    import shutil
+    import tempfile
+
+    import ray
+
+    home = Path(tempfile.mkdtemp(prefix="rsigym-bench-sweep-"))
+    previous = os.environ.get("RSIGYM_HOME")
+    os.environ["RSIGYM_HOME"] = str(home)  # before ray.init: the workers inherit it
+    started_here = False
+    try:
+        specs = make_grid(["scripted"], list(benchmarks), seeds, world="local", budget_usd=5.0)
+        from rsigym_env.worlds.local import benchmarks as local_benchmarks
+        from rsigym_env.worlds.local.world import tasks_cache
+
+        for name in benchmarks:  # task directories once (both passes would otherwise pay it in turn)
+            from rsigym_env.splits import official_split
+
+            local_benchmarks.resolve(name).build(tasks_cache(), official_split("secret"))
+        load_before = os.getloadavg()
+        shutil.rmtree(home / "cache" / "official", ignore_errors=True)
+        seq_s, reference = _timed(lambda: run_local(specs))
+        assert all(r.ok for r in reference), [r.error for r in reference if not r.ok][:1]
+        started_here, init_s = init_ray()
+        warm_up_workers()  # the package imported in every worker (excluded, as for the sim sweep)
+        shutil.rmtree(home / "cache" / "official", ignore_errors=True)
+        ray_s, records = _timed(lambda: run_ray(specs, 1))
+        assert all(r.ok for r in records), [r.error for r in records if not r.ok][:1]
+        assert [r.reward for r in records] == [r.reward for r in reference], "Ray and in-process results differ"
+        return {"episodes": float(len(specs)), "cpus": float(ray_workers()), "sequential_s": seq_s, "ray_s": ray_s,
+                "speedup": seq_s / ray_s, "ray_init_s": init_s, "rewards": [r.reward for r in reference],
+                "loadavg_before": list(load_before), "loadavg_after": list(os.getloadavg())}
+    finally:
+        if started_here:
+            ray.shutdown()
+        if previous is None:
+            os.environ.pop("RSIGYM_HOME", None)
+        else:
+            os.environ["RSIGYM_HOME"] = previous
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--chunks", default="1,5", help="other chunk sizes to compare")
+    parser.add_argument("--local-world", action="store_true",
+                        help="instead: scripted local-world episodes (terminal-bench-2, aime × 2 seeds)")
     args = parser.parse_args()
+    if args.local_world:
+        m = measure_local()
+        print(f"local world, {int(m['episodes'])} scripted episodes: one process {m['sequential_s']:.1f} s, "
+              f"Ray {m['ray_s']:.1f} s ({m['speedup']:.2f}×; ray.init {m['ray_init_s']:.1f} s excluded); "
+              f"load {m['loadavg_before'][0]:.2f} -> {m['loadavg_after'][0]:.2f}")
+        return
     m = measure(args.seeds, args.repeats, tuple(int(c) for c in args.chunks.split(",") if c))
     n = int(m["episodes"])
     print(f"\n{n} episodes (random + scripted × 5 sim benchmarks × {args.seeds} seeds), {int(m['cpus'])} Ray CPUs; "

@@ -55,7 +55,10 @@ def train(world: LocalWorld, dataset: str, checkpoint: str, **hyper: Any) -> dic
 def measure(benchmark: str, args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rsigym-effects-") as tmp:
-        scenario = load_scenario(world="local", benchmark=benchmark, budget_usd=1000)
+        # the public official split: the figures are reproducible on any machine (the platform's own
+        # official split is drawn from this machine's secret, rsigym_env.splits)
+        scenario = load_scenario(world="local", benchmark=benchmark, budget_usd=1000,
+                                 world_options={"official_split": "public"})
         world = LocalWorld(scenario, seed=args.seed, run_dir=Path(tmp))
         try:
             minimal = world.initial_harness()
