@@ -67,6 +67,17 @@ def measure(names: list[str] | None = None, k: int = 3) -> list[dict]:
     return rows
 
 
+def table(rows: list[dict], k: int = 3) -> list[str]:
+    """The figures as Markdown: each benchmark's honest and cheating scores, their difference and the noise."""
+    return [
+        "| benchmark (local mirror) | honest minimal harness | cheating harness | difference | 2 s.e. | holds |",
+        "|---|---:|---:|---:|---:|:---:|",
+        *[f"| {r['benchmark']} ({r['local']}) | {r['honest']:.3f} ± {r['honest_se']:.3f} | {r['cheater']:.3f} ± "
+          f"{r['cheater_se']:.3f} | {r['difference']:+.3f} | {r['noise']:.3f} | {'yes' if r['holds'] else '**no**'} |"
+          for r in rows],
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--benchmarks", default="all")
@@ -75,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = None if args.benchmarks == "all" else args.benchmarks.split(",")
     rows = measure(names, args.k)
+    print("\n".join(table(rows, args.k)))
     Path(args.out).write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "load": os.getloadavg(),
                                           "k": args.k, "rows": rows}, indent=1))
     return 0 if all(r["holds"] for r in rows) else 1

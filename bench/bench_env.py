@@ -5,8 +5,12 @@ Workloads:
 * ``sampled``: the sim env stepping through a pool of 2000 ``action_space.sample()`` actions drawn
   beforehand (most are refused: parse, authorize, audit). Drawing them is timed separately
   (``sampling_per_s``): 512-character random strings cost more than the step that refuses them.
+  The refused and the executed steps of that pool are also timed apart (``refused_us``,
+  ``executed_us``: microseconds per step).
 * ``scripted``: whole episodes of the scripted researcher (evaluations, data, training, submit),
   resets included: the realistic mix.
+* ``rl``: whole episodes of the shipped RL researcher (PPO policy over the ``DiscreteMenu``
+  wrapper), resets and the policy's own forward passes included.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import gymnasium as gym
 
 import rsigym_env  # noqa: F401  (registers the ids)
 from rsigym_env.baselines import ScriptedResearcher
+from rsigym_env.episode import run_episode
+from rsigym_env.sweep import resolve_agent
 
 
 def _rate(loop: Callable[[], int], seconds: float) -> float:
@@ -64,6 +70,24 @@ def sampled(seconds: float, benchmark: str = "swe-bench-verified") -> tuple[floa
     return _rate(loop, seconds), sampling
 
 
+def sampled_paths(benchmark: str = "swe-bench-verified", n: int = 4000) -> dict[str, float]:
+    """Microseconds per step of the refused and of the executed steps among sampled actions."""
+    env = gym.make("RSIGym/Joint-v0", benchmark=benchmark, max_steps=100_000)
+    env.reset(seed=1)
+    env.action_space.seed(1)
+    pool = [env.action_space.sample() for _ in range(n)]
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for action in pool:
+        start = time.perf_counter()
+        _, _, terminated, truncated, info = env.step(action)
+        times[bool(info.get("ok"))].append(time.perf_counter() - start)
+        if terminated or truncated:
+            env.reset()
+    mean = lambda xs: 1e6 * sum(xs) / max(len(xs), 1)  # noqa: E731
+    return {"refused_us": mean(times[False]), "executed_us": mean(times[True]),
+            "refused_fraction": len(times[False]) / n}
+
+
 def scripted(seconds: float, benchmark: str = "swe-bench-verified") -> float:
     env = gym.make("RSIGym/Joint-v0", benchmark=benchmark)
     seed = iter(range(10**9))
@@ -81,13 +105,27 @@ def scripted(seconds: float, benchmark: str = "swe-bench-verified") -> float:
     return _rate(loop, seconds)
 
 
+def rl(seconds: float, benchmark: str = "swe-bench-verified") -> float:
+    env = gym.make("RSIGym/Joint-v0", benchmark=benchmark)
+    factory = resolve_agent("rl")
+    seed = iter(range(10**9))
+
+    def loop() -> int:
+        return run_episode(env, factory(), seed=next(seed)).steps
+
+    return _rate(loop, seconds)
+
+
 def measure(seconds: float = 3.0) -> dict[str, float]:
-    """Steps per second of each workload and their ratio to CartPole (measured in this run)."""
+    """Steps per second of each workload and their ratio to CartPole (measured in this run, side by side)."""
     ref = cartpole(seconds)
     rate, sampling = sampled(seconds)
     script = scripted(seconds)
+    policy = rl(seconds)
     return {"cartpole_steps_per_s": ref, "sampled_steps_per_s": rate, "sampled_vs_cartpole": rate / ref,
-            "scripted_steps_per_s": script, "scripted_vs_cartpole": script / ref, "sampling_per_s": sampling}
+            "scripted_steps_per_s": script, "scripted_vs_cartpole": script / ref,
+            "rl_steps_per_s": policy, "rl_vs_cartpole": policy / ref, "sampling_per_s": sampling,
+            **sampled_paths()}
 
 
 if __name__ == "__main__":

@@ -208,23 +208,18 @@ def check_books(state: Path, created: list[dict[str, Any]], costs: list[float]) 
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--ray", help="serve with --ray ADDRESS (e.g. local)")
-    parser.add_argument("--json", help="write the figures here")
-    args = parser.parse_args(argv)
-    calls = script(args.steps)
-    reference = in_process(calls, args.runs)
+def measure(runs: int = 16, steps: int = 200, ray: str | None = None) -> dict[str, Any]:
+    """Per-call latency in process, through REST and through MCP, one run alone and ``runs`` at once; errors; books."""
+    calls = script(steps)
+    reference = in_process(calls, runs)
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp:
         state = Path(tmp) / "state"
-        proc, url = start_server(state, args.ray)
+        proc, url = start_server(state, ray)
         try:
             alone = through_rest(url, calls, 1, first_seed=10_000)  # one run by itself: no queueing
-            rest = through_rest(url, calls, args.runs)
+            rest = through_rest(url, calls, runs)
             mcp_alone = through_mcp(url, calls, 1, first_seed=20_000)
-            mcp = through_mcp(url, calls, args.runs, first_seed=30_000)
+            mcp = through_mcp(url, calls, runs, first_seed=30_000)
         finally:
             proc.terminate()
             proc.wait(60)
@@ -232,24 +227,44 @@ def main(argv: list[str] | None = None) -> int:
         for part in (alone, rest, mcp_alone, mcp):
             problems += check_books(state, part.pop("created"), part.pop("costs"))
     errors = alone.pop("errors") + rest.pop("errors") + mcp_alone.pop("errors") + mcp.pop("errors")
-    out = {"runs": args.runs, "steps": args.steps, "ray": args.ray, "cpus": os.cpu_count(),
-           "in_process": reference, "rest_one_run": alone, "rest": rest, "mcp_one_run": mcp_alone, "mcp": mcp,
-           "books_problems": problems, "errors": len(errors), "error_samples": errors[:5]}
-    rows = [("env.step (memory ledger)", reference["env.step"]), ("RunHost.call (file ledger + steps.jsonl)",
-            reference["RunHost.call"]), ("REST, one run alone", alone["latency"]),
-            (f"REST, {args.runs} runs at once", rest["latency"]), ("MCP (streamable HTTP), one run alone",
-            mcp_alone["latency"]), (f"MCP, {args.runs} runs at once", mcp["latency"])]
-    print(f"{args.runs} runs x {args.steps} steps, {os.cpu_count()} CPUs{', Ray ' + args.ray if args.ray else ''}")
-    print(f"{'per call':44} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9}")
-    for name, p in rows:
-        print(f"{name:44} {p['p50_ms']:9.3f} {p['p99_ms']:9.3f} {p['mean_ms']:9.3f}")
-    print(f"REST: {rest['calls']} calls in {rest['wall_s']:.2f} s = {rest['calls_per_s']:.0f} calls/s; "
-          f"MCP: {mcp['calls']} calls in {mcp['wall_s']:.2f} s = {mcp['calls_per_s']:.0f} calls/s; "
-          f"errors {out['errors']}; books of every run balanced: {not problems}")
-    print(f"load average before {rest['loadavg_before'][0]:.2f}, after {rest['loadavg_after'][0]:.2f} (1 min)")
+    return {"runs": runs, "steps": steps, "ray": ray, "cpus": os.cpu_count(),
+            "in_process": reference, "rest_one_run": alone, "rest": rest, "mcp_one_run": mcp_alone, "mcp": mcp,
+            "books_problems": problems, "errors": len(errors), "error_samples": errors[:5]}
+
+
+def table(out: dict[str, Any]) -> list[str]:
+    """The figures as Markdown."""
+    reference, alone, rest, mcp_alone, mcp = (out[k] for k in ("in_process", "rest_one_run", "rest", "mcp_one_run", "mcp"))
+    rows = [("`env.step` (memory ledger, reference)", reference["env.step"]),
+            ("`RunHost.call` (file ledger + steps.jsonl)", reference["RunHost.call"]),
+            ("REST, one run alone", alone["latency"]), (f"REST, {out['runs']} runs at once", rest["latency"]),
+            ("MCP (streamable HTTP), one run alone", mcp_alone["latency"]), (f"MCP, {out['runs']} runs at once", mcp["latency"])]
+    return [
+        f"Session service (`bench_gateway.py`): {out['runs']} sim runs × {out['steps']} calls"
+        f"{', Ray ' + out['ray'] if out['ray'] else ''}; load {rest['loadavg_before'][0]:.2f} → {mcp['loadavg_after'][0]:.2f}.",
+        "",
+        "| per call | p50 ms | p99 ms | mean ms |",
+        "|---|---:|---:|---:|",
+        *[f"| {name} | {p['p50_ms']:.2f} | {p['p99_ms']:.2f} | {p['mean_ms']:.2f} |" for name, p in rows],
+        "",
+        f"REST: {rest['calls']} calls in {rest['wall_s']:.2f} s = {rest['calls_per_s']:.0f} calls/s; MCP: {mcp['calls']} calls "
+        f"in {mcp['wall_s']:.2f} s = {mcp['calls_per_s']:.0f} calls/s; errors {out['errors']}; books of every run "
+        f"balanced: {'yes' if not out['books_problems'] else 'NO'}.",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--ray", help="serve with --ray ADDRESS (e.g. local)")
+    parser.add_argument("--json", help="write the figures here")
+    args = parser.parse_args(argv)
+    out = measure(args.runs, args.steps, args.ray)
+    print("\n".join(table(out)))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
-    return 0 if not problems and out["errors"] == 0 else 1
+    return 0 if not out["books_problems"] and out["errors"] == 0 else 1
 
 
 if __name__ == "__main__":

@@ -190,6 +190,33 @@ def measure(seconds: float = 3.0, runs: int = 1000) -> dict[str, Any]:
     return out
 
 
+def table(r: dict[str, Any]) -> list[str]:
+    """The figures as Markdown."""
+    lst, st = r["list"], r["step"]
+    return [
+        f"Dashboard (`bench_watch.py`): {lst['runs']} run directories ({lst['legacy']} older ones), "
+        f"{lst['bytes'] / 1e6:.1f} MB; load {r['loadavg_before'][0]:.2f} → {r['loadavg_after'][0]:.2f}.",
+        "",
+        "| runs list | seconds | vs reading every record in full |",
+        "|---|---:|---:|",
+        f"| read + parse every record file in full (reference) | {lst['full_read_s']:.3f} | 1.00 |",
+        f"| `GET /`, cold (fresh app) | {lst['cold_s']:.3f} | {lst['cold_vs_full_read']:.2f} |",
+        f"| `GET /`, warm (median of 7) | {lst['warm_s']:.3f} | {lst['warm_vs_full_read']:.2f} |",
+        f"| `GET /` after 10 runs gained a step | {lst['after_10_changed_s']:.3f} | {lst['after_10_changed_s'] / lst['full_read_s']:.2f} |",
+        f"| `GET /api/runs`, warm | {lst['api_warm_s']:.3f} | {lst['api_warm_s'] / lst['full_read_s']:.2f} |",
+        "",
+        "| sim step (scripted episodes) | µs/step | vs without the record |",
+        "|---|---:|---:|",
+        f"| without the record (reference) | {st['plain_us']:.1f} | 1.00 |",
+        f"| RunRecorder | {st['recorded_us']:.1f} | {st['recorded_vs_plain']:.3f} |",
+        f"| RunRecorder, fsync every step | {st['fsync_us']:.1f} | {st['fsync_vs_plain']:.2f} |",
+        "",
+        f"The recorder's own work: {st['recorder_own_us']:.1f} µs per step ({st['recorder_own_us'] / st['plain_us']:.1%} "
+        f"of a plain step), {st['recorder_own_fsync_us']:.0f} µs with fsync; {st['record_bytes_per_line']:,.0f} bytes "
+        f"per line; median of {st['rounds']} interleaved rounds.",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=1000)
@@ -197,24 +224,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
     r = measure(args.seconds, args.runs)
-    lst, st = r["list"], r["step"]
-    print(f"load average {r['loadavg_before'][0]:.2f} before, {r['loadavg_after'][0]:.2f} after ({r['cpus']} CPUs)")
-    print(f"{lst['runs']} run directories ({lst['legacy']} older ones), {lst['bytes'] / 1e6:.1f} MB, made in {lst['make_s']:.1f} s")
-    print("| runs list | seconds | vs reading every record in full |")
-    print("|---|---:|---:|")
-    print(f"| read + parse every record file in full (reference) | {lst['full_read_s']:.3f} | 1.00 |")
-    print(f"| `GET /`, cold (fresh app) | {lst['cold_s']:.3f} | {lst['cold_vs_full_read']:.2f} |")
-    print(f"| `GET /`, warm (median of 7) | {lst['warm_s']:.3f} | {lst['warm_vs_full_read']:.2f} |")
-    print(f"| `GET /` after 10 runs gained a step | {lst['after_10_changed_s']:.3f} | {lst['after_10_changed_s'] / lst['full_read_s']:.2f} |")
-    print(f"| `GET /api/runs`, warm | {lst['api_warm_s']:.3f} | {lst['api_warm_s'] / lst['full_read_s']:.2f} |")
-    print("| sim step (scripted episodes) | µs/step | vs without the record |")
-    print("|---|---:|---:|")
-    print(f"| without the record (reference) | {st['plain_us']:.1f} | 1.00 |")
-    print(f"| RunRecorder | {st['recorded_us']:.1f} | {st['recorded_vs_plain']:.3f} |")
-    print(f"| RunRecorder, fsync every step | {st['fsync_us']:.1f} | {st['fsync_vs_plain']:.2f} |")
-    print(f"the recorder's own work: {st['recorder_own_us']:.1f} µs per step ({st['recorder_own_us'] / st['plain_us']:.1%} "
-          f"of a plain step), {st['recorder_own_fsync_us']:.0f} µs with fsync; {st['record_bytes_per_line']:,.0f} bytes "
-          f"per line; median of {st['rounds']} interleaved rounds")
+    print("\n".join(table(r)))
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=2))
 

@@ -1,6 +1,7 @@
-"""Run every benchmark and rewrite the figures block of bench/README.md.
+"""Run every benchmark and rewrite the figures block of bench/README.md (and the cheating table of
+the top-level README). Each section records the 1-minute load average before and after it.
 
-    make bench            # or: python bench/run_all.py [--seconds 3]
+    make bench            # or: python bench/run_all.py [--seconds 3] [--only env,sweep,...]
 """
 
 from __future__ import annotations
@@ -16,69 +17,143 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import bench_cheating  # noqa: E402
 import bench_env  # noqa: E402
 import bench_eval  # noqa: E402
+import bench_gateway  # noqa: E402
 import bench_local_episode  # noqa: E402
 import bench_ledger  # noqa: E402
+import bench_memory  # noqa: E402
 import bench_model  # noqa: E402
 import bench_sweep  # noqa: E402
+import bench_watch  # noqa: E402
 
 START, END = "<!-- figures:start -->", "<!-- figures:end -->"
+
+
+SECTIONS = ("env", "ledger", "sweep", "model", "eval", "local_episodes", "local_sweep", "memory", "cheating",
+            "gateway", "watch")
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=3.0, help="time per workload")
+    parser.add_argument("--only", help=f"comma-separated sections (default all: {', '.join(SECTIONS)}); "
+                                       "the others keep their figures from bench/results.json")
     args = parser.parse_args()
-    env = bench_env.measure(args.seconds)
-    ledger = bench_ledger.measure(args.seconds)
-    sweep = bench_sweep.measure()
-    model = bench_model.measure(args.seconds)
-    evaluation = bench_eval.measure()
-    episodes = bench_local_episode.measure()
+    wanted = SECTIONS if not args.only else tuple(args.only.split(","))
+    unknown = set(wanted) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; known: {', '.join(SECTIONS)}")
+    measures = {
+        "env": lambda: bench_env.measure(args.seconds),
+        "ledger": lambda: bench_ledger.measure(args.seconds),
+        "sweep": bench_sweep.measure,
+        "model": lambda: bench_model.measure(args.seconds),
+        "eval": bench_eval.measure,
+        "local_episodes": bench_local_episode.measure,
+        "local_sweep": bench_sweep.measure_local,
+        "memory": bench_memory.measure,
+        "cheating": bench_cheating.measure,
+        "gateway": bench_gateway.measure,
+        "watch": lambda: bench_watch.measure(args.seconds),
+    }
+    old = json.loads((HERE / "results.json").read_text()) if (HERE / "results.json").exists() else {}
     results = {"date": date.today().isoformat(), "python": platform.python_version(), "cpus": os.cpu_count(),
-               "env": env, "ledger": ledger, "sweep": sweep, "model": model, "eval": evaluation,
-               "local_episodes": episodes}
+               "load": dict(old.get("load", {}))}
+    for name in SECTIONS:
+        if name in wanted:
+            before = _load()
+            print(f"== {name} (load {before})", flush=True)
+            results[name] = measures[name]()
+            results["load"][name] = [before, _load()]
+        elif name in old:
+            results[name] = old[name]
     (HERE / "results.json").write_text(json.dumps(results, indent=2))
-    lines = [
-        START,
-        f"Measured {results['date']} on {results['cpus']} cores, Python {results['python']} (`make bench`).",
-        "",
-        "| workload | steps/s | vs CartPole-v1 (same run) |",
-        "|---|---:|---:|",
-        f"| CartPole-v1 via `gym.make` (reference) | {env['cartpole_steps_per_s']:,.0f} | 1.00 |",
-        f"| sim env, `action_space.sample()` | {env['sampled_steps_per_s']:,.0f} | {env['sampled_vs_cartpole']:.3f} |",
-        f"| sim env, scripted researcher episodes (resets included) | {env['scripted_steps_per_s']:,.0f} | {env['scripted_vs_cartpole']:.3f} |",
-        "",
-        "| ledger operation | per second |",
-        "|---|---:|",
-        *[f"| {k} | {v:,.0f} |" for k, v in ledger.items()],
-        "",
-        "| sweep (random + scripted × 5 benchmarks × 40 seeds) | seconds | speed-up |",
-        "|---|---:|---:|",
-        f"| one process, one episode after another (reference) | {sweep['sequential_s']:.2f} | 1.00 |",
-        f"| Ray, {sweep['cpus']:.0f} CPUs, {sweep['chunk']:.0f} episodes per task | {sweep['ray_s']:.2f} | {sweep['speedup']:.2f}× |",
-        f"| Ray start-up / worker warm-up (not counted above) | {sweep['ray_init_s']:.1f} / {sweep['ray_warmup_s']:.1f} | |",
-        "",
-        f"Local-world model ({model['params_millions']:.2f} M parameters, NumPy; MFU against a float32 matmul "
-        "peak measured in the same run with the same thread count):",
-        "",
-        bench_model.table(model),
-        "",
-        *eval_table(evaluation),
-        "",
-        "Local-world research episodes (`bench_local_episode.py`: scripted researcher, joint track, seed 0; "
-        "seconds per phase, jobs run in the background so waiting on them shows under `wait`):",
-        "",
-        *bench_local_episode.table(episodes),
-        END,
-    ]
-    readme = HERE / "README.md"
-    text = readme.read_text()
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
-    readme.write_text(head + "\n".join(lines) + tail)
+    load = results["load"]
+
+    def loaded(name: str) -> str:
+        b, a = load.get(name, ["?", "?"])
+        return f"Load average (1 min) {b} → {a}."
+
+    lines = [START, f"Measured {results['date']} on {results['cpus']} cores, Python {results['python']} (`make bench`)."]
+    if "env" in results:
+        env = results["env"]
+        lines += [
+            "",
+            f"Sim env. {loaded('env')}",
+            "",
+            "| workload | steps/s | vs CartPole-v1 (same run) |",
+            "|---|---:|---:|",
+            f"| CartPole-v1 via `gym.make` (reference) | {env['cartpole_steps_per_s']:,.0f} | 1.00 |",
+            f"| sim env, `action_space.sample()` | {env['sampled_steps_per_s']:,.0f} | {env['sampled_vs_cartpole']:.3f} |",
+            f"| sim env, scripted researcher episodes (resets included) | {env['scripted_steps_per_s']:,.0f} | {env['scripted_vs_cartpole']:.3f} |",
+            *([f"| sim env, RL researcher episodes (policy and resets included) | {env['rl_steps_per_s']:,.0f} | {env['rl_vs_cartpole']:.3f} |"]
+              if "rl_steps_per_s" in env else []),
+        ]
+        if "refused_us" in env:
+            lines += ["", f"Of the sampled actions {env['refused_fraction']:.0%} are refused: a refused step takes "
+                          f"{env['refused_us']:.1f} µs, an executed one {env['executed_us']:.1f} µs."]
+    if "ledger" in results:
+        lines += ["", f"Ledger. {loaded('ledger')}", "", "| ledger operation | per second |", "|---|---:|",
+                  *[f"| {k} | {v:,.0f} |" for k, v in results["ledger"].items()]]
+    if "sweep" in results:
+        sweep = results["sweep"]
+        lines += [
+            "",
+            f"Sim sweep. {loaded('sweep')}",
+            "",
+            "| sweep (random + scripted × 5 benchmarks × 40 seeds) | seconds | speed-up |",
+            "|---|---:|---:|",
+            f"| one process, one episode after another (reference) | {sweep['sequential_s']:.2f} | 1.00 |",
+            f"| Ray, {sweep['cpus']:.0f} CPUs, {sweep['chunk']:.0f} episodes per task | {sweep['ray_s']:.2f} | {sweep['speedup']:.2f}× |",
+            f"| Ray start-up / worker warm-up (not counted above) | {sweep['ray_init_s']:.1f} / {sweep['ray_warmup_s']:.1f} | |",
+        ]
+    if "model" in results:
+        model = results["model"]
+        lines += ["", f"Local-world model ({model['params_millions']:.2f} M parameters, NumPy; MFU against a float32 "
+                      f"matmul peak measured in the same run with the same thread count). {loaded('model')}", "",
+                  bench_model.table(model)]
+    if "eval" in results:
+        lines += ["", *eval_table(results["eval"]), loaded("eval")]
+    if "local_episodes" in results:
+        lines += ["", "Local-world research episodes (`bench_local_episode.py`: scripted researcher, joint track, seed 0; "
+                      f"seconds per phase, jobs run in the background so waiting on them shows under `wait`). {loaded('local_episodes')}",
+                  "", *bench_local_episode.table(results["local_episodes"])]
+    if "local_sweep" in results:
+        ls = results["local_sweep"]
+        lines += ["", f"Local-world sweep (`bench_sweep.py --local-world`: scripted, terminal-bench-2 and aime × 2 seeds, "
+                      f"each pass from an empty official-evaluation cache). {loaded('local_sweep')}", "",
+                  "| run | seconds | speed-up |", "|---|---:|---:|",
+                  f"| one process, one episode after another (reference) | {ls['sequential_s']:.1f} | 1.00 |",
+                  f"| Ray, {ls['cpus']:.0f} CPUs, one episode per task (results equal) | {ls['ray_s']:.1f} | {ls['speedup']:.2f}× |"]
+    if "memory" in results:
+        lines += ["", f"Memory (`bench_memory.py`). {loaded('memory')}", "", *bench_memory.table(results["memory"])]
+    if "gateway" in results:
+        lines += ["", *bench_gateway.table(results["gateway"])]
+    if "watch" in results:
+        lines += ["", *bench_watch.table(results["watch"])]
+    if "cheating" in results:
+        lines += ["", f"Cheating harness vs honest harness (`bench_cheating.py`, official split, base model, avg@3). "
+                      f"{loaded('cheating')}", "", *bench_cheating.table(results["cheating"])]
+        cheat = [*bench_cheating.table(results["cheating"]), "", f"Measured {results['date']}; {loaded('cheating')}"]
+        _replace_block(HERE.parent / "README.md", "<!-- cheating:start -->", "<!-- cheating:end -->", cheat)
+    lines.append(END)
+    _replace_block(HERE / "README.md", START, END, lines[1:-1])
     print("\n".join(lines[1:-1]))
+
+
+def _replace_block(path: Path, start: str, end: str, body: list[str]) -> None:
+    text = path.read_text()
+    head, found, rest = text.partition(start)
+    if not found:
+        return
+    _, _, tail = rest.partition(end)
+    path.write_text(head + start + "\n" + "\n".join(body) + "\n" + end + tail)
 
 
 def eval_table(e: dict) -> list[str]:
