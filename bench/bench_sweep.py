@@ -107,12 +107,12 @@ def measure_local(benchmarks: tuple[str, ...] = ("terminal-bench-2", "aime"), se
 
             local_benchmarks.resolve(name).build(tasks_cache(), official_split("secret"))
         load_before = os.getloadavg()
-        shutil.rmtree(home / "cache" / "official", ignore_errors=True)
+        shutil.rmtree(home / "cache" / "evaluations", ignore_errors=True)
         seq_s, reference = _timed(lambda: run_local(specs))
         assert all(r.ok for r in reference), [r.error for r in reference if not r.ok][:1]
         started_here, init_s = init_ray()
         warm_up_workers()  # the package imported in every worker (excluded, as for the sim sweep)
-        shutil.rmtree(home / "cache" / "official", ignore_errors=True)
+        shutil.rmtree(home / "cache" / "evaluations", ignore_errors=True)
         ray_s, records = _timed(lambda: run_ray(specs, 1))
         assert all(r.ok for r in records), [r.error for r in records if not r.ok][:1]
         assert [r.reward for r in records] == [r.reward for r in reference], "Ray and in-process results differ"

@@ -81,7 +81,21 @@ SETUP_SLACK_S = 30.0          # sandbox seconds a trial may spend outside the ag
 EXPECTED_TRIAL_S = 1.0        # for the quote's duration estimate only
 AGENT_SLACK_S = 5.0           # Harbor's agent limit beyond the harness's own (upload, trajectory conversion)
 CANCEL_WAIT_S = 30.0          # how long a cancelled evaluation may take to stop its sandboxes
-CACHE_VERSION = "1"           # of the official-evaluation cache: bump when trials would score differently
+CACHE_VERSION = "1"           # of the evaluation cache: bump when trials would score differently
+_JOB_DIR_MARK = b"@RSIGYM_EVAL_DIR@"  # a cached dev evaluation's own directory, in its files
+
+
+def _copy_tree(source: Path, target: Path, old: bytes, new: bytes) -> None:
+    """Copy a directory tree (regular files and directories only), replacing ``old`` by ``new`` in files."""
+    target.mkdir(parents=True)
+    for path in sorted(source.rglob("*")):
+        mode = path.lstat().st_mode
+        dest = target / path.relative_to(source)
+        if stat.S_ISDIR(mode):
+            dest.mkdir(exist_ok=True)
+        elif stat.S_ISREG(mode):
+            data = path.read_bytes()
+            dest.write_bytes(data.replace(old, new) if old in data else data)
 
 
 def failure_label(reward: float, end_reason: str | None, harness_error: str | None,
@@ -161,10 +175,11 @@ class LocalEvalService:
                  clock: Callable[[], float] = time.monotonic, environment_type: str | None = None,
                  model_host: str | None = None, model_port: int = 0, model_url: str | None = None,
                  seed_key: bytes = b"", logs_quota_bytes: int = 1 << 30, cache_dir: Path | None = None,
-                 model_identity: Callable[[str], str | None] | None = None):
+                 model_identity: Callable[[str], str | None] | None = None, cache_quota_bytes: int = 256 << 20):
         self.model_for = model_for
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None  # official results of fixed systems
         self.model_identity = model_identity  # checkpoint -> content identity (None: not cacheable)
+        self.cache_quota_bytes = cache_quota_bytes  # cached dev evaluations' trial logs, all together
         self.logs_quota_bytes = logs_quota_bytes  # the run's dev evaluation logs, all together (prune_logs)
         self.seed_key = seed_key  # keys the trials' seeds (the platform's secret; see harbor_agent.trial_seed)
         # Remote reuse (default: bubblewrap trials, the model on a unix socket). ``environment_type``: a Harbor
@@ -239,7 +254,7 @@ class LocalEvalService:
         tasks = self._plan(req, req.split)
         quote = self._quote(len(tasks) * req.k)
         self.prune_logs()
-        future = self._pool.submit(self._evaluate, req, req.split, job_id, tasks, quote)
+        future = self._pool.submit(self._dev_evaluation, req, job_id, tasks, quote)
         return Job(id=job_id, kind="evaluate", started_at=self.clock(), future=future,
                    meta={"checkpoint": req.checkpoint, "harness_version": req.harness_version, "split": req.split,
                          "k": req.k, "n_tasks": len(tasks), "dir": str(self.run_dir / job_id)},
@@ -268,11 +283,12 @@ class LocalEvalService:
     def official(self, req: EvalRequest) -> Billed[EvalResult]:
         """The official split, synchronously; only the score and per-task rewards are kept.
 
-        With ``cache_dir`` and a ``model_identity`` for the checkpoint (the shipped base model), the
-        result is cached by content — split, tasks, model, harness files, k, seeds and the service's
-        settings — and a repeat costs nothing: it is the same evaluation (``cached`` in its summary)."""
+        With ``cache_dir`` and a ``model_identity`` for the checkpoint (the shipped base model, or a
+        trained checkpoint identified by its weights), the result is cached by content — split, tasks,
+        model, harness files, k, seeds and the service's settings — and a repeat costs nothing: it is
+        the same evaluation (``cached`` in its summary)."""
         tasks = self._plan(req, "official")
-        key = self._cache_key(req, tasks)
+        key = self._cache_key(req, tasks, "official")
         if key is not None and (hit := self._cached(key)) is not None:
             return hit
         with self._lock:
@@ -286,16 +302,30 @@ class LocalEvalService:
             self._store(key, billed)
         return billed
 
-    def _cache_key(self, req: EvalRequest, tasks: list[Path]) -> str | None:
+    def _dev_evaluation(self, req: EvalRequest, eval_id: str, tasks: list[Path], quote: Quote) -> Billed[EvalResult]:
+        """A dev evaluation; one of a content-identified system seen before is restored from the cache:
+        the same result, trial logs and bill (an evaluation's price does not depend on whether the
+        platform had it at hand, so an episode is the same with a cold or a warm cache)."""
+        key = self._cache_key(req, tasks, "dev")
+        if key is not None and (hit := self._restore_dev(key, req, eval_id)) is not None:
+            return hit
+        billed = self._evaluate(req, "dev", eval_id, tasks, quote)
+        if key is not None:
+            self._store(key, billed, job_dir=self.run_dir / eval_id)
+        return billed
+
+    def _cache_key(self, req: EvalRequest, tasks: list[Path], split: str = "official") -> str | None:
         identity = self.model_identity(req.checkpoint) if self.model_identity is not None else None
         if self.cache_dir is None or identity is None:
             return None
-        blob = json.dumps({"model": identity, "harness": req.harness_files, "k": req.k, "seed": self.seed,
-                           "seed_key": hashlib.sha256(self.seed_key).hexdigest(), "tasks": [str(t) for t in tasks],
-                           "settings": [self.tokens_per_trial, self.agent_timeout_s, self.verifier_timeout_s,
-                                        self.environment_type, sorted(self.environment_kwargs.items())],
-                           "code": CACHE_VERSION}, sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()
+        what: dict[str, Any] = {"model": identity, "harness": req.harness_files, "k": req.k, "seed": self.seed,
+                                "seed_key": hashlib.sha256(self.seed_key).hexdigest(), "tasks": [str(t) for t in tasks],
+                                "settings": [self.tokens_per_trial, self.agent_timeout_s, self.verifier_timeout_s,
+                                             self.environment_type, sorted(self.environment_kwargs.items())],
+                                "code": CACHE_VERSION}
+        if split != "official":  # (official keys stay those of earlier versions)
+            what["split"] = split
+        return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
 
     def _cached(self, key: str) -> Billed[EvalResult] | None:
         try:
@@ -303,19 +333,67 @@ class LocalEvalService:
             value = EvalResult.model_validate(data["result"]).model_copy(update={"cached": True})
         except (OSError, ValueError, KeyError):
             return None
-        log.info("official evaluation %s: cached result", key[:12])
+        log.info("%s evaluation %s: cached result", value.split, key[:12])
         return Billed[EvalResult](value=value, cost_usd=0.0, seconds=0.0)
 
-    def _store(self, key: str, billed: Billed[EvalResult]) -> None:
+    def _restore_dev(self, key: str, req: EvalRequest, eval_id: str) -> Billed[EvalResult] | None:
+        """Put a cached dev evaluation's directory (trial logs, summary) in place as ``eval_id``."""
+        hit = self._cached(key)
+        source = self.cache_dir / f"{key}.job"
+        target = self.run_dir / eval_id
+        if hit is None or not source.is_dir() or target.exists():
+            return None
+        try:
+            data = json.loads((self.cache_dir / f"{key}.json").read_text())
+            _copy_tree(source, target, _JOB_DIR_MARK, str(target.resolve()).encode())
+            value = hit.value.model_copy(update={"checkpoint": req.checkpoint, "harness_version": req.harness_version})
+            summary_path = target / "summary.json"
+            summary = json.loads(summary_path.read_text())
+            summary.update(id=eval_id, checkpoint=req.checkpoint, harness_version=req.harness_version, cached=True,
+                           result=value.model_dump())
+            summary_path.write_text(json.dumps(summary, indent=1))
+            os.utime(self.cache_dir / f"{key}.json")  # recently used: pruned last
+            return Billed[EvalResult](value=value, cost_usd=float(data["cost_usd"]), seconds=float(data["seconds"]))
+        except (OSError, ValueError, KeyError) as exc:  # pruned or damaged meanwhile: evaluate afresh
+            log.warning("cannot restore the cached evaluation %s: %s", key[:12], exc)
+            shutil.rmtree(target, ignore_errors=True)
+            return None
+
+    def _store(self, key: str, billed: Billed[EvalResult], job_dir: Path | None = None) -> None:
+        """Keep a result (and for a dev evaluation its directory, paths made relocatable) under its key."""
         try:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             os.chmod(self.cache_dir, 0o700)
+            if job_dir is not None:
+                tmp_dir = self.cache_dir / f".{key}.{os.getpid()}.{threading.get_ident()}.job"
+                shutil.rmtree(tmp_dir, ignore_errors=True)
+                _copy_tree(job_dir, tmp_dir, str(job_dir.resolve()).encode(), _JOB_DIR_MARK)
+                final = self.cache_dir / f"{key}.job"
+                shutil.rmtree(final, ignore_errors=True)
+                os.replace(tmp_dir, final)
             tmp = self.cache_dir / f".{key}.{os.getpid()}.tmp"
             tmp.write_text(json.dumps({"result": billed.value.model_dump(), "cost_usd": billed.cost_usd,
                                        "seconds": billed.seconds}))
             os.replace(tmp, self.cache_dir / f"{key}.json")
+            if job_dir is not None:
+                self._prune_cache()
         except OSError as exc:  # a cache that cannot be written only costs time
-            log.warning("cannot cache an official evaluation in %s: %s", self.cache_dir, exc)
+            log.warning("cannot cache an evaluation in %s: %s", self.cache_dir, exc)
+
+    def _prune_cache(self) -> None:
+        """Keep the cached dev evaluations' directories under ``cache_quota_bytes`` (least recently used go)."""
+        entries = []
+        for job in self.cache_dir.glob("*.job"):
+            size = sum(f.stat().st_size for f in job.rglob("*") if f.is_file())
+            meta = self.cache_dir / f"{job.name[:-4]}.json"
+            entries.append((meta.stat().st_mtime if meta.exists() else 0.0, size, job, meta))
+        total = sum(size for _, size, _, _ in entries)
+        for _, size, job, meta in sorted(entries, key=lambda e: e[0]):
+            if total <= self.cache_quota_bytes:
+                break
+            meta.unlink(missing_ok=True)
+            shutil.rmtree(job, ignore_errors=True)
+            total -= size
 
     def prune_logs(self) -> int:
         """Keep the run's evaluation logs under ``logs_quota_bytes``: the trial directories of the oldest

@@ -34,6 +34,7 @@ True
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -702,6 +703,10 @@ class LocalServiceClient:
     def _checkpoint_dir(self, run_id: str, kind: str, name: str) -> Path:
         return self.root_dir / "runs" / run_id / kind / name
 
+    def checkpoint_dir(self, path: str) -> Path:
+        """Where a ``tinker://RUN/KIND/NAME`` checkpoint's files are."""
+        return self._checkpoint_dir(*parse_tinker_path(path))
+
     def _resolve(self, path: str) -> tuple[Path, dict[str, Any]]:
         run_id, kind, name = parse_tinker_path(path)
         directory = self._checkpoint_dir(run_id, kind, name)
@@ -819,3 +824,27 @@ class LocalServiceClient:
 
     def __repr__(self) -> str:
         return f"LocalServiceClient(root_dir={str(self.root_dir)!r}, session={self._session_id!r})"
+
+
+def weights_identity(checkpoint_dir: Path, base: str) -> str | None:
+    """A content hash of a checkpoint's weights: ``base`` (what it was trained from), its LoRA
+    configuration and every array of its ``.npz`` files — not names, paths or file timestamps. None
+    when the checkpoint cannot be read.
+
+    Two checkpoints with the same identity sample the same tokens for the same seed."""
+    try:
+        meta = json.loads((checkpoint_dir / "meta.json").read_text())
+        digest = hashlib.sha256(json.dumps({"from": base, "base_model": meta.get("base_model"),
+                                            "lora": meta.get("lora_config")}, sort_keys=True).encode())
+        files = sorted(checkpoint_dir.glob("*.npz"))
+        if not files:
+            return None
+        for file in files:
+            with np.load(file, allow_pickle=False) as arrays:
+                for name in sorted(arrays.files):
+                    array = arrays[name]
+                    digest.update(f"{file.name}/{name}:{array.dtype.str}:{array.shape}".encode())
+                    digest.update(np.ascontiguousarray(array).tobytes())
+        return f"{base}+{digest.hexdigest()}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

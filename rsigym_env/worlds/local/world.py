@@ -125,6 +125,7 @@ class LocalWorld:
         self.registry = ModelRegistry()
         self.checkpoints: dict[str, str] = {}        # checkpoint id -> tinker sampler path
         self.states: dict[str, str] = {}             # checkpoint id -> tinker state path
+        self._identities: dict[str, str | None] = {}  # checkpoint id -> what its weights are (caching)
         self._register("base", None)
         for name in scenario.permissions.teachers:
             if name in teachers.TEACHERS:
@@ -144,7 +145,7 @@ class LocalWorld:
             model_for=self.chat_model, tasks=self.tasks, run_dir=self.run_dir / "evals", prices=self.prices,
             seed=seed, server=self.server, vcpus=self.vcpus, memory_gib=self.memory_gib, clock=self.clock.now,
             concurrency=int(self.options["eval_concurrency"]), seed_key=self.split.key("trial-seeds"),
-            cache_dir=rsigym_home() / "cache" / "official", model_identity=self._model_identity)
+            cache_dir=rsigym_home() / "cache" / "evaluations", model_identity=self._model_identity)
 
     # ---- models ---------------------------------------------------------------------------------
 
@@ -158,13 +159,24 @@ class LocalWorld:
             register_checkpoint(self.registry, self.tinker, sampler_path, name=checkpoint, replace=True, pool=pool)
 
     def _model_identity(self, checkpoint: str) -> str | None:
-        """What a checkpoint's weights are, for caching its official evaluations: only the shipped base
-        model has one (trained checkpoints and test models are evaluated every time)."""
-        if checkpoint != "base" or self.base_model != BASE_MODEL:
+        """What a checkpoint's weights are, for caching its evaluations by content: the shipped base
+        model by its manifest's hash, a checkpoint trained from it by the hash of its sampler weights'
+        arrays (test models and anything unreadable: None, evaluated every time)."""
+        if self.base_model != BASE_MODEL:
             return None
         from .base import manifest
 
-        return f"{BASE_MODEL}:{manifest()['sha256']['weights.npz']}"
+        base = f"{BASE_MODEL}:{manifest()['sha256']['weights.npz']}"
+        if checkpoint == "base":
+            return base
+        path = self.checkpoints.get(checkpoint)
+        if path is None:
+            return None
+        if checkpoint not in self._identities:
+            from .tinker_client import weights_identity
+
+            self._identities[checkpoint] = weights_identity(self.tinker.checkpoint_dir(path), base)
+        return self._identities[checkpoint]
 
     def chat_model(self, checkpoint: str) -> Any:
         """The servable model behind a checkpoint id ('base' or 'ckpt-N')."""
