@@ -75,10 +75,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     ledger = run_dir / "ledger.sqlite"
     env = gym.make(_env_id(scenario.track), scenario=scenario, ledger_path=ledger, run_dir=run_dir)
+    tape = None
     if args.record or args.replay:
         from .replay import TapeWrapper
 
-        env = TapeWrapper(env, record=args.record, replay=args.replay, meta={"agent": args.agent})
+        env = tape = TapeWrapper(env, record=args.record, replay=args.replay, meta={"agent": args.agent})
     from .watch.record import RunRecorder
 
     env = RunRecorder(env, run_dir, researcher=args.agent, surface="rsigym run")  # what `rsigym watch` shows, live
@@ -129,7 +130,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     console.print(f"audit log: rsigym audit verify {ledger}")
     if args.record:
         console.print(f"tape: {args.record} (replay: rsigym run --replay {args.record})")
-    if args.replay and getattr(env.unwrapped.run, "world", None) is not None and getattr(env.unwrapped.run.world, "diverged", False):
+    if tape is not None and tape.diverged:
         console.print("[yellow]the run departed from the recording (some requests were not on the tape)[/]")
     return 0
 
