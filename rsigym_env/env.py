@@ -26,7 +26,28 @@ Rewards
 Episode End
     Terminated on ``submit``. Truncated when steps, time or money run out; the initial system then
     counts as submitted (reward 0). ``info`` at the end has ``initial_score``, ``official_score``,
-    ``normalized_gain``, ``best_dev_score``, ``spend_usd``, ``budget_usd`` and ``submitted``.
+    ``normalized_gain``, ``best_dev_score``, ``spend_usd``, ``budget_usd``, ``submitted``
+    (``checkpoint``, ``harness``, ``by``), ``dev_evaluations`` (dev scores measured) and
+    ``official_split`` (``mode``, and the split's hash where the world draws one).
+
+Info
+    What callers (sweeps, the CLI, the menu wrapper, recursion) need is in ``info``; they read nothing
+    inside the env. At ``reset``: ``scenario`` (its name), ``world``, ``track``, ``benchmark``,
+    ``budget_usd``, ``time_limit_h``, ``max_steps``, ``seed`` (the episode's), ``budget_left_usd``,
+    ``tools``, ``teachers``, ``train_locks`` (``{field: value}``) and ``harness`` (the initial version).
+    After every step: ``tool``, ``ok`` (then ``result``, else ``error`` and ``message``), ``cost_usd``
+    (of this step), ``spent_usd`` (billed so far, reservations not included), ``budget_left_usd`` and
+    ``events`` of jobs that finished; at the end also the result keys above and ``best_candidate``,
+    ``end_reason``, ``official_eval_usd``, ``elapsed_h``, ``steps`` and ``metrics``.
+    Everything in ``info`` is deterministic for a seed (``check_env`` compares it). What is not, or is
+    large, is an attribute: :attr:`ResearchEnv.key_id` (the run's platform key, random) and
+    :meth:`ResearchEnv.harness_files` (a harness version's files).
+
+>>> _, info = env.reset(seed=0)
+>>> info["world"], info["track"], info["benchmark"], info["max_steps"]
+('sim', 'joint', 'aime', 200)
+>>> len(env.unwrapped.key_id), sorted(env.unwrapped.harness_files(info["harness"]))
+(16, ['harness.toml', 'prompt.md'])
 """
 
 from __future__ import annotations
@@ -46,6 +67,7 @@ from .platform.ledger import Ledger
 from .run import ResearchRun
 from .scenario import Scenario, load_scenario
 from .tools import TOOL_NAMES, action_space
+from .worlds import WorldFactory, make_world
 
 LOG_MAX = 8000
 _NOT_PRINTABLE = re.compile(f"[^{re.escape(string.printable)}]")
@@ -90,6 +112,9 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         async_jobs: run ``generate_data``, ``transform_data`` and ``submit`` as jobs too (each returns a
             job id at once; ``wait`` for it), so no call blocks for long — what clients that time out
             need (the agent gateway uses it). Default: those calls block until done, as RL loops like.
+        world_factory: builds each episode's world, ``(scenario, seed, run_dir) -> World``; default:
+            the registered world the scenario names. The attribute of that name may be replaced before
+            a ``reset`` to wrap the world (record/replay does).
     """
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
@@ -110,6 +135,7 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         render_mode: str | None = None,
         world_options: dict[str, Any] | None = None,
         async_jobs: bool = False,
+        world_factory: WorldFactory | None = None,
     ):
         overrides = dict(track=track, world=world, benchmark=benchmark, budget_usd=budget_usd,
                          max_steps=max_steps, time_limit_h=time_limit_h)
@@ -142,6 +168,7 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
             "action_mask": spaces.MultiBinary(len(TOOL_NAMES)),
         })
         self.async_jobs = async_jobs
+        self.world_factory: WorldFactory = world_factory or make_world
         self.run: ResearchRun | None = None
         self._log = ""
 
@@ -155,10 +182,14 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         if self.run is not None:  # running jobs are billed for the part that ran, as at truncation
             self.run.abandon("reset")
             self.run.world.close()
-        self.run = ResearchRun(self.scenario, episode_seed, self.platform, self.run_dir, async_jobs=self.async_jobs)
+        self.run = ResearchRun(self.scenario, episode_seed, self.platform, self.run_dir, async_jobs=self.async_jobs,
+                               world_factory=self.world_factory)
         self._log = self.run.briefing()
-        info = {"scenario": self.scenario.name, "seed": episode_seed, "budget_left_usd": self.run.budget_left,
-                "tools": self.scenario.tools(), "teachers": list(self.scenario.permissions.teachers),
+        s = self.scenario
+        info = {"scenario": s.name, "world": s.world, "track": s.track, "benchmark": s.benchmark,
+                "budget_usd": s.budget_usd, "time_limit_h": s.time_limit_h, "max_steps": s.max_steps,
+                "seed": episode_seed, "budget_left_usd": self.run.budget_left, "tools": s.tools(),
+                "teachers": list(s.permissions.teachers), "train_locks": dict(s.permissions.train.lock),
                 "harness": self.run.harness.initial}
         return self._observation(), info
 
@@ -184,6 +215,21 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
             self.run.world.close()
             self.run = None
         self.platform.ledger.close()
+
+    # ------------------------------------------------------------------ the run, for its owner
+
+    @property
+    def key_id(self) -> str | None:
+        """The id of the current episode's platform key (its ledger account); ``None`` before ``reset``.
+        Random per episode (a secret's hash), so it is not in ``info``."""
+        return self.run.key.id if self.run is not None else None
+
+    def harness_files(self, version: str = "latest") -> dict[str, str]:
+        """The files (path -> text) of a harness version of the current episode, e.g. the submitted one
+        (``info["submitted"]["harness"]`` at the end); readable until the next ``reset`` or ``close``."""
+        if self.run is None:
+            raise gym.error.ResetNeeded("call reset() before harness_files()")
+        return self.run.harness.files(version)
 
     # ------------------------------------------------------------------ helpers
 

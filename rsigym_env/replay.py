@@ -16,9 +16,12 @@ Clock readings and job states are served in recorded order; once a run departs f
 the clock carries on from its last reading (spend adds, wait jumps to the job's ready time) and
 :attr:`ReplayWorld.diverged` says so.
 
-Use :class:`TapeWrapper` around any env built on a registered world (it wraps the world's factory
-through :func:`rsigym_env.worlds.register_world`; the scenario is untouched, so the recorded run's
-observations are those of an unrecorded one):
+A replay world is handed to the env the way any world is, through its world factory
+(``ResearchEnv(world_factory=...)``, :data:`rsigym_env.worlds.WorldFactory`): :class:`ReplayWorlds`
+is a factory that builds the recorded episode's :class:`ReplayWorld`, :class:`RecordingWorlds` wraps
+another factory to record. Nothing global changes, so a replaying env and a live one can run side by
+side. :class:`TapeWrapper` does that wiring around any ``ResearchEnv`` (it wraps that env's own
+factory; the scenario is untouched, so the recorded run's observations are those of an unrecorded one):
 
 >>> import gymnasium as gym, tempfile, rsigym_env
 >>> from rsigym_env.episode import run_episode
@@ -30,21 +33,25 @@ observations are those of an unrecorded one):
 >>> again = run_episode(env, make_researcher("scripted"), seed=3)
 >>> again.reward == live.reward, again.info["official_score"] == live.info["official_score"]
 (True, True)
->>> env.unwrapped.run.world.name, env.unwrapped.run.world.diverged
+>>> env.world.name, env.diverged
 ('sim', False)
+
+The same replay without the wrapper:
+
+>>> env = gym.make("RSIGym/Harness-v0", benchmark="aime", budget_usd=50, world_factory=ReplayWorlds(tape))
+>>> run_episode(env, make_researcher("scripted"), seed=3).reward == live.reward
+True
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import json
 import math
 import threading
 from collections import defaultdict, deque
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 from pydantic import BaseModel
@@ -56,8 +63,6 @@ from .services import Billed, CommandResult, Completion, DatasetInfo, EvalReques
 FORMAT = "rsigym-tape/1"
 SERVICES = ("rollout", "train", "inference", "sandbox", "evaluation")
 VALUE_TYPES: dict[str, type[BaseModel]] = {t.__name__: t for t in (DatasetInfo, TrainResult, Completion, CommandResult, EvalResult)}
-
-_TAPE: contextvars.ContextVar[tuple[str, Path, dict[str, Any]] | None] = contextvars.ContextVar("rsigym_tape", default=None)
 
 
 class ReplayMiss(ActionError):
@@ -423,47 +428,46 @@ class ReplayWorld:
 # ------------------------------------------------------------------------------------ wiring
 
 
-def _taped(factory: Callable[..., Any]) -> Callable[..., Any]:
-    def make(scenario: Scenario, seed: int, run_dir: Any) -> Any:
-        tape = _TAPE.get()
-        if tape is None:
-            return factory(scenario, seed, run_dir)
-        mode, path, meta = tape
-        if mode == "replay":
-            return ReplayWorld.load(path, seed)
-        return RecordingWorld(factory(scenario, seed, run_dir), path, scenario, seed, meta)
+class ReplayWorlds:
+    """A world factory, ``(scenario, seed, run_dir) -> ReplayWorld``, that serves the episode of the tape
+    at ``path`` recorded with that world seed (or its only episode); pass it as ``world_factory``.
 
-    make.rsigym_tape_inner = factory  # type: ignore[attr-defined]
-    return make
+    ``built`` is the last world it built (``None`` before the first ``reset``).
+    """
 
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        read_tape(self.path)  # fail now, clearly, on a missing or foreign file
+        self.built: ReplayWorld | None = None
 
-def install(world: str) -> None:
-    """Let ``world`` be recorded and replayed: wrap its registered factory (idempotent; a factory
-    registered again later is wrapped again on the next call)."""
-    from .worlds import WORLDS, register_world
-
-    if world not in WORLDS:
-        raise ValueError(f"unknown world {world!r}; worlds: {', '.join(sorted(WORLDS))}")
-    if not hasattr(WORLDS[world], "rsigym_tape_inner"):
-        register_world(world, _taped(WORLDS[world]))
+    def __call__(self, scenario: Scenario, seed: int, run_dir: Path | None = None) -> ReplayWorld:
+        self.built = ReplayWorld.load(self.path, seed)
+        return self.built
 
 
-@contextlib.contextmanager
-def taping(mode: str, path: str | Path, meta: dict[str, Any] | None = None) -> Iterator[None]:
-    """Worlds built inside this block (by an installed factory) record to / replay from ``path``."""
-    if mode not in ("record", "replay"):
-        raise ValueError(f"mode must be 'record' or 'replay', got {mode!r}")
-    token = _TAPE.set((mode, Path(path), dict(meta or {})))
-    try:
-        yield
-    finally:
-        _TAPE.reset(token)
+class RecordingWorlds:
+    """A world factory that builds each world with ``inner`` and records it to the tape at ``path``
+    (appending one episode per world). ``meta`` (a dict, or a function returning one at build time)
+    goes into each episode's header. ``built`` is the last world it built."""
+
+    def __init__(self, inner: Callable[..., Any], path: str | Path,
+                 meta: dict[str, Any] | Callable[[], dict[str, Any]] | None = None):
+        self.inner, self.path, self.meta = inner, Path(path), meta
+        self.built: RecordingWorld | None = None
+
+    def __call__(self, scenario: Scenario, seed: int, run_dir: Path | None = None) -> RecordingWorld:
+        meta = self.meta() if callable(self.meta) else self.meta
+        self.built = RecordingWorld(self.inner(scenario, seed, run_dir), self.path, scenario, seed, meta)
+        return self.built
 
 
 class TapeWrapper(gym.Wrapper):
     """Records every episode of ``env`` to ``record`` (the file is started afresh) or replays ``replay``.
 
-    ``meta`` goes into each episode's header (e.g. the researcher's name and the reset seed).
+    ``env`` is a ``ResearchEnv`` (under any wrappers); its world factory is wrapped — that env only,
+    nothing global. ``meta`` goes into each episode's header, with the reset seed (``reset_seed``).
+    :attr:`world` is the world of the current episode, :attr:`diverged` whether a replay has departed
+    from the recording.
     """
 
     def __init__(self, env: gym.Env, *, record: str | Path | None = None, replay: str | Path | None = None,
@@ -473,20 +477,35 @@ class TapeWrapper(gym.Wrapper):
             raise ValueError("give exactly one of record= and replay=")
         self.mode, self.path = ("record", Path(record)) if record is not None else ("replay", Path(replay))  # type: ignore[arg-type]
         self.meta = dict(meta or {})
+        self._reset_seed: int | None = None
+        target = env.unwrapped
+        if not hasattr(target, "world_factory"):
+            raise TypeError(f"{type(target).__name__} builds no world through a world_factory; TapeWrapper needs a ResearchEnv")
+        self.factory: ReplayWorlds | RecordingWorlds
         if self.mode == "record":
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text("")
+            self.factory = RecordingWorlds(target.world_factory, self.path, lambda: self.meta | {"reset_seed": self._reset_seed})
         else:
-            read_tape(self.path)  # fail now, clearly, on a missing or foreign file
+            self.factory = ReplayWorlds(self.path)
+        target.world_factory = self.factory
+
+    @property
+    def world(self) -> RecordingWorld | ReplayWorld | None:
+        """The world of the current episode (``None`` before the first ``reset``)."""
+        return self.factory.built
+
+    @property
+    def diverged(self) -> bool:
+        """True once a replayed run asked for something the tape does not hold (never when recording)."""
+        return isinstance(self.world, ReplayWorld) and self.world.diverged
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        world = self.env.unwrapped.scenario.world
-        install(world)
-        with taping(self.mode, self.path, self.meta | {"reset_seed": seed}):
-            obs, info = self.env.reset(seed=seed, options=options)
-        built = self.env.unwrapped.run.world
-        if not isinstance(built, (RecordingWorld, ReplayWorld)):
-            raise RuntimeError(f"world {world!r} was built without the tape (its factory was replaced during reset)")
+        self._reset_seed, self.factory.built = seed, None
+        obs, info = self.env.reset(seed=seed, options=options)
+        if self.factory.built is None:
+            raise RuntimeError("the episode's world was built without the tape (the env's world_factory was "
+                               "replaced after the TapeWrapper was made)")
         return obs, info
 
 
@@ -495,5 +514,5 @@ def tape_header(path: str | Path, episode: int = 0) -> dict[str, Any]:
     return read_tape(path)[episode]["header"]
 
 
-__all__ = ["FORMAT", "RecordingWorld", "ReplayMiss", "ReplayWorld", "TapeWrapper", "install", "read_tape",
-           "tape_header", "taping"]
+__all__ = ["FORMAT", "RecordingWorld", "RecordingWorlds", "ReplayMiss", "ReplayWorld", "ReplayWorlds", "TapeWrapper",
+           "read_tape", "tape_header"]

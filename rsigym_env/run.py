@@ -12,8 +12,14 @@ audited. Anything refused becomes an :class:`Outcome` with an error code and cos
 >>> run.execute({"tool": "wait"}).info["events"][0]["kind"]
 'evaluate'
 >>> end = run.execute({"tool": "submit"})
->>> end.terminated, end.info["normalized_gain"]
-(True, 0.0)
+>>> end.terminated, end.info["normalized_gain"], end.info["dev_evaluations"]
+(True, 0.0, 1)
+
+Each tool has one handler, looked up by the tool's name in :attr:`ResearchRun.HANDLERS` (built once,
+with the class; a name that is not a tool is refused by :func:`~rsigym_env.tools.parse_action` first):
+
+>>> ResearchRun.HANDLERS["submit"].__name__, sorted(ResearchRun.HANDLERS) == sorted(TOOL_NAMES)
+('_submit', True)
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, ClassVar, TypeVar
 
 from .errors import ActionError, InsufficientBudget, WorkFailed
 from .harness import HarnessStore
@@ -33,12 +39,13 @@ from .scenario import Scenario
 from .scoring import normalized_gain
 from .services import Billed, DatasetInfo, EvalRequest, EvalResult, Job, Quote, TrainResult, reporting_progress
 from .tools import (
-    EditHarness, Evaluate, GenerateData, Infer, Read, SandboxExec, Submit, Tool, Train,
+    TOOL_NAMES, EditHarness, Evaluate, GenerateData, Infer, Read, SandboxExec, Submit, Tool, Train,
     TransformData, Wait, parse_action,
 )
-from .worlds import make_world
+from .worlds import WorldFactory, make_world
 
 T = TypeVar("T")
+ToolHandler = Callable[["ResearchRun", Any], "tuple[str, dict[str, Any]]"]  # (log text, info["result"])
 MIN_USD = 0.01  # less than this available (and nothing running) means the money has run out
 CANCEL_WAIT_S = 30.0  # how long a cancelled call-job may take to finish before it is billed by elapsed time
 
@@ -72,15 +79,20 @@ class Candidate:
 
 
 class ResearchRun:
-    """The state of one episode. ``execute`` takes any action form and never raises."""
+    """The state of one episode. ``execute`` takes any action form and never raises.
+
+    ``world_factory`` builds the episode's world, ``(scenario, seed, run_dir) -> World``; default: the
+    registered world the scenario names (:func:`rsigym_env.worlds.make_world`). Wrapping it wraps the
+    world, as :class:`rsigym_env.replay.TapeWrapper` does to record or replay one.
+    """
 
     def __init__(self, scenario: Scenario, seed: int, platform: Platform | None = None, run_dir: Path | None = None,
-                 *, async_jobs: bool = False):
+                 *, async_jobs: bool = False, world_factory: WorldFactory = make_world):
         self.scenario = scenario
         self.seed = seed
         self.async_jobs = async_jobs  # generate_data, transform_data and submit as jobs (no call blocks long)
         self._pool: cf.ThreadPoolExecutor | None = None
-        self.world = make_world(scenario, seed, run_dir)
+        self.world = world_factory(scenario, seed, run_dir)
         self.platform = platform or Platform()
         self.key = self.platform.issue_key(scenario)
         self.harness = HarnessStore(self.world.initial_harness())
@@ -113,6 +125,11 @@ class ResearchRun:
     @property
     def best_dev(self) -> float | None:
         return max(self.best.scores) if self.best else None
+
+    @property
+    def dev_evaluations(self) -> int:
+        """How many dev evaluations have finished (every score of every candidate)."""
+        return sum(len(c.scores) for c in self.candidates.values())
 
     @property
     def submitting(self) -> bool:
@@ -157,7 +174,8 @@ class ResearchRun:
         if self.end_info is not None:
             return Outcome("ERROR episode_over: the episode has ended; call reset()",
                            {"ok": False, "error": "episode_over", "message": "the episode has ended; call reset()",
-                            "cost_usd": 0.0, "budget_left_usd": self.budget_left}, terminated=True)
+                            "cost_usd": 0.0, "budget_left_usd": self.budget_left,
+                            "spent_usd": self.balance.spent_usd}, terminated=True)
         self.steps += 1
         tool: Tool | None = None
         spent_before = self.balance.spent_usd
@@ -167,7 +185,7 @@ class ResearchRun:
             if self.submitting and tool.name not in ("read", "wait"):
                 raise ActionError("submission_pending", f"{tool.name}: the submission is being evaluated; "
                                                         "only read and wait until it finishes")
-            text, result = getattr(self, "_" + tool.name)(tool)
+            text, result = self.HANDLERS[tool.name](self, tool)
             if not tool.paid:
                 self.platform.record(self.key, tool)
             info: dict[str, Any] = {"tool": tool.name, "ok": True, "result": result}
@@ -209,6 +227,7 @@ class ResearchRun:
                 outcome.log += f"\nEpisode over ({self.end_info['end_reason']}): {self.end_summary()}"
         info["cost_usd"] = round(self.balance.spent_usd - spent_before, 9)
         info["budget_left_usd"] = self.balance.available_usd
+        info["spent_usd"] = self.balance.spent_usd  # billed so far (reservations not included)
         return outcome
 
     # ------------------------------------------------------------------ tools
@@ -422,6 +441,14 @@ class ResearchRun:
         for pair in {("base", self.harness.initial), (checkpoint, version)}:
             self.world.evaluation.quote(self._eval_request(*pair, "official", k, None))
 
+    HANDLERS: ClassVar[dict[str, ToolHandler]] = {  # the tool's wire name -> what runs it
+        tool.name: handler for tool, handler in (
+            (GenerateData, _generate_data), (TransformData, _transform_data), (Train, _train), (Evaluate, _evaluate),
+            (Infer, _infer), (SandboxExec, _sandbox_exec), (EditHarness, _edit_harness), (Read, _read),
+            (Wait, _wait), (Submit, _submit),
+        )
+    }
+
     # ------------------------------------------------------------------ helpers
 
     def _next(self, prefix: str) -> str:
@@ -629,6 +656,7 @@ class ResearchRun:
             "best_dev_score": self.best_dev,
             "best_candidate": {"checkpoint": self.best.checkpoint, "harness": self.best.harness} if self.best else None,
             "submitted_dev_score": max(submitted_dev.scores) if submitted_dev else None,
+            "dev_evaluations": self.dev_evaluations,
             "submitted": {"checkpoint": checkpoint, "harness": version, "by": by},
             "end_reason": reason,
             "spend_usd": balance.spent_usd,

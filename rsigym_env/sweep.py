@@ -190,20 +190,12 @@ def run_spec(spec: EpisodeSpec) -> EpisodeRecord:
         if spec.max_steps is not None:
             kwargs["max_steps"] = spec.max_steps
         env = gym.make(TRACKS[spec.track], **kwargs)
-        budget = float(spec.budget_usd)
 
         def on_step(step: int, action: Any, obs: dict[str, Any], info: dict[str, Any]) -> None:
-            run = getattr(env.unwrapped, "run", None)
-            if "spend_usd" in info:  # the episode's end
-                spent = float(info["spend_usd"])
-            elif run is not None and hasattr(run, "balance"):  # billed so far (reservations not included)
-                spent = float(run.balance.spent_usd)
-            else:  # any other env: what the observation says is gone
-                spent = budget - float(obs["budget_left_usd"][0])
-            record.curve.append([spent, float(obs["dev_scores"][1])])
+            record.curve.append([float(info["spent_usd"]), float(obs["dev_scores"][1])])  # billed so far
             record.steps = step
-            if record.key_id is None and run is not None:
-                record.key_id = run.key.id
+            if record.key_id is None:
+                record.key_id = env.get_wrapper_attr("key_id")
 
         result = run_episode(env, researcher, seed=spec.seed, on_step=on_step)
         info = result.info

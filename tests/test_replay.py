@@ -160,6 +160,30 @@ def test_a_tape_holds_several_episodes_chosen_by_seed(tmp_path):
         assert _same(live, again)
 
 
+def test_a_replaying_env_and_a_live_one_interleaved_in_one_process_are_both_right(tmp_path):
+    """Replay wraps the env's own world factory: nothing global changes, so a live env stepped between
+    the replaying env's steps runs on the registered world, and each env gets its own run."""
+    tape = tmp_path / "tape.jsonl"
+    registered = dict(WORLDS)
+    actions, recorded = _play(TapeWrapper(_make("sim"), record=tape), None, seed=4)
+    live_actions, alone = _play(_make("sim"), None, seed=5)         # what the live env does on its own
+    replaying, live = TapeWrapper(_make("sim"), replay=tape), _make("sim")
+    traces = {"replay": [replaying.reset(seed=4) + (None,)], "live": [live.reset(seed=5) + (None,)]}
+    for i in range(max(len(actions), len(live_actions))):
+        for name, env, acts in (("replay", replaying, actions), ("live", live, live_actions)):
+            if i < len(acts):
+                traces[name].append(env.step(acts[i]))
+    assert WORLDS == registered                                     # the registry was never touched
+    assert isinstance(replaying.unwrapped.run.world, ReplayWorld) and not replaying.diverged
+    assert not isinstance(live.unwrapped.run.world, ReplayWorld)
+    for name, want in (("replay", recorded), ("live", alone)):
+        got = traces[name]
+        assert len(got) == len(want), name
+        assert _same(got[0][:2], (want[0][0], want[0][4])), name   # reset: (obs, info)
+        for step, (x, y) in enumerate(zip(want[1:], got[1:]), 1):
+            assert _same(x, y), f"{name}: step {step} differs"
+
+
 def test_cli_record_and_replay(tmp_path, capsys):
     tape = tmp_path / "t.jsonl"
     assert main(["run", "--benchmark", "gpqa-diamond", "--seed", "2", "--quiet", "--record", str(tape),

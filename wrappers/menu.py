@@ -110,10 +110,6 @@ FIXES: dict[str, tuple[str, str, str]] = {
 }
 TEACHERS: tuple[str, ...] = ("claude-opus-5", "gpt-6-astra", "deepseek-v4.1-flash")
 BENCHMARKS: tuple[str, ...] = ("swe-bench-verified", "terminal-bench-2", "aime", "gpqa-diamond", "skillsbench")
-BENCHMARK_NAMES: dict[str, str] = {  # how the briefing names them
-    "swe-bench-verified": "SWE-bench Verified", "terminal-bench-2": "Terminal-Bench", "aime": "AIME",
-    "gpqa-diamond": "GPQA", "skillsbench": "SkillsBench",
-}
 TRACKS: tuple[str, ...] = ("joint", "data", "harness")
 GEN_SIZES: tuple[int, ...] = (50, 500, 2000, 20_000)
 LEARNING_RATES: tuple[float, ...] = (1.5e-4, 3e-4, 6e-4)
@@ -224,7 +220,7 @@ class MenuAdapter:
     Args:
         blocking: evaluate and train macros wait for their job (see the module docstring).
         scenario: the run's :class:`~rsigym_env.scenario.Scenario` if known; then the learning-rate mask
-            also honours ``allow`` rules. Without it, locks are read from the briefing.
+            also honours ``allow`` rules. Without it, locks are read from ``info["train_locks"]``.
     """
 
     def __init__(self, blocking: bool = True, scenario: Any = None):
@@ -235,23 +231,15 @@ class MenuAdapter:
     # ------------------------------------------------------------------ tracking the run
 
     def reset(self, observation: dict[str, Any], info: dict[str, Any]) -> None:
-        log = observation.get("log", "")
         s = self.s = MenuState()
         s.budget = max(float(observation["budget_left_usd"][0]), 1e-9)
         s.time_h = max(float(observation["time_left_h"][0]), 1e-9)
-        found = re.search(r"at most (\d+) tool calls", log)
-        s.max_steps = int(found.group(1)) if found else 200
-        found = re.search(r"\((\w+) track", log)
-        s.track = found.group(1) if found else ""
-        s.benchmark = _benchmark_of(str(info.get("scenario", "")), log)
+        s.max_steps = int(info.get("max_steps", 200))
+        s.track, s.benchmark = str(info.get("track", "")), str(info.get("benchmark", ""))
         s.tools = set(info.get("tools", []))
         s.teachers = set(info.get("teachers", []))
-        found = re.search(r"Locked training fields: (.*?)\.?$", log, re.M)
-        if found and found.group(1) != "none":
-            s.locks = dict(part.strip().split("=", 1) for part in found.group(1).split(",") if "=" in part)
+        s.locks = {str(k): str(v) for k, v in info.get("train_locks", {}).items()}
         s.harness = str(info.get("harness", "latest"))
-        if self.scenario is not None:
-            s.track, s.benchmark = self.scenario.track, self.scenario.benchmark
         s.obs = observation
 
     def observe(self, action: Action, observation: dict[str, Any], info: dict[str, Any]) -> None:
@@ -565,16 +553,6 @@ def _as_dict(action: Any) -> dict[str, Any]:
 def _option_line(text: str, key: str) -> re.Match[str] | None:
     """``key = value`` in harness.toml (group 1: the value without its comment)."""
     return re.search(rf"^{re.escape(key)}\s*=\s*([^#\n]*?)(?=\s*(?:#|$))", text, re.M)
-
-
-def _benchmark_of(scenario_name: str, log: str) -> str:
-    for b in BENCHMARKS:
-        if b in scenario_name:
-            return b
-    for b, title in BENCHMARK_NAMES.items():
-        if f": {title}" in log:
-            return b
-    return ""
 
 
 class DiscreteMenu(gym.Wrapper[np.ndarray, np.int64, dict[str, Any], Any], gym.utils.RecordConstructorArgs):
