@@ -5,7 +5,8 @@
 3. Data (Joint and Data tracks): probe every allowed teacher with a few examples, keep the one whose
    examples pass the checker most often, spend ``data_fraction`` of the budget on it, filter and
    dedupe, train once with the default (or locked) hyperparameters.
-4. Compare the candidates on dev (avg@``k``) and submit the best one.
+4. Compare the candidates on dev (avg@``k``) and submit the best one; the base model's run starts
+   while the new checkpoint trains (the jobs share the machine instead of waiting on each other).
 
 It reads only observations and ``info``; the harness fixes are the switches both the sim and the
 local world's ``harness.toml`` expose (a world with other harness files needs another recipe).
@@ -103,17 +104,22 @@ class ScriptedResearcher:
                     harness = info["result"]["version"]
                     text = text.replace(line.group(0), f"{key} = {value}")
 
-        # 3. distil a teacher into the model
-        checkpoint = None
+        # 3. distil a teacher into the model; while it trains, the base finalist is evaluated
+        checkpoint, early = None, {}
         if {"generate_data", "train"} <= tools and teachers:
-            checkpoint = yield from self.distil(teachers, budget * self.args.data_fraction)
+            checkpoint = yield from self.distil(teachers, budget * self.args.data_fraction,
+                                                while_training=self.start_evaluation("base", harness, early))
 
         # 4. compare candidates on dev and submit the best
         finalists = [("base", harness)] + ([(checkpoint, harness)] if checkpoint else [])
-        if harness == initial["harness"] and checkpoint is None:
+        if harness == initial["harness"] and checkpoint is None and not early:
             finalists = []  # nothing changed: the diagnosis is the only measurement needed
         for ckpt, version in finalists:
-            result = yield from self.evaluate(ckpt, version, k=self.args.k)
+            if (ckpt, version) in early:
+                event = yield from self.wait_for(early[(ckpt, version)])
+                result = event if event and event.get("ok") else None
+            else:
+                result = yield from self.evaluate(ckpt, version, k=self.args.k)
             if result is not None:
                 candidates[(ckpt, version)] = result["score"]
         best = max(candidates, key=lambda c: candidates[c])
@@ -134,8 +140,10 @@ class ScriptedResearcher:
         return {"ok": True, "cost_usd": event.get("cost_usd", 0.0),
                 "result": {"id": event["dataset"], "n_examples": event["n_examples"], "stats": event["stats"]}}
 
-    def distil(self, teachers: list[str], data_budget: float) -> Generator[Action, Step, str | None]:
-        """Probe teachers, generate with the best, filter, dedupe, train; the new checkpoint id or None."""
+    def distil(self, teachers: list[str], data_budget: float,
+               while_training: Generator[Action, Step, None] | None = None) -> Generator[Action, Step, str | None]:
+        """Probe teachers, generate with the best, filter, dedupe, train; the new checkpoint id or None.
+        Once training has started, ``while_training`` runs (its actions go first) before waiting for it."""
         probes: dict[str, tuple[float, float]] = {}  # teacher -> (pass rate, dollars per example)
         for teacher in teachers:
             info = yield from self.call({"tool": "generate_data", "args": {"teacher": teacher,
@@ -168,8 +176,18 @@ class ScriptedResearcher:
         _, info = yield {"tool": "train", "args": {"dataset": dataset}}
         if not info["ok"]:
             return None
+        if while_training is not None:
+            yield from while_training
         event = yield from self.wait_for(info["result"]["job"])
         return event["checkpoint"] if event and event.get("ok") else None
+
+    def start_evaluation(self, checkpoint: str, harness: str,
+                         started: dict[tuple[str, str], str]) -> Generator[Action, Step, None]:
+        """Start a dev evaluation (avg@k) without waiting: its job id goes into ``started`` (nothing if it
+        was refused, e.g. while another job holds the budget; it is then evaluated later as usual)."""
+        _, info = yield {"tool": "evaluate", "args": {"checkpoint": checkpoint, "harness": harness, "k": self.args.k}}
+        if info["ok"]:
+            started[(checkpoint, harness)] = info["result"]["job"]
 
     def evaluate(self, checkpoint: str, harness: str, k: int) -> Generator[Action, Step, dict[str, Any] | None]:
         """Evaluate on all dev tasks and wait for the result event (None if it could not run)."""
