@@ -6,6 +6,11 @@ step grouped by tool. Jobs (training, dev evaluations) run in the background, so
 researcher spends blocked on them shows up under ``wait``; ``submit`` is the two official
 evaluations (initial and submitted system). The reference is the whole episode (shares of it).
 
+Each benchmark runs twice in a private ``$RSIGYM_HOME``: **cold** (an empty evaluation cache, as on
+a fresh machine: a new official-split secret, task directories built) and **warm** (the same
+episode again: the evaluations of systems already seen come from the cache). Both must end with
+the same result; the rows say whether they did.
+
     python bench/bench_local_episode.py [--benchmarks aime gpqa-diamond] [--seed 0]
 """
 
@@ -13,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import tempfile
 import time
 from collections import defaultdict
 from typing import Any
@@ -56,18 +63,37 @@ def episode_phases(benchmark: str, seed: int = 0) -> dict[str, Any]:
 
 
 def measure(benchmarks: list[str] | None = None, seed: int = 0) -> list[dict[str, Any]]:
-    return [episode_phases(b, seed) for b in benchmarks or BENCHMARKS]
+    """Every benchmark cold, then warm, in a private ``$RSIGYM_HOME`` (restored afterwards)."""
+    rows = []
+    saved = os.environ.get("RSIGYM_HOME")
+    try:
+        for benchmark in benchmarks or BENCHMARKS:
+            with tempfile.TemporaryDirectory(prefix="rsigym-bench-home-") as home:
+                os.environ["RSIGYM_HOME"] = home
+                cold = episode_phases(benchmark, seed) | {"cache": "cold"}
+                warm = episode_phases(benchmark, seed) | {"cache": "warm"}
+            same = all(cold[k] == warm[k] for k in ("reward", "initial", "official"))
+            rows += [cold | {"same_result": same}, warm | {"same_result": same}]
+            print(f"{benchmark}: cold {cold['total_s']:.1f} s, warm {warm['total_s']:.1f} s, same result: {same}",
+                  flush=True)
+    finally:
+        if saved is None:
+            os.environ.pop("RSIGYM_HOME", None)
+        else:
+            os.environ["RSIGYM_HOME"] = saved
+    return rows
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
-    """A Markdown table: one row per benchmark, seconds per phase and the total."""
+    """A Markdown table: one row per benchmark and cache state, seconds per phase and the total."""
     phases = sorted({p for r in rows for p in r["phases_s"]}, key=lambda p: (p.startswith("close"), p))
-    lines = ["| benchmark | " + " | ".join(phases) + " | total s | initial → official |",
-             "|---|" + "---:|" * (len(phases) + 2)]
+    lines = ["| benchmark | cache | " + " | ".join(phases) + " | total s | initial → official | same result |",
+             "|---|---|" + "---:|" * (len(phases) + 2) + "---|"]
     for r in rows:
         cells = [f"{r['phases_s'].get(p, 0.0):.1f}" for p in phases]
-        lines.append(f"| {r['benchmark']} | " + " | ".join(cells) +
-                     f" | **{r['total_s']:.1f}** | {r['initial']:.3f} → {r['official']:.3f} |")
+        same = {True: "yes", False: "**no**", None: ""}[r.get("same_result")]
+        lines.append(f"| {r['benchmark']} | {r.get('cache', '')} | " + " | ".join(cells) +
+                     f" | **{r['total_s']:.1f}** | {r['initial']:.3f} → {r['official']:.3f} | {same} |")
     return lines
 
 
@@ -77,10 +103,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
-    rows = []
-    for b in args.benchmarks:
-        rows.append(episode_phases(b, args.seed))
-        print(f"{b}: {rows[-1]['total_s']:.1f} s", flush=True)
+    rows = measure(args.benchmarks, args.seed)
     print("\n".join(table(rows)))
     if args.json:
         with open(args.json, "w") as fh:

@@ -122,7 +122,7 @@ def main() -> None:
         lines += ["", *eval_table(results["eval"]), loaded("eval")]
     if "local_episodes" in results:
         lines += ["", "Local-world research episodes (`bench_local_episode.py`: scripted researcher, joint track, seed 0; "
-                      f"seconds per phase, jobs run in the background so waiting on them shows under `wait`). {loaded('local_episodes')}",
+                      f"seconds per phase, jobs run in the background so waiting on them shows under `wait`; each benchmark cold — an empty evaluation cache, as on a fresh machine — then warm). {loaded('local_episodes')}",
                   "", *bench_local_episode.table(results["local_episodes"])]
     if "local_sweep" in results:
         ls = results["local_sweep"]
