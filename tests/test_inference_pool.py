@@ -97,3 +97,58 @@ def test_a_closed_pool_refuses_new_work(tmp_path):
     with pytest.raises(RuntimeError, match="closed"):
         pool.submit(None, BASE, [1], 1, {"max_tokens": 1})
     pool.close()
+
+
+def exactly(response) -> list[tuple[list[int], list[float], str]]:
+    return [(list(s.tokens), list(s.logprobs), s.stop_reason) for s in response.sequences]
+
+
+@pytest.mark.parametrize("which", ["base", "checkpoint"])
+def test_a_shared_prefill_changes_no_sample(setup, which):
+    """The same prompt in one scope is prefilled once — requests in flight at once wait for it — and
+    every sample is bit for bit what it is without sharing, in the pool and in-process."""
+    service, pool, path = setup
+    model_path, base_model = (None, BASE) if which == "base" else (path, None)
+    local = service.create_sampling_client(model_path=model_path, base_model=base_model).result()
+    pooled = pool.client(model_path=model_path, base_model=base_model, tokenizer=local.get_tokenizer())
+    prompt = types.ModelInput.from_ints(local.get_tokenizer().encode(f"Say beta, then gamma ({which})."))
+    params = [types.SamplingParams(max_tokens=m, temperature=1.0, seed=s) for s in (0, 1, 2) for m in (6, 14)]
+    plain = [exactly(local.sample(prompt, 2, p).result()) for p in params]
+    reused = pool.reused
+    futures = [pooled.sample(prompt, 2, p, prefill_scope=f"eval-{which}") for p in params]
+    assert [exactly(f.result(60)) for f in futures] == plain
+    assert pool.reused - reused == len(params) - 1  # one prefill for all of them
+    assert [exactly(local.sample(prompt, 2, p, prefill_scope="s").result()) for p in params] == plain
+
+
+def test_prefills_are_never_shared_across_scopes(setup):
+    """One evaluation's prefills are not another's: how fast a reply comes tells a harness nothing
+    about what other evaluations asked."""
+    service, pool, _ = setup
+    local = service.create_sampling_client(base_model=BASE).result()
+    pooled = pool.client(base_model=BASE, tokenizer=local.get_tokenizer())
+    prompt = types.ModelInput.from_ints(local.get_tokenizer().encode("Say delta."))
+    params = types.SamplingParams(max_tokens=4, temperature=1.0, seed=3)
+    first = exactly(pooled.sample(prompt, 1, params, prefill_scope="dev-eval").result(60))
+    reused = pool.reused
+    assert exactly(pooled.sample(prompt, 1, params, prefill_scope="official-eval").result(60)) == first
+    assert pool.reused == reused  # computed afresh in the other scope
+    assert exactly(pooled.sample(prompt, 1, params, prefill_scope="official-eval").result(60)) == first
+    assert pool.reused == reused + 1
+    assert exactly(pooled.sample(prompt, 1, params).result(60)) == first and pool.reused == reused + 1  # no scope: none
+
+
+def test_every_evaluation_session_has_its_own_prefill_scope(tmp_path):
+    from rsigym_env.serving import ModelRegistry
+    from rsigym_env.serving.openai_server import UsageMeter
+    from rsigym_env.worlds.local.harbor_agent import BudgetedModel, ModelSession
+
+    class Model:
+        supports_prefill_scope = True
+
+    one, two = (ModelSession(socket=tmp_path / "m.sock", registry=ModelRegistry(), meter=UsageMeter(), model=Model())
+                for _ in range(2))
+    assert one.prefill_scope != two.prefill_scope and len(one.prefill_scope) == 32
+    one.open("task", 0)
+    assert {e.model.prefill_scope for e in one.registry.entries()} == {one.prefill_scope}
+    assert BudgetedModel(object(), 10, "s").prefill_scope is None  # a model without scopes gets none

@@ -186,7 +186,9 @@ class LocalChatModel:
             max_tokens=None if limit is None else max(limit - reserved, 1), temperature=temperature, top_p=top_p,
             seed=None if request.seed is None else int(request.seed) % 2**64, stop=stop or None)
 
-    def complete(self, request: ChatRequest) -> list[ChatChoice]:
+    supports_prefill_scope = True  # complete(..., prefill_scope=) shares prefills within a scope (see model.PrefillCache)
+
+    def complete(self, request: ChatRequest, prefill_scope: str | None = None) -> list[ChatChoice]:
         self._ensure_servable()
         prompt = self.render(request)
         prefix = self._forced_prefix(request)
@@ -196,7 +198,9 @@ class LocalChatModel:
         params = self.sampling_params(request, reserved=len(prefix))
         try:
             client = self.sampling_client
-            response = client.sample(types.ModelInput.from_ints(prompt + prefix), request.n, params).result()
+            scoped = ({"prefill_scope": prefill_scope}
+                      if prefill_scope is not None and getattr(client, "supports_prefill_scope", False) else {})
+            response = client.sample(types.ModelInput.from_ints(prompt + prefix), request.n, params, **scoped).result()
         except (CheckpointNotFoundError, UnknownModelError) as exc:
             raise ModelRequestError(f"The model `{self.name}` cannot be loaded: {exc}", status=404,
                                     code="model_not_found", param="model") from None

@@ -84,11 +84,13 @@ class BudgetedModel:
     A request's completion limit is lowered to what is left (spread over its ``n`` choices); a
     request whose prompt alone does not fit is refused with HTTP 429 ``token_budget_exhausted``.
     Concurrent requests reserve their worst case first, so the budget holds under concurrency.
+    ``prefill_scope``: requests of models that support it share prefills within this scope only.
     """
 
-    def __init__(self, model: ChatModel, budget: int | None):
+    def __init__(self, model: ChatModel, budget: int | None, prefill_scope: str | None = None):
         self.model = model
         self.budget = budget
+        self.prefill_scope = prefill_scope if getattr(model, "supports_prefill_scope", False) else None
         self.used = 0
         self._reserved = 0
         self._lock = threading.Lock()
@@ -101,9 +103,14 @@ class BudgetedModel:
         counter = getattr(self.model, "count_prompt_tokens", None)
         return int(counter(request)) if callable(counter) else estimate_prompt_tokens(request)
 
+    def _complete(self, request: ChatRequest) -> list[ChatChoice]:
+        if self.prefill_scope is None:
+            return self.model.complete(request)
+        return self.model.complete(request, prefill_scope=self.prefill_scope)  # type: ignore[call-arg]
+
     def complete(self, request: ChatRequest) -> list[ChatChoice]:
         if self.budget is None:
-            return self.model.complete(request)
+            return self._complete(request)
         prompt = self.count_prompt_tokens(request)
         with self._lock:
             left = self.budget - self.used - self._reserved
@@ -116,7 +123,7 @@ class BudgetedModel:
             self._reserved += reserved
         try:
             update = {"max_completion_tokens": limit} if request.max_completion_tokens is not None else {"max_tokens": limit}
-            choices = self.model.complete(request.model_copy(update=update))
+            choices = self._complete(request.model_copy(update=update))
             parsed = [c if isinstance(c, ChatChoice) else ChatChoice.model_validate(c) for c in choices]
             spent = next((c.prompt_tokens for c in parsed if c.prompt_tokens is not None), prompt) + sum(
                 c.completion_tokens if c.completion_tokens is not None else estimate_completion_tokens(c)
@@ -139,6 +146,8 @@ class ModelSession:
     hex digits) that says nothing about the task, the attempt, the evaluation or the split — as a
     :class:`BudgetedModel` of ``tokens_per_trial`` in ``registry``, which the server behind
     ``socket`` serves and counts in ``meter``. ``seed_key`` keys the trials' seeds (:func:`trial_seed`).
+    The trials of one session (one evaluation) share the prefills of identical prompts; no two
+    sessions do, so how fast a reply comes says nothing about other evaluations.
     """
 
     socket: Path
@@ -151,6 +160,7 @@ class ModelSession:
     """Where harnesses reach the server over the network (``RSIGYM_MODEL_URL``) instead of ``socket``."""
     seed_key: bytes = b""
     aliases: list[str] = field(default_factory=list)
+    prefill_scope: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
     _by_trial: dict[tuple[str, int], str] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -165,7 +175,7 @@ class ModelSession:
             alias = self._by_trial.get((task, attempt))
             if alias is None:
                 alias = self._by_trial[(task, attempt)] = f"m-{secrets.token_hex(16)}"
-                self.registry.add(alias, BudgetedModel(self.model, self.tokens_per_trial))
+                self.registry.add(alias, BudgetedModel(self.model, self.tokens_per_trial, self.prefill_scope))
                 self.aliases.append(alias)
         return alias
 

@@ -12,6 +12,11 @@ returns a future of a ``tinker.types.SampleResponse``; ``get_tokenizer()``), whi
 :func:`~.chat.chat_model` serves like any other. Base models registered with a callable (tests'
 in-memory models) are not poolable: :meth:`poolable` says so and the caller samples in-process.
 
+Prefills are shared here, not per worker: a request with a ``prefill_scope`` (the local world: one
+per evaluation) whose prompt the pool has seen in that scope carries that prompt's keys and values
+to whichever worker serves it (:class:`~.model.PrefillCache`; the samples are the same), and a
+worker that computed a new one sends it back.
+
 >>> pool = InferencePool(Path("/nonexistent"), workers=1)
 >>> pool.poolable("rsigym-base"), pool.poolable("no-such-model")
 (True, False)
@@ -32,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from . import tinker_client
+from .model import PrefillCache
 
 # in each worker: the service clients (one per run directory) and the sampling clients they made
 _SERVICES: dict[str, Any] = {}
@@ -40,8 +46,10 @@ _CLIENTS_MAX = 8
 
 
 def _sample(root: str, bases: dict[str, str], model_path: str | None, base_model: str | None,
-            tokens: list[int], num_samples: int, params: dict[str, Any]) -> tuple[str, Any]:
-    """Run one request in a worker: ``("ok", SampleResponse)`` or ``("error", (class name, message))``."""
+            tokens: list[int], num_samples: int, params: dict[str, Any], scope: str | None = None,
+            prefill: Any = None) -> tuple[str, Any] | tuple[str, Any, Any]:
+    """Run one request in a worker: ``("ok", SampleResponse)`` or ``("error", (class name, message))``;
+    with a ``scope`` and no ``prefill`` given, ``("ok", SampleResponse, the prompt's prefill)``."""
     from tinker import types
 
     try:
@@ -57,9 +65,16 @@ def _sample(root: str, bases: dict[str, str], model_path: str | None, base_model
             if len(_CLIENTS) >= _CLIENTS_MAX:
                 _CLIENTS.pop(next(iter(_CLIENTS)))
             client = _CLIENTS[key] = service.create_sampling_client(model_path=model_path, base_model=base_model).result()
-        response = client.sample(types.ModelInput.from_ints(tokens), num_samples,
-                                 types.SamplingParams(**params)).result()
-        return "ok", response
+        if scope is None:
+            return "ok", client.sample(types.ModelInput.from_ints(tokens), num_samples,
+                                       types.SamplingParams(**params)).result()
+        carrier = PrefillCache(max_bytes=1 << 40)  # this request's prefill, in or out
+        key = ((client.prefill_identity, scope), tuple(tokens))
+        if prefill is not None:
+            carrier.put(key, *prefill)
+        response = client.sample(types.ModelInput.from_ints(tokens), num_samples, types.SamplingParams(**params),
+                                 prefill_scope=scope, prefill_cache=carrier).result()
+        return "ok", response, (carrier.get(key) if prefill is None else None)
     except Exception as exc:  # noqa: BLE001 - raised again in the caller, by kind
         return "error", (type(exc).__name__, str(exc))
 
@@ -80,7 +95,7 @@ class _Response:
         self._future = future
 
     def result(self, timeout: float | None = None) -> Any:
-        status, value = self._future.result(timeout)
+        status, value = self._future.result(timeout)[:2]
         if status != "ok":
             _raise(*value)
         return value
@@ -89,14 +104,18 @@ class _Response:
 class PooledSamplingClient:
     """A sampling client whose requests run in the pool's workers (see the module docstring)."""
 
+    supports_prefill_scope = True
+
     def __init__(self, pool: "InferencePool", model_path: str | None, base_model: str | None, tokenizer: Any):
         self.pool, self.model_path, self.base_model, self.tokenizer = pool, model_path, base_model, tokenizer
 
-    def sample(self, prompt: Any, num_samples: int, sampling_params: Any, **unsupported: Any) -> _Response:
+    def sample(self, prompt: Any, num_samples: int, sampling_params: Any, prefill_scope: str | None = None,
+               **unsupported: Any) -> _Response:
         if any(unsupported.values()):
             raise NotImplementedError("a pooled sampler returns sequences only (no prompt or top-k logprobs)")
         params = sampling_params.model_dump(exclude_none=True)
-        return _Response(self.pool.submit(self.model_path, self.base_model, prompt.to_ints(), num_samples, params))
+        return _Response(self.pool.submit(self.model_path, self.base_model, prompt.to_ints(), num_samples, params,
+                                          scope=prefill_scope))
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
@@ -123,20 +142,28 @@ class _Worker:
             if item is None:
                 break
             args, future = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            for attempt in (1, 2):  # a request is pure: a worker that died is replaced and the request re-sent once
-                try:
-                    if self.proc is None or self.proc.poll() is not None:
-                        self.proc = self._start()
-                    _write_frame(self.proc.stdin, args)
-                    future.set_result(_read_frame(self.proc.stdout))
-                    break
-                except Exception as exc:  # noqa: BLE001 - the pipe broke: the worker died
-                    self.stop()
-                    if attempt == 2:
-                        future.set_exception(RuntimeError(f"the sampling worker failed twice: {type(exc).__name__}: {exc}"))
+            try:
+                if future.set_running_or_notify_cancel():
+                    self._run(args, future)
+            finally:
+                self.pool._release(args)
         self.stop()
+
+    def _run(self, args: tuple, future: cf.Future) -> None:
+        for attempt in (1, 2):  # a request is pure: a worker that died is replaced and the request re-sent once
+            try:
+                if self.proc is None or self.proc.poll() is not None:
+                    self.proc = self._start()
+                _write_frame(self.proc.stdin, args)
+                answer = _read_frame(self.proc.stdout)
+                if len(answer) == 3 and answer[2] is not None:  # a new prefill: the next request may use it
+                    self.pool.prefills.put(self.pool.prefill_key(args), *answer[2])
+                future.set_result(answer[:2])
+                return
+            except Exception as exc:  # noqa: BLE001 - the pipe broke: the worker died
+                self.stop()
+                if attempt == 2:
+                    future.set_exception(RuntimeError(f"the sampling worker failed twice: {type(exc).__name__}: {exc}"))
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
@@ -173,6 +200,9 @@ class InferencePool:
         self.root_dir = Path(root_dir)
         self.workers = max(1, int(workers))
         self._queue: queue.Queue = queue.Queue()
+        self.prefills = PrefillCache(192 << 20)  # by (checkpoint, base, scope, prompt): see the module docstring
+        self._computing: dict[tuple, list[tuple[tuple, cf.Future]]] = {}  # prefill key -> requests waiting for it
+        self.reused = 0  # requests that skipped their prompt's prefill
         self._threads: list[_Worker] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -185,17 +215,54 @@ class InferencePool:
     def _bases(self) -> dict[str, str]:
         return {name: str(path) for name, path in tinker_client._REGISTRY.items() if isinstance(path, Path)}
 
+    @staticmethod
+    def prefill_key(args: tuple) -> tuple:
+        """Which prefill a request's arguments (see :meth:`submit`) need: weights, scope and prompt."""
+        root, bases, model_path, base_model, tokens, _, _, scope = args[:8]
+        return root, model_path, base_model, bases.get(base_model or ""), scope, tuple(tokens)
+
     def submit(self, model_path: str | None, base_model: str | None, tokens: list[int], num_samples: int,
-               params: dict[str, Any]) -> cf.Future:
+               params: dict[str, Any], scope: str | None = None) -> cf.Future:
         future: cf.Future = cf.Future()
         with self._lock:
             if self._closed:
                 raise RuntimeError("the sampling pool is closed")
             if not self._threads:
                 self._threads = [_Worker(self, i) for i in range(self.workers)]
-        self._queue.put(((str(self.root_dir), self._bases(), model_path, base_model, tokens, num_samples, params),
-                         future))
+        args: tuple = (str(self.root_dir), self._bases(), model_path, base_model, tokens, num_samples, params)
+        if scope is not None:
+            args += (scope, None)
+            key = self.prefill_key(args)
+            with self._lock:
+                if key in self._computing:  # the same prompt is being prefilled: wait for it, then reuse it
+                    self._computing[key].append((args, future))
+                    return future
+                prefill = self.prefills.get(key)
+                if prefill is None:
+                    self._computing[key] = []
+                else:
+                    self.reused += 1
+            args = args[:8] + (prefill,)
+        self._queue.put((args, future))
         return future
+
+    def _release(self, args: tuple) -> None:
+        """A request is done: requests that waited for its prompt's prefill go to the queue with it."""
+        if len(args) < 9 or args[8] is not None:
+            return
+        key = self.prefill_key(args)
+        with self._lock:
+            waiting = self._computing.pop(key, [])
+        prefill = self.prefills.get(key) if waiting else None
+        for i, (queued, future) in enumerate(waiting):
+            if prefill is None and i == 0:  # not kept (too large, or the request failed): the first computes it
+                with self._lock:
+                    self._computing[key] = waiting[1:]
+                self._queue.put((queued, future))
+                return
+            with self._lock:
+                self.reused += 1
+            self._queue.put((queued[:8] + (prefill,), future))
 
     def client(self, *, model_path: str | None = None, base_model: str | None = None, tokenizer: Any) -> PooledSamplingClient:
         return PooledSamplingClient(self, model_path, base_model, tokenizer)

@@ -35,6 +35,7 @@ import json
 import math
 import threading
 import zipfile
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
@@ -442,6 +443,50 @@ class _Cache:
     length: int = 0
 
 
+class PrefillCache:
+    """The keys, values and last logits of prompts already run through a model, by their exact
+    tokens: a repeated prompt (the first turn of every attempt at a task, say) skips its prefill.
+
+    The same computation on the same input gives the same floats, so a hit changes no sample.
+    Bounded: least recently used entries go once ``max_bytes`` is exceeded. Thread-safe. Whoever
+    owns one decides what may share it (the local world: the trials of one evaluation, so timing
+    tells a harness nothing about other evaluations).
+
+    >>> cache = PrefillCache(max_bytes=1 << 20)
+    >>> cache.get(("m", (1, 2, 3))) is None, cache.hits, cache.misses
+    (True, 0, 1)
+    """
+
+    def __init__(self, max_bytes: int = 96 << 20):
+        self.max_bytes = int(max_bytes)
+        self.hits = self.misses = self.bytes = 0
+        self._entries: OrderedDict[Any, tuple[list[np.ndarray], list[np.ndarray], np.ndarray, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray] | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return entry[0], entry[1], entry[2]
+
+    def put(self, key: Any, k: list[np.ndarray], v: list[np.ndarray], logits: np.ndarray) -> None:
+        size = sum(a.nbytes for a in k) + sum(a.nbytes for a in v) + logits.nbytes
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            if key in self._entries:
+                return
+            self._entries[key] = (k, v, logits, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, (_, _, _, gone) = self._entries.popitem(last=False)
+                self.bytes -= gone
+
+
 @dataclass
 class SamplingOptions:
     """Sampling controls (the fields of ``tinker.types.SamplingParams`` minus the stop list)."""
@@ -667,7 +712,8 @@ class Transformer:
                  temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0, seed: int | None = None,
                  stop_tokens: Iterable[int] = (), stop_strings: Iterable[str] = (),
                  token_bytes: Callable[[int], bytes] | None = None, num_samples: int = 1,
-                 use_cache: bool = True) -> list[list[Generation]]:
+                 use_cache: bool = True, prefill_cache: PrefillCache | None = None,
+                 prefill_key: Any = None) -> list[list[Generation]]:
         """Sample continuations of a batch of prompts: ``num_samples`` per prompt.
 
         * ``temperature`` 0 is greedy; ``top_k`` -1 and ``top_p`` 1 mean no truncation.
@@ -677,6 +723,8 @@ class Transformer:
         * Returned log-probabilities are of the temperature-scaled distribution before top-k/top-p.
         * ``use_cache=False`` recomputes the whole sequence every step (same result, slower).
         * Deterministic for a given ``seed`` and batch.
+        * ``prefill_cache``: a single prompt seen before under ``prefill_key`` (which must name these
+          weights) skips its prefill; the samples are the same.
         """
         opts = SamplingOptions(max_tokens, temperature, top_k, top_p, seed, tuple(stop_tokens), tuple(stop_strings))
         if num_samples < 1:
@@ -722,7 +770,18 @@ class Transformer:
         if use_cache:
             first = np.arange(0, rows, num_samples)
             cache = model._new_cache(len(prompts), capacity)
-            logits = model._infer(seq[first, :lmax], positions[first, :lmax], cache, bias_for(0, lmax)[first])
+            key = (prefill_key, tuple(prompts[0])) if prefill_cache is not None and len(prompts) == 1 else None
+            hit = prefill_cache.get(key) if key is not None else None
+            if hit is not None:
+                for i in range(cfg.n_layers):
+                    cache.k[i][:, :, :lmax] = hit[0][i]
+                    cache.v[i][:, :, :lmax] = hit[1][i]
+                cache.length, logits = lmax, hit[2].copy()
+            else:
+                logits = model._infer(seq[first, :lmax], positions[first, :lmax], cache, bias_for(0, lmax)[first])
+                if key is not None:
+                    prefill_cache.put(key, [k[:, :, :lmax].copy() for k in cache.k],
+                                      [v[:, :, :lmax].copy() for v in cache.v], logits.copy())
             if num_samples > 1:
                 cache.k = [np.repeat(k, num_samples, axis=0) for k in cache.k]
                 cache.v = [np.repeat(v, num_samples, axis=0) for v in cache.v]

@@ -58,6 +58,7 @@ from .model import (
     LoraConfig,
     ModelConfig,
     Params,
+    PrefillCache,
     Transformer,
     init_lora,
     init_params,
@@ -537,12 +538,17 @@ def _check_name(name: str) -> None:
 # --- sampling client ---------------------------------------------------------------------------
 
 
+PREFILLS = PrefillCache()  # this process's prefills, by (sampling client, scope, prompt)
+
+
 class LocalSamplingClient:
     """Mirrors ``tinker.SamplingClient``: ``sample`` returns a real ``tinker.types.SampleResponse``.
 
     ``model`` (merged weights) and ``tokenizer`` are public for in-process users such as the
     model server.
     """
+
+    supports_prefill_scope = True  # sample(..., prefill_scope=): see sample
 
     def __init__(self, service: "LocalServiceClient", base: BaseModel, model: Transformer, session_id: str,
                  model_path: str | None):
@@ -555,6 +561,7 @@ class LocalSamplingClient:
         self._counter = 0
         self._lock = threading.Lock()
         self._worker = _Worker(f"tinker-local-sample-{session_id}")
+        self.prefill_identity = object()  # names these (immutable) weights in prefill caches
         service._track(self._worker)
 
     def _stops(self, stop: Any) -> tuple[list[int], list[str]]:
@@ -572,11 +579,16 @@ class LocalSamplingClient:
     def sample(self, prompt: types.ModelInput, num_samples: int, sampling_params: types.SamplingParams,
                include_prompt_logprobs: bool = False, topk_prompt_logprobs: int = 0, topk_sample_logprobs: int = 0,
                target_prompt_logprobs: types.TensorData | None = None, prompt_alt_tokens_k: int = 0,
-               prompt_logprobs_last_n: int | None = None) -> APIFuture[types.SampleResponse]:
+               prompt_logprobs_last_n: int | None = None, prefill_scope: str | None = None,
+               prefill_cache: PrefillCache | None = None) -> APIFuture[types.SampleResponse]:
         """``num_samples`` continuations of ``prompt`` (KV-cached, seeded by ``sampling_params.seed``).
 
         ``stop=None`` stops at the end-of-turn token ``<|end|>``; ``[]`` never stops early.
         Stop tokens or strings are included in the returned tokens.
+        ``prefill_scope`` (a local extension; Tinker's client has none): requests with the same scope
+        and the very same prompt share its prefill (:class:`~.model.PrefillCache`; the samples do
+        not change) — in ``prefill_cache``, by default this process's ``PREFILLS``. Requests in
+        different scopes never do.
         """
         if topk_prompt_logprobs or topk_sample_logprobs or target_prompt_logprobs is not None or prompt_alt_tokens_k:
             raise NotImplementedError("the local sampler supports include_prompt_logprobs, not top-k/target/alt-token logprobs")
@@ -602,7 +614,9 @@ class LocalSamplingClient:
         def run() -> types.SampleResponse:
             gens = self.model.generate([tokens], sp.max_tokens, temperature=sp.temperature, top_k=sp.top_k,
                                        top_p=sp.top_p, seed=sp.seed, stop_tokens=stop_tokens, stop_strings=stop_strings,
-                                       token_bytes=self.tokenizer.token_bytes, num_samples=num_samples)[0]
+                                       token_bytes=self.tokenizer.token_bytes, num_samples=num_samples,
+                                       prefill_cache=None if prefill_scope is None else prefill_cache or PREFILLS,
+                                       prefill_key=(self.prefill_identity, prefill_scope))[0]
             seqs = [types.SampledSequence(stop_reason=g.stop_reason, sequence_id=f"{self._session_id}:{first + j}",
                                           tokens_np=np.asarray(g.tokens, np.int32),
                                           logprobs_np=np.asarray(g.logprobs, np.float32)) for j, g in enumerate(gens)]
