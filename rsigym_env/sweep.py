@@ -42,13 +42,13 @@ from typing import Any, Callable, Iterable, Sequence
 
 import gymnasium as gym
 
-from . import ENV_IDS
+from .catalog import TRACK_ENV_IDS
 from .episode import Researcher, run_episode
 from .scoring import rsi_index
 
 ERROR_TEXT_MAX = 4000
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-TRACKS = {env_id.split("/")[1].split("-")[0].lower(): env_id for env_id in ENV_IDS}  # joint/data/harness → id
+TRACKS = TRACK_ENV_IDS  # joint/data/harness → id
 
 
 @dataclass(frozen=True)
