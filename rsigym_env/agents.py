@@ -46,6 +46,7 @@ from typing import Any, Iterator
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .episode import Researcher
+from .home import state_dir
 
 KINDS = ("scripted", "llm", "rl", "random")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -324,8 +325,8 @@ def check_buildable(spec: AgentSpec) -> None:
 
 
 def rsigym_home() -> Path:
-    """``$RSIGYM_HOME`` or ``~/.rsigym``."""
-    return Path(os.environ.get("RSIGYM_HOME") or Path.home() / ".rsigym")
+    """``$RSIGYM_HOME`` or ``~/.rsigym`` (:func:`rsigym_env.home.state_dir`)."""
+    return state_dir()
 
 
 class AgentRegistry:
