@@ -45,6 +45,7 @@ from typing import Any, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .canonical import canonical_dumps
 from .episode import Researcher
 from .home import state_dir
 
@@ -112,7 +113,7 @@ class AgentSpec(BaseModel):
 
     def content(self) -> str:
         """Canonical JSON of the whole spec: what the id hashes."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return canonical_dumps(self.model_dump(mode="json"))
 
     @property
     def id(self) -> str:

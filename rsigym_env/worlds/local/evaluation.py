@@ -56,6 +56,7 @@ from typing import Any, Callable, Mapping
 os.environ.setdefault("HARBOR_TELEMETRY", "0")               # offline: no telemetry,
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no cost-map download (Harbor imports litellm)
 
+from ...canonical import sha256_hex  # noqa: E402
 from ...errors import ActionError  # noqa: E402
 from ...prices import PER_M, PriceList
 from ...serving.models import ChatModel, ModelRegistry
@@ -290,12 +291,11 @@ class LocalEvalService:
         identity = self.model_identity(req.checkpoint) if self.model_identity is not None else None
         if self.cache_dir is None or identity is None:
             return None
-        blob = json.dumps({"model": identity, "harness": req.harness_files, "k": req.k, "seed": self.seed,
+        return sha256_hex({"model": identity, "harness": req.harness_files, "k": req.k, "seed": self.seed,
                            "seed_key": hashlib.sha256(self.seed_key).hexdigest(), "tasks": [str(t) for t in tasks],
                            "settings": [self.tokens_per_trial, self.agent_timeout_s, self.verifier_timeout_s,
                                         self.environment_type, sorted(self.environment_kwargs.items())],
-                           "code": CACHE_VERSION}, sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()
+                           "code": CACHE_VERSION}, default=str, compact=False)
 
     def _cached(self, key: str) -> Billed[EvalResult] | None:
         try:
