@@ -44,6 +44,7 @@ import gymnasium as gym
 
 from .catalog import TRACK_ENV_IDS
 from .episode import Researcher, run_episode
+from .metrics import mean_se
 from .scoring import rsi_index
 
 ERROR_TEXT_MAX = 4000
@@ -428,14 +429,13 @@ def sweep(
 
 
 def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
+    """The mean (:func:`~.metrics.mean_se`), ``None`` for no values."""
+    return mean_se(values)[0]
 
 
 def _se(values: list[float]) -> float | None:
-    if len(values) < 2:
-        return 0.0 if values else None
-    m = sum(values) / len(values)
-    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values))
+    """The standard error of the mean (:func:`~.metrics.mean_se`): 0 for one value, ``None`` for none."""
+    return mean_se(values)[1]
 
 
 def aggregate(records: Iterable[EpisodeRecord | dict[str, Any]]) -> dict[str, Any]:
