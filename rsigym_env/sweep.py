@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import gymnasium as gym
 
-from .catalog import TRACK_ENV_IDS
+from .catalog import BENCHMARKS_BY_WORLD, TRACK_ENV_IDS
 from .episode import Researcher, run_episode
 from .metrics import mean_se
 from .scoring import rsi_index
@@ -106,9 +106,7 @@ def all_benchmarks(world: str = "sim") -> list[str]:
     """The benchmark ids of a world (only ``sim`` has them bundled today)."""
     if world != "sim":
         raise ValueError(f"no benchmark list for world {world!r}; name them explicitly")
-    from .worlds.sim import BENCHMARKS
-
-    return list(BENCHMARKS)
+    return list(BENCHMARKS_BY_WORLD[world])
 
 
 def all_agents() -> list[str]:

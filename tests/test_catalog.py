@@ -20,6 +20,13 @@ def test_every_world_has_the_catalogs_benchmarks():
     assert sorted(LOCAL) == sorted(catalog.BENCHMARKS_BY_WORLD["local"])
 
 
+def test_the_tables_keyed_by_benchmark_cover_the_catalog():
+    from rsigym_env.report import PAPER
+    from rsigym_env.wrappers.menu import BENCHMARK_NAMES
+
+    assert tuple(PAPER) == tuple(BENCHMARK_NAMES) == catalog.BENCHMARKS
+
+
 def test_every_world_has_the_catalogs_teachers():
     from rsigym_env.worlds.local.teachers import TEACHER_ACCURACY, TEACHER_PRICES, TEACHERS
     from rsigym_env.worlds.sim.benchmarks import BENCHMARKS, TEACHER_DUPLICATES
@@ -47,7 +54,14 @@ def test_the_remedies_are_the_minimal_harness_settings():
 
 
 def test_every_track_is_registered_under_its_id():
+    from typing import get_args
+
+    from rsigym_env.gateway.service import RunRequest
+    from rsigym_env.scenario import TRACK_TOOLS, Track
+
     assert rsigym_env.ENV_IDS == catalog.ENV_IDS
+    assert get_args(Track) == catalog.TRACKS == tuple(TRACK_TOOLS)
+    assert get_args(RunRequest.model_fields["track"].annotation)[0] == Track
     for track, env_id in catalog.TRACK_ENV_IDS.items():
         assert gym.spec(env_id).kwargs["track"] == track
         assert catalog.env_id(track) == env_id and catalog.track_of(env_id) == track
