@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from rsigym_env.catalog import SIM_TEACHERS
 from rsigym_env.tools import TOOL_NAMES
 
 TOML_LINE = re.compile(r"^(\w+)\s*=\s*(.+?)\s*(#.*)?$")
@@ -65,7 +66,7 @@ class RandomResearcher:
 
     def _generate_data(self) -> dict[str, Any]:
         n = int(np.exp(self.rng.uniform(np.log(10), np.log(self.args.max_examples))))
-        return {"teacher": self._pick(self.teachers or ["claude-opus-5"]), "n_examples": n,
+        return {"teacher": self._pick(self.teachers or [SIM_TEACHERS[0]]), "n_examples": n,
                 "source": self._pick(["synthetic", "dev"])}
 
     def _transform_data(self) -> dict[str, Any]:

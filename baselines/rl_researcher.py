@@ -71,6 +71,7 @@ from typing import Any
 
 import numpy as np
 
+from rsigym_env.catalog import TRACKS
 from rsigym_env.wrappers.menu import BENCHMARKS, FEATURES, MENU, DiscreteMenu, MenuAdapter
 
 OBS_DIM, N_ACTIONS = len(FEATURES), len(MENU)
@@ -104,7 +105,7 @@ class Args:
     max_grad_norm: float = 0.5
     hidden: int = 128
     benchmarks: tuple[str, ...] = BENCHMARKS
-    tracks: tuple[str, ...] = ("joint", "data", "harness")
+    tracks: tuple[str, ...] = TRACKS
     budgets: tuple[float, ...] = (500.0,)
     eval_every: int = 10
     """greedy evaluation of the current policy every this many iterations"""
@@ -553,7 +554,13 @@ def compare(seeds: int, budget: float = 500.0, track: str = "Joint", policy: str
     import rsigym_env  # noqa: F401  (registers the ids)
     from rsigym_env.baselines import make_researcher
     from rsigym_env.baselines.scripted_researcher import ScriptedResearcher
+    from rsigym_env.catalog import env_id
     from rsigym_env.episode import run_episode
+    from rsigym_env.metrics import mean_se
+
+    def cell(values: list[float]) -> dict[str, float]:
+        mean, se, _ = mean_se(values)
+        return {"mean": mean, "se": se}
 
     makers = {"random": lambda: make_researcher("random"), "scripted": ScriptedResearcher,
               "rl": lambda: RLResearcher(RLResearcherArgs(policy=policy))}
@@ -563,16 +570,15 @@ def compare(seeds: int, budget: float = 500.0, track: str = "Joint", policy: str
         per: dict[str, list[float]] = {}
         spend: dict[str, list[float]] = {}
         for bench in BENCHMARKS:
-            env = gym.make(f"RSIGym/{track}-v0", benchmark=bench, budget_usd=budget)
+            env = gym.make(env_id(track.lower()), benchmark=bench, budget_usd=budget)
             for seed in range(seeds):
                 r = run_episode(env, researcher, seed=seed)
                 per.setdefault(bench, []).append(r.reward)
                 spend.setdefault(bench, []).append(float(r.info.get("spend_usd", 0.0)))
             env.close()
-        table[name] = {b: {"mean": float(np.mean(v)), "se": float(np.std(v, ddof=1) / np.sqrt(len(v))),
-                           "spend": float(np.mean(spend[b]))} for b, v in per.items()}
+        table[name] = {b: {**cell(v), "spend": float(np.mean(spend[b]))} for b, v in per.items()}
         means = np.array([per[b] for b in BENCHMARKS]).mean(axis=0)  # RSI-Index per seed
-        table[name]["rsi_index"] = {"mean": float(means.mean()), "se": float(means.std(ddof=1) / np.sqrt(len(means)))}
+        table[name]["rsi_index"] = cell(means.tolist())
     table["seeds"] = seeds
     return table
 

@@ -25,18 +25,14 @@ import re
 from dataclasses import dataclass
 from typing import Any, Generator
 
+from rsigym_env.catalog import REMEDIES
+
 Action = dict[str, Any]
 Step = tuple[dict[str, Any], dict[str, Any]]
 
-# failure mode seen in evaluation traces -> (harness.toml key, value that fixes it)
-FIXES: dict[str, tuple[str, str]] = {
-    "truncated_output": ("on_truncation", '"continue"'),
-    "unverified_completion": ("verify_before_submit", "true"),
-    "lost_shell_state": ("persistent", "true"),
-    "action_loop": ("detect", "true"),
-    "unchecked_edit": ("check", "true"),
-    "missing_skill": ("load_skills", "true"),   # local world: skill documents the minimal harness never shows
-}
+# failure mode seen in evaluation traces -> (harness.toml key, value that fixes it); the local world's
+# missing_skill among them (skill documents the minimal harness never shows)
+FIXES: dict[str, tuple[str, str]] = {r.failure: (r.key, r.fixed) for r in REMEDIES}
 
 
 @dataclass

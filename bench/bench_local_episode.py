@@ -28,8 +28,9 @@ import gymnasium as gym
 
 import rsigym_env  # noqa: F401  (registers the ids)
 from rsigym_env.baselines import ScriptedResearcher
+from rsigym_env.catalog import BENCHMARKS as CATALOG_BENCHMARKS
 
-BENCHMARKS = ["swe-bench-verified", "terminal-bench-2", "aime", "gpqa-diamond", "skillsbench"]
+BENCHMARKS = list(CATALOG_BENCHMARKS)
 
 
 def episode_phases(benchmark: str, seed: int = 0) -> dict[str, Any]:

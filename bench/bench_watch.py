@@ -35,13 +35,14 @@ import orjson
 
 import rsigym_env  # noqa: F401
 from rsigym_env.baselines import ScriptedResearcher, make_researcher
+from rsigym_env.catalog import BENCHMARKS as CATALOG_BENCHMARKS
 from rsigym_env.episode import run_episode
 from rsigym_env.gateway.host import StepLog
 from rsigym_env.serving.asgi import ThreadedASGIServer
 from rsigym_env.watch.app import create_app
 from rsigym_env.watch.record import RECORD_FILE, RunRecorder
 
-BENCHMARKS = ["swe-bench-verified", "terminal-bench-2", "aime", "gpqa-diamond", "skillsbench"]
+BENCHMARKS = list(CATALOG_BENCHMARKS)
 
 
 def make_runs(root: Path, n: int) -> dict[str, Any]:

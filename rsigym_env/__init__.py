@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from gymnasium.envs.registration import register, registry
 
+from .catalog import ENV_IDS, TRACK_ENV_IDS
 from .env import ResearchEnv
 from .errors import ActionError
 from .scenario import Scenario, list_scenarios, load_scenario
@@ -26,9 +27,7 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-ENV_IDS = ("RSIGym/Joint-v0", "RSIGym/Data-v0", "RSIGym/Harness-v0")
-
-for _env_id, _track in zip(ENV_IDS, ("joint", "data", "harness")):
+for _track, _env_id in TRACK_ENV_IDS.items():
     if _env_id not in registry:
         # The env enforces its own step, time and money limits (the initial system then counts as
         # submitted), so no TimeLimit wrapper is added here.

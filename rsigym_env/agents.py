@@ -43,9 +43,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .canonical import canonical_dumps
 from .episode import Researcher
+from .home import state_dir
 
 KINDS = ("scripted", "llm", "rl", "random")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -111,7 +114,7 @@ class AgentSpec(BaseModel):
 
     def content(self) -> str:
         """Canonical JSON of the whole spec: what the id hashes."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return canonical_dumps(self.model_dump(mode="json"))
 
     @property
     def id(self) -> str:
@@ -175,38 +178,17 @@ class AgentSpec(BaseModel):
 
 
 def dump_toml(params: dict[str, Any]) -> str:
-    """Flat TOML for scalar (and list-of-scalar) parameters; ``tomllib.loads`` gives them back.
+    """TOML for scalar (and list-of-scalar) parameters, written by ``tomli_w``; ``tomllib.loads``
+    gives them back (``TypeError`` for a value TOML has no form for, e.g. ``None``).
 
     >>> text = dump_toml({"k": 3, "data_fraction": 0.4, "name": 'a "b"', "on": True, "xs": [1, 2]})
     >>> tomllib.loads(text) == {"k": 3, "data_fraction": 0.4, "name": 'a "b"', "on": True, "xs": [1, 2]}
     True
+    >>> print(dump_toml({"k": 3, "name": "df55"}), end="")
+    k = 3
+    name = "df55"
     """
-    return "".join(f"{key} = {_toml_value(value)}\n" for key, value in params.items())
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        text = repr(value)
-        return text if any(c in text for c in ".en") else text + ".0"
-    if isinstance(value, str):
-        out = []
-        for ch in value:
-            if ch in '"\\':
-                out.append("\\" + ch)
-            elif ch == "\n":
-                out.append("\\n")
-            elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-                out.append(f"\\u{ord(ch):04x}")
-            else:
-                out.append(ch)
-        return '"' + "".join(out) + '"'
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+    return tomli_w.dumps(params)
 
 
 # ---------------------------------------------------------------------------------- built-in specs
@@ -324,8 +306,8 @@ def check_buildable(spec: AgentSpec) -> None:
 
 
 def rsigym_home() -> Path:
-    """``$RSIGYM_HOME`` or ``~/.rsigym``."""
-    return Path(os.environ.get("RSIGYM_HOME") or Path.home() / ".rsigym")
+    """``$RSIGYM_HOME`` or ``~/.rsigym`` (:func:`rsigym_env.home.state_dir`)."""
+    return state_dir()
 
 
 class AgentRegistry:

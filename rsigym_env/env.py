@@ -62,6 +62,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from .catalog import env_id
 from .platform.core import Platform
 from .platform.ledger import Ledger
 from .run import ResearchRun
@@ -145,7 +146,7 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
             base = load_scenario(scenario, **{**overrides, "track": None if scenario is not None else track})
         if track is not None and base.track != track:
             raise ValueError(f"scenario {base.name!r} is a {base.track}-track scenario; use "
-                             f"RSIGym/{base.track.capitalize()}-v0 (or ResearchEnv) for it")
+                             f"{env_id(base.track)} (or ResearchEnv) for it")
         self.scenario = base.model_copy(update={k: v for k, v in overrides.items() if v is not None})
         if world_options:
             self.scenario = self.scenario.model_copy(

@@ -10,10 +10,9 @@ True
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 
+from .canonical import sha256_hex
 from .errors import ActionError
 
 MAX_FILES = 64
@@ -24,8 +23,7 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,99}")
 
 def version_id(files: dict[str, str]) -> str:
     """Content hash of a harness (the same files always give the same id)."""
-    blob = json.dumps(files, sort_keys=True, separators=(",", ":")).encode()
-    return "h-" + hashlib.sha256(blob).hexdigest()[:10]
+    return "h-" + sha256_hex(files)[:10]
 
 
 def check_path(path: str) -> str:

@@ -53,6 +53,7 @@ from typing import Any, Generator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .catalog import BENCHMARKS
 from .agents import AgentRegistry, AgentSpec, build_researcher, check_buildable, dump_toml, make_args
 from .errors import ActionError
 from .metrics import compounding, improver_gain, mean_se
@@ -61,7 +62,7 @@ from .scoring import rsi_index
 from .services import Billed, EvalRequest, EvalResult, Job, Quote, resolved
 from .worlds.sim.clock import SimClock
 
-ALL_BENCHMARKS = ["swe-bench-verified", "terminal-bench-2", "aime", "gpqa-diamond", "skillsbench"]
+ALL_BENCHMARKS = list(BENCHMARKS)
 DEV_SEED_BASE = 1_000_000  # dev task seeds start here; official ones at official_first_seed (0): never overlap
 MAX_K = 8
 
@@ -464,7 +465,7 @@ def recurse(
     """
     import gymnasium as gym
 
-    from . import ENV_IDS
+    from .catalog import env_id as env_id_of
     from .episode import run_episode
 
     if mode not in ("target", "improver"):
@@ -478,7 +479,7 @@ def recurse(
     first_improver = improver if isinstance(improver, AgentSpec) else registry.get(improver)
     registry.register(first_target)
     registry.register(first_improver)
-    env_id = next(i for i in ENV_IDS if i.split("/")[1].lower().startswith(scenario.track))
+    env_id = env_id_of(scenario.track)
     k = scenario.official_k
     rows: list[dict[str, Any]] = []
     chains: list[dict[str, Any]] = []

@@ -56,6 +56,7 @@ from typing import Any, Callable, Sequence
 import gymnasium as gym
 from pydantic import BaseModel
 
+from .canonical import canonical_dumps
 from .errors import ActionError
 from .scenario import Scenario
 from .services import Billed, CommandResult, Completion, DatasetInfo, EvalRequest, EvalResult, Job, Quote, TrainResult
@@ -107,7 +108,7 @@ def _dec_billed(data: dict[str, Any]) -> Billed:
 
 
 def _key(service: str, method: str, args: Sequence[Any]) -> str:
-    return json.dumps([service, method, [_enc_arg(a) for a in args]], sort_keys=True, separators=(",", ":"))
+    return canonical_dumps([service, method, [_enc_arg(a) for a in args]])
 
 
 def _describe_call(service: str, method: str, args: Sequence[Any]) -> str:

@@ -25,6 +25,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .catalog import SIM_TEACHERS
 from .tools import TOOL_NAMES
 
 Track = Literal["joint", "data", "harness"]
@@ -80,7 +81,7 @@ class Permissions(_Strict):
     """What the run's platform key may do."""
 
     tools: list[str] | None = Field(None, description="Allowed tools; default: the track's.")
-    teachers: list[str] = Field(default_factory=lambda: ["claude-opus-5", "gpt-6-astra", "deepseek-v4.1-flash"])
+    teachers: list[str] = Field(default_factory=lambda: list(SIM_TEACHERS))
     train: TrainPolicy = Field(default_factory=TrainPolicy)
     sandbox: SandboxPolicy = Field(default_factory=SandboxPolicy)
 

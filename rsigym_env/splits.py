@@ -31,14 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from .home import state_dir
+
 SplitMode = Literal["secret", "public"]
 SECRET_ENV = "RSIGYM_SPLIT_SECRET"
 SECRET_FILE = "official-split.key"
 
 
 def rsigym_home() -> Path:
-    """``$RSIGYM_HOME`` or ``~/.rsigym``: the platform's own state (agents, secrets)."""
-    return Path(os.environ.get("RSIGYM_HOME") or Path.home() / ".rsigym")
+    """``$RSIGYM_HOME`` or ``~/.rsigym``: the platform's own state (agents, secrets; :func:`~.home.state_dir`)."""
+    return state_dir()
 
 
 @dataclass(frozen=True)

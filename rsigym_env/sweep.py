@@ -42,13 +42,14 @@ from typing import Any, Callable, Iterable, Sequence
 
 import gymnasium as gym
 
-from . import ENV_IDS
+from .catalog import BENCHMARKS_BY_WORLD, TRACK_ENV_IDS
 from .episode import Researcher, run_episode
+from .metrics import mean_se
 from .scoring import rsi_index
 
 ERROR_TEXT_MAX = 4000
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-TRACKS = {env_id.split("/")[1].split("-")[0].lower(): env_id for env_id in ENV_IDS}  # joint/data/harness → id
+TRACKS = TRACK_ENV_IDS  # joint/data/harness → id
 
 
 @dataclass(frozen=True)
@@ -105,9 +106,7 @@ def all_benchmarks(world: str = "sim") -> list[str]:
     """The benchmark ids of a world (only ``sim`` has them bundled today)."""
     if world != "sim":
         raise ValueError(f"no benchmark list for world {world!r}; name them explicitly")
-    from .worlds.sim import BENCHMARKS
-
-    return list(BENCHMARKS)
+    return list(BENCHMARKS_BY_WORLD[world])
 
 
 def all_agents() -> list[str]:
@@ -420,14 +419,13 @@ def sweep(
 
 
 def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
+    """The mean (:func:`~.metrics.mean_se`), ``None`` for no values."""
+    return mean_se(values)[0]
 
 
 def _se(values: list[float]) -> float | None:
-    if len(values) < 2:
-        return 0.0 if values else None
-    m = sum(values) / len(values)
-    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values))
+    """The standard error of the mean (:func:`~.metrics.mean_se`): 0 for one value, ``None`` for none."""
+    return mean_se(values)[1]
 
 
 def aggregate(records: Iterable[EpisodeRecord | dict[str, Any]]) -> dict[str, Any]:

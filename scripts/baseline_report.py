@@ -8,7 +8,6 @@ Prints a Markdown table (the README's "Figures" section holds its output).
 from __future__ import annotations
 
 import argparse
-import math
 import time
 
 import gymnasium as gym
@@ -16,26 +15,29 @@ import numpy as np
 
 import rsigym_env  # noqa: F401
 from rsigym_env.baselines import make_researcher
+from rsigym_env.catalog import TRACKS, env_id
 from rsigym_env.episode import run_episode
+from rsigym_env.metrics import mean_se as mean_se_n
 from rsigym_env.scoring import rsi_index
 from rsigym_env.worlds.sim import BENCHMARKS
 
 
 def mean_se(values: list[float]) -> tuple[float, float]:
-    arr = np.asarray(values, dtype=float)
-    return float(arr.mean()), float(arr.std(ddof=1) / math.sqrt(len(arr))) if len(arr) > 1 else 0.0
+    """Mean and standard error (``rsigym_env.metrics.mean_se`` without the count)."""
+    mean, se, _ = mean_se_n(values)
+    return mean, se
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=50)
-    parser.add_argument("--track", default="joint", choices=["joint", "data", "harness"])
+    parser.add_argument("--track", default="joint", choices=list(TRACKS))
     parser.add_argument("--budget", type=float, default=500.0)
     args = parser.parse_args()
     started = time.perf_counter()
     rows, index = [], {"random": [], "scripted": []}
     for bench_id, bench in BENCHMARKS.items():
-        env = gym.make(f"RSIGym/{args.track.capitalize()}-v0", benchmark=bench_id, budget_usd=args.budget)
+        env = gym.make(env_id(args.track), benchmark=bench_id, budget_usd=args.budget)
         results = {name: [run_episode(env, make_researcher(name), seed=s) for s in range(args.seeds)]
                    for name in ("random", "scripted")}
         env.close()

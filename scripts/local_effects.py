@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rsigym_env.catalog import BENCHMARKS as CATALOG_BENCHMARKS
 from rsigym_env.harness import version_id
 from rsigym_env.scenario import load_scenario
 from rsigym_env.services import EvalRequest
@@ -36,7 +37,7 @@ from rsigym_env.tools import GenerateData, Train, TransformData
 from rsigym_env.worlds.local.harness import REMEDIES, with_remedies
 from rsigym_env.worlds.local.world import LocalWorld
 
-BENCHMARKS = ["swe-bench-verified", "terminal-bench-2", "aime", "gpqa-diamond", "skillsbench"]
+BENCHMARKS = list(CATALOG_BENCHMARKS)
 CONDITIONS = ["initial", "harness", "data", "both", "overtrained"]
 
 

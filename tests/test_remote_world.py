@@ -136,6 +136,57 @@ def test_client_errors_are_not_retried_but_server_errors_are():
     assert len(calls) == 1
 
 
+def _sdk_errors():
+    import e2b.exceptions as e2b
+    import httpx
+    import openai
+    import tinker
+
+    req = httpx.Request("POST", "http://provider.invalid/v1/chat/completions")
+    return [
+        (openai.APITimeoutError(request=req), "service_timeout", True),
+        (openai.APIConnectionError(request=req), "service_unreachable", True),
+        (openai.RateLimitError("slow down", response=httpx.Response(429, request=req), body=None), "rate_limited", True),
+        (openai.InternalServerError("oops", response=httpx.Response(500, request=req), body=None), "provider_error", True),
+        (openai.BadRequestError("no", response=httpx.Response(400, request=req), body=None), "provider_error", False),
+        (tinker.APIConnectionError(request=req), "service_unreachable", True),
+        (httpx.ReadTimeout("slow", request=req), "service_timeout", True),
+        (httpx.ConnectError("refused", request=req), "service_unreachable", True),
+        (e2b.SandboxUnreachableException("gone"), "service_unreachable", True),
+        (e2b.TimeoutException("slow"), "service_timeout", True),
+        (e2b.RateLimitException("slow down"), "rate_limited", True),
+        (e2b.ServiceBusyException("busy"), "provider_error", True),
+        (e2b.SandboxNotRunningException("stopped"), "provider_error", False),
+    ]
+
+
+def test_the_sdks_typed_errors_decide_code_and_retry():
+    for exc, code, retried in _sdk_errors():
+        calls = []
+
+        def fail(exc=exc):
+            calls.append(1)
+            raise exc
+
+        with pytest.raises(ActionError) as err:
+            call_with_retries(fail, what="x", attempts=3, backoff_s=0)
+        assert (err.value.code, len(calls)) == (code, 3 if retried else 1), type(exc).__name__
+        assert translate(exc).code == code
+
+
+def test_retries_back_off_exponentially_and_stop_once_it_works():
+    waits, calls = [], []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionError("refused")
+        return "ok"
+
+    assert call_with_retries(flaky, what="x", attempts=4, backoff_s=0.5, sleep=waits.append) == "ok"
+    assert waits == [0.5, 1.0] and len(calls) == 3
+
+
 def test_inference_routes_checkpoints_to_tinker_paths_and_bills_cached_tokens(tmp_path, tasks, local_tinker):
     inference = FakeCompletions()
     world = remote_world(tmp_path, tasks, service_client=local_tinker, inference=inference, teachers={},

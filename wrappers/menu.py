@@ -93,24 +93,16 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from rsigym_env.catalog import BENCHMARKS, DEFECTS, FAILURE_MODES, REMEDY_FOR, SIM_TEACHERS, TRACKS
+
 Action = dict[str, Any]
 Step = tuple[dict[str, Any], dict[str, Any]]
 MacroPlan = Generator[Action, Step, None]
 
-DEFECTS: tuple[str, ...] = ("truncated_output", "unverified_completion", "lost_shell_state", "action_loop",
-                            "unchecked_edit")
-FAILURE_MODES: tuple[str, ...] = (*DEFECTS, "wrong_answer", "harness_error")
 # failure mode -> (harness.toml key, the value that removes it, the minimal harness's value)
-FIXES: dict[str, tuple[str, str, str]] = {
-    "truncated_output": ("on_truncation", '"continue"', '"stop"'),
-    "unverified_completion": ("verify_before_submit", "true", "false"),
-    "lost_shell_state": ("persistent", "true", "false"),
-    "action_loop": ("detect", "true", "false"),
-    "unchecked_edit": ("check", "true", "false"),
-}
-TEACHERS: tuple[str, ...] = ("claude-opus-5", "gpt-6-astra", "deepseek-v4.1-flash")
-BENCHMARKS: tuple[str, ...] = ("swe-bench-verified", "terminal-bench-2", "aime", "gpqa-diamond", "skillsbench")
-TRACKS: tuple[str, ...] = ("joint", "data", "harness")
+FIXES: dict[str, tuple[str, str, str]] = {d: (REMEDY_FOR[d].key, REMEDY_FOR[d].fixed, REMEDY_FOR[d].minimal)
+                                          for d in DEFECTS}
+TEACHERS: tuple[str, ...] = SIM_TEACHERS
 GEN_SIZES: tuple[int, ...] = (50, 500, 2000, 20_000)
 LEARNING_RATES: tuple[float, ...] = (1.5e-4, 3e-4, 6e-4)
 DEFAULT_LR = 3e-4

@@ -27,15 +27,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .. import ENV_IDS
 from ..baselines import RESEARCHERS, make_researcher
+from ..catalog import TRACKS, env_id
 from ..episode import EpisodeResult, Researcher, run_episode
 from ..scenario import Scenario, load_scenario
-
-
-def env_id(track: str) -> str:
-    """The registered env id of a track, e.g. ``RSIGym/Joint-v0`` for ``joint``."""
-    return next(i for i in ENV_IDS if i.split("/")[1].lower().startswith(track))
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
@@ -254,7 +249,7 @@ def register(sub: Any) -> None:
     run.add_argument("--scenario", help="bundled scenario name or YAML path (see `rsigym scenarios`)")
     run.add_argument("--world", help="world (default: the scenario's, sim)")
     run.add_argument("--benchmark", help="benchmark id, e.g. swe-bench-verified, aime")
-    run.add_argument("--track", choices=["joint", "data", "harness"], help="track (default: the scenario's)")
+    run.add_argument("--track", choices=list(TRACKS), help="track (default: the scenario's)")
     run.add_argument("--budget", type=float, help="budget in dollars")
     run.add_argument("--max-steps", type=int, help="tool calls per episode")
     run.add_argument("--agent", help=f"researcher: {', '.join(sorted(RESEARCHERS))} or a registered id 'ag-...' "

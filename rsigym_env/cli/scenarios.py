@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ..catalog import TRACKS
 from ..scenario import list_scenarios, load_scenario
 
 
@@ -27,5 +28,5 @@ def cmd_scenarios(args: argparse.Namespace, console: Console) -> int:
 def register(sub: Any) -> None:
     """Add this module's command(s) to ``rsigym``'s subparsers."""
     scen = sub.add_parser("scenarios", help="list the bundled scenarios")
-    scen.add_argument("--track", choices=["joint", "data", "harness"])
+    scen.add_argument("--track", choices=list(TRACKS))
     scen.set_defaults(func=cmd_scenarios)

@@ -10,8 +10,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
+from ..catalog import TRACKS
 from ..scenario import load_scenario
 
 if TYPE_CHECKING:
@@ -164,7 +171,7 @@ def register(sub: Any) -> None:
     sw.add_argument("--benchmarks", default="all", help="comma-separated benchmark ids or 'all' (default)")
     sw.add_argument("--seeds", type=int, default=3, help="seeds per (agent, benchmark): first-seed .. first-seed+N-1")
     sw.add_argument("--first-seed", type=int, default=0)
-    sw.add_argument("--track", default="joint", choices=["joint", "data", "harness"])
+    sw.add_argument("--track", default="joint", choices=list(TRACKS))
     sw.add_argument("--budget", type=float, help="budget in dollars per episode (default: the world's, $500 on sim)")
     sw.add_argument("--world", default="sim")
     sw.add_argument("--max-steps", type=int, help="tool calls per episode (default: the scenario's)")

@@ -21,9 +21,11 @@ from typing import Any, Sequence
 
 from rich.console import Console
 
+from ..home import state_dir
+
 
 def _home() -> Path:
-    return Path(os.environ.get("RSIGYM_HOME") or Path.home() / ".rsigym")
+    return state_dir()
 
 
 def _admin_token(args: argparse.Namespace, state_dir: Path, console: Console) -> str | None:

@@ -17,6 +17,7 @@ What an event says: ``op`` (``reserve``, ``settle``, ``release``, ``refuse``, ``
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 import orjson
+
+from ..canonical import canonical_dumps
 
 GENESIS = "0" * 64
 """The ``prev_hash`` of the first record."""
@@ -82,7 +85,7 @@ class AuditReport:
         return f"audit BROKEN at record {self.first_broken}: {self.reason}"
 
 
-_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
+_ENCODER = functools.partial(canonical_dumps, default=str)  # the stdlib fallback
 # Every type orjson would write differently from the stdlib encoder (dataclasses, datetimes, subclasses
 # of str/int/dict/list) is passed through to it, and with no ``default`` that raises ``TypeError``.
 _ORJSON = (
@@ -163,10 +166,10 @@ def _encode(event: Any) -> str | None:
 
 def _stdlib(event: Any) -> str | None:
     try:
-        return _ENCODER.encode(event)
+        return _ENCODER(event)
     except TypeError:  # keys of mixed types cannot be sorted: sort them as the text they are written as
         try:
-            return _ENCODER.encode(_str_keys(event))
+            return _ENCODER(_str_keys(event))
         except Exception:
             return None
     except Exception:  # RecursionError, circular reference, int too long to print, a raising __str__, ...

@@ -349,7 +349,8 @@ class ThreadedASGIServer:
     no TCP) and/or the unix socket ``uds`` (created mode 0666, a stale socket replaced).
 
     ``name`` names the thread and the errors; ``lifespan`` is uvicorn's (``"off"``: no ASGI lifespan
-    events; ``"auto"`` for an app with startup/shutdown handlers). ``start(timeout_s)`` binds and
+    events; ``"auto"`` for an app with startup/shutdown handlers; ``"on"`` to require them), ``ws``
+    uvicorn's websocket implementation (``"none"``: no websockets). ``start(timeout_s)`` binds and
     waits until uvicorn accepts connections (``RuntimeError`` if it does not in time);
     ``stop(timeout_s)`` lets in-flight requests finish for ``graceful_s``, then ends them, frees the
     port and removes the socket file; both are safe to call twice, and a stopped server can start
@@ -366,7 +367,7 @@ class ThreadedASGIServer:
 
     def __init__(self, app: ASGIApp, *, host: str = "127.0.0.1", port: int | None = 0,
                  uds: str | Path | None = None, name: str = "asgi", log_level: str = "warning",
-                 graceful_s: float = 1.0, keep_alive_s: int = 5, lifespan: str = "off") -> None:
+                 graceful_s: float = 1.0, keep_alive_s: int = 5, lifespan: str = "off", ws: str = "none") -> None:
         if port is None and uds is None:
             raise ValueError("give a TCP port (0 for any free one), a unix socket path (uds), or both")
         self.app = app
@@ -378,6 +379,7 @@ class ThreadedASGIServer:
         self.graceful_s = graceful_s
         self.keep_alive_s = keep_alive_s
         self.lifespan = lifespan
+        self.ws = ws
         self.port: int | None = None
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -461,7 +463,7 @@ class ThreadedASGIServer:
             raise
         install_aborted_request_filter()
         config = uvicorn.Config(self.app, log_config=None, log_level=self.log_level, access_log=False,
-                                lifespan=self.lifespan, ws="none", timeout_graceful_shutdown=self.graceful_s,
+                                lifespan=self.lifespan, ws=self.ws, timeout_graceful_shutdown=self.graceful_s,
                                 timeout_keep_alive=self.keep_alive_s)
         self._server = uvicorn.Server(config)
         self._error = None

@@ -56,6 +56,7 @@ from typing import Any, Callable, Mapping
 os.environ.setdefault("HARBOR_TELEMETRY", "0")               # offline: no telemetry,
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no cost-map download (Harbor imports litellm)
 
+from ...canonical import sha256_hex  # noqa: E402
 from ...errors import ActionError  # noqa: E402
 from ...prices import PER_M, PriceList
 from ...serving.models import ChatModel, ModelRegistry
@@ -325,7 +326,7 @@ class LocalEvalService:
                                 "code": CACHE_VERSION}
         if split != "official":  # (official keys stay those of earlier versions)
             what["split"] = split
-        return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+        return sha256_hex(what, default=str, compact=False)
 
     def _cached(self, key: str) -> Billed[EvalResult] | None:
         try:

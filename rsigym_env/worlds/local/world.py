@@ -30,7 +30,8 @@ from rsigym_env.errors import ActionError, WorkFailed
 from rsigym_env.prices import DEFAULT_PRICES, PriceList, TeacherPrice
 from rsigym_env.scenario import Scenario
 from rsigym_env.serving import ModelRegistry, OpenAIServer
-from rsigym_env.splits import official_split, rsigym_home
+from rsigym_env.home import cache_dir
+from rsigym_env.splits import official_split
 from rsigym_env.services import Billed, Completion, DatasetInfo, Job, Quote, TrainResult, progress_reporter
 from rsigym_env.tools import GenerateData, Infer, Train, TransformData
 
@@ -145,7 +146,7 @@ class LocalWorld:
             model_for=self.chat_model, tasks=self.tasks, run_dir=self.run_dir / "evals", prices=self.prices,
             seed=seed, server=self.server, vcpus=self.vcpus, memory_gib=self.memory_gib, clock=self.clock.now,
             concurrency=int(self.options["eval_concurrency"]), seed_key=self.split.key("trial-seeds"),
-            cache_dir=rsigym_home() / "cache" / "evaluations", model_identity=self._model_identity)
+            cache_dir=cache_dir("evaluations"), model_identity=self._model_identity)
 
     # ---- models ---------------------------------------------------------------------------------
 
@@ -270,11 +271,9 @@ class LocalWorld:
 
 
 def tasks_cache() -> Path:
-    """Where generated task directories are kept (``$RSIGYM_HOME/tasks``, default ``~/.cache/rsigym/tasks``)."""
-    import os
-
-    home = os.environ.get("RSIGYM_HOME")
-    return (Path(home) if home else Path.home() / ".cache" / "rsigym") / "tasks"
+    """Where generated task directories are kept (``$RSIGYM_HOME/cache/tasks``, default
+    ``~/.cache/rsigym/tasks``: :func:`rsigym_env.home.cache_dir`)."""
+    return cache_dir("tasks")
 
 
 class LocalRollout:

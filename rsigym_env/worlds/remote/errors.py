@@ -26,8 +26,11 @@ provider, a 429, a 5xx on an idempotent call) with exponential backoff, then tra
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable, TypeVar
+
+import tenacity
 
 from ...errors import ActionError
 
@@ -52,22 +55,67 @@ def _status(exc: BaseException) -> int | None:
     return status if isinstance(status, int) else None
 
 
+_Types = tuple[type[BaseException], ...]
+
+
+@functools.cache
+def _sdk_errors() -> dict[str, _Types]:
+    """The providers' typed errors by kind, from the SDKs that are installed (the remote world's
+    ``services`` extra: openai and tinker (both Stainless clients), httpx, e2b).
+
+    ``unreachable_first`` is checked before ``timeout``: e2b's ``SandboxUnreachableException`` is a
+    subclass of its ``TimeoutException``; ``other`` holds errors never retried, whatever their base
+    (a sandbox that is no longer running)."""
+    kinds: dict[str, list[type[BaseException]]] = {
+        "other": [], "unreachable_first": [], "timeout": [TimeoutError], "rate_limited": [],
+        "unreachable": [ConnectionError], "server": []}
+    for sdk in ("openai", "tinker"):
+        try:
+            module = __import__(sdk)
+        except ImportError:
+            continue
+        kinds["timeout"].append(module.APITimeoutError)
+        kinds["rate_limited"].append(module.RateLimitError)
+        kinds["unreachable"].append(module.APIConnectionError)  # after timeout: APITimeoutError is one
+        kinds["server"].append(module.InternalServerError)
+    try:
+        import httpx
+
+        kinds["timeout"].append(httpx.TimeoutException)
+        kinds["unreachable"].append(httpx.ConnectError)
+    except ImportError:
+        pass
+    try:
+        from e2b import exceptions as e2b
+
+        kinds["other"].append(e2b.SandboxNotRunningException)
+        kinds["unreachable_first"].append(e2b.SandboxUnreachableException)
+        kinds["timeout"].append(e2b.TimeoutException)
+        kinds["rate_limited"].append(e2b.RateLimitException)
+        kinds["server"].append(e2b.ServiceBusyException)
+    except ImportError:
+        pass
+    return {kind: tuple(types) for kind, types in kinds.items()}
+
+
 def _kind(exc: BaseException) -> str:
-    """'timeout' | 'unreachable' | 'rate_limited' | 'server' | 'client' | 'other'."""
-    name = type(exc).__name__
-    names = {c.__name__ for c in type(exc).__mro__}
-    if isinstance(exc, TimeoutError) or "APITimeoutError" in names or name in ("TimeoutException", "ReadTimeout",
-                                                                                  "ConnectTimeout"):
+    """'timeout' | 'unreachable' | 'rate_limited' | 'server' | 'client' | 'other', by the SDKs' error
+    types and else the HTTP status the exception carries (429: rate limited, 5xx: server, 4xx: client)."""
+    errors = _sdk_errors()
+    if isinstance(exc, errors["other"]):
+        return "other"
+    if isinstance(exc, errors["unreachable_first"]):
+        return "unreachable"
+    if isinstance(exc, errors["timeout"]):
         return "timeout"
     status = _status(exc)
-    if status == 429 or "RateLimitError" in names or "RateLimitException" in names:
+    if status == 429 or isinstance(exc, errors["rate_limited"]):
         return "rate_limited"
-    if "APIConnectionError" in names or isinstance(exc, ConnectionError) or name in ("ConnectError",
-                                                                                      "SandboxUnreachableException"):
+    if isinstance(exc, errors["unreachable"]):
         return "unreachable"
     if status is not None:
         return "server" if status >= 500 else "client"
-    if "InternalServerError" in names or "ServiceBusyException" in names:
+    if isinstance(exc, errors["server"]):
         return "server"
     return "other"
 
@@ -98,18 +146,21 @@ def retryable(exc: BaseException, idempotent: bool = True) -> bool:
 
 def call_with_retries(fn: Callable[[], T], *, what: str, attempts: int = 3, backoff_s: float = 1.0,
                       idempotent: bool = True, sleep: Callable[[float], None] = time.sleep) -> T:
-    """``fn()``, retried where safe (see :func:`retryable`), its last failure translated by :func:`translate`."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return fn()
-        except ActionError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - every provider failure becomes a typed error
-            if attempt < attempts and retryable(exc, idempotent):
-                sleep(backoff_s * 2 ** (attempt - 1))
-                continue
-            raise translate(exc, what) from exc
-    raise AssertionError("unreachable")  # pragma: no cover
+    """``fn()``, retried where safe (see :func:`retryable`) up to ``attempts`` times in all, waiting
+    ``backoff_s``, then twice as long each time; its last failure translated by :func:`translate`
+    (an ``ActionError`` is raised as it is, never retried)."""
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(attempts),
+        wait=tenacity.wait_exponential(multiplier=backoff_s, exp_base=2),
+        retry=tenacity.retry_if_exception(lambda exc: isinstance(exc, Exception) and not isinstance(exc, ActionError)
+                                          and retryable(exc, idempotent)),
+        sleep=sleep, reraise=True)
+    try:
+        return retrying(fn)
+    except ActionError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every provider failure becomes a typed error
+        raise translate(exc, what) from exc
 
 
 __all__ = ["CODES", "MissingCredentials", "call_with_retries", "retryable", "translate"]

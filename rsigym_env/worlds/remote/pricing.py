@@ -17,12 +17,12 @@ downloads the live file over it (or into ``$RSIGYM_HOME/prices``, which wins whe
 from __future__ import annotations
 
 import json
-import os
 import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
+from ...home import state_dir
 from ...prices import ModelPrice, PriceList, SandboxPrice, TeacherPrice, model_price_from_tinker
 
 TINKER_MODELS_URL = "https://tinker-docs.thinkingmachines.ai/tinker/models.json"
@@ -32,9 +32,10 @@ E2B_RATES = SandboxPrice(vcpu_second=0.000014, gib_second=0.0000045)  # E2B's pu
 
 
 def refreshed_path() -> Path:
-    """Where ``rsigym prices refresh`` keeps the live copy (``$RSIGYM_HOME/prices/tinker_models.json``)."""
-    home = os.environ.get("RSIGYM_HOME")
-    return (Path(home) if home else Path.home() / ".cache" / "rsigym") / "prices" / "tinker_models.json"
+    """Where ``rsigym prices refresh`` keeps the live copy (``$RSIGYM_HOME/prices/tinker_models.json``).
+
+    State, not cache (:func:`rsigym_env.home.state_dir`): once present it decides what runs are billed."""
+    return state_dir("prices", "tinker_models.json")
 
 
 def price_source() -> tuple[Path, dict[str, Any]]:

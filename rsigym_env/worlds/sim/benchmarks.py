@@ -19,16 +19,12 @@ from statistics import NormalDist
 from types import MappingProxyType
 from typing import Mapping
 
-DEFECTS: tuple[str, ...] = (
-    "truncated_output",  # [generation] on_truncation = "stop" (exposure: reply longer than max_output_tokens)
-    "unverified_completion",  # [completion] verify_before_submit = false
-    "lost_shell_state",  # [shell] persistent = false
-    "action_loop",  # [loop] detect = false
-    "unchecked_edit",  # [edits] check = false
-)
-"""Harness defects, in the order used by every per-defect vector."""
+from ...catalog import DEFECTS, SIM_TEACHERS
 
-TEACHERS: tuple[str, ...] = ("claude-opus-5", "gpt-6-astra", "deepseek-v4.1-flash")
+# DEFECTS: the harness defects, in the order used by every per-defect vector; each one's setting in
+# the minimal harness is ``catalog.REMEDY_FOR[defect]`` (truncation is exposed by a reply longer than
+# ``max_output_tokens``).
+TEACHERS: tuple[str, ...] = SIM_TEACHERS
 
 TEACHER_DUPLICATES: Mapping[str, float] = MappingProxyType(
     {"claude-opus-5": 0.12, "gpt-6-astra": 0.10, "deepseek-v4.1-flash": 0.25}

@@ -22,11 +22,8 @@ from typing import Iterable, Literal, Mapping
 
 import numpy as np
 
+from ...catalog import FAILURE_MODES, HARNESS_ERROR, WRONG_ANSWER
 from .benchmarks import DEFECTS, MINIMAL_MAX_OUTPUT_TOKENS, TEACHER_DUPLICATES, Domain
-
-WRONG_ANSWER = "wrong_answer"
-HARNESS_ERROR = "harness_error"
-FAILURE_MODES: tuple[str, ...] = (*DEFECTS, WRONG_ANSWER, HARNESS_ERROR)
 
 # Harness costs (fractions of an attempt's tokens / sandbox time).
 VERIFY_OVERHEAD = 0.15

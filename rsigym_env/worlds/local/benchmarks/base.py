@@ -53,6 +53,7 @@ STREAMS = ("dev", "official", "synthetic", "pretrain")
 # One definition of the action language: the minimal harness's own (its agent.py stays stdlib-only
 # because it runs inside the sandbox; here it is imported as a module).
 from ..harness.agent import observation, parse_action  # noqa: E402
+from ....canonical import sha256_hex  # noqa: E402
 from ....splits import OfficialSplit, official_split  # noqa: E402
 
 PUBLIC_SPLIT = official_split("public")
@@ -400,7 +401,7 @@ class LocalBenchmark:
         root = Path(root)
         problems = {"dev": self.split("dev"), "official": self.split("official", official)}
         trees = {s: {p.id: self.task_files(p) for p in ps} for s, ps in problems.items()}
-        digest = hashlib.sha256(json.dumps(trees, sort_keys=True).encode()).hexdigest()[:12]
+        digest = sha256_hex(trees, compact=False)[:12]
         base = root / f"{self.name}-v{GENERATOR_VERSION}-{digest}"
         out = {s: base / s for s in SPLIT_SIZES}
         if (base / ".complete").exists():

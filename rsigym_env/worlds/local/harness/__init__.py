@@ -11,17 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ....catalog import REMEDIES as CATALOG_REMEDIES
+
 HARNESS_DIR = Path(__file__).resolve().parent
 FILES = ("agent.py", "harness.toml", "llm.py", "prompt.md")
-REMEDIES: dict[str, tuple[str, str, str]] = {
-    # key: (section, minimal value, fixed value) as TOML text
-    "on_truncation": ("generation", '"stop"', '"continue"'),
-    "verify_before_submit": ("completion", "false", "true"),
-    "persistent": ("shell", "false", "true"),
-    "detect": ("loop", "false", "true"),
-    "check": ("edits", "false", "true"),
-    "load_skills": ("skills", "false", "true"),
-}
+REMEDIES: dict[str, tuple[str, str, str]] = {r.key: (r.section, r.minimal, r.fixed) for r in CATALOG_REMEDIES}
+"""harness.toml key: (section, minimal value, fixed value) as TOML text (``catalog.REMEDIES``)."""
 
 
 def minimal_harness() -> dict[str, str]:
