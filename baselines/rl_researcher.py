@@ -291,8 +291,9 @@ def collect(params: dict[str, np.ndarray], jobs: list[tuple[str, str, float, int
         for j, i in enumerate(live):
             s = slots[i]
             assert s is not None
-            s["O"].append(obs[j]); s["M"].append(mask[j]); s["A"].append(int(actions[j]))
-            s["L"].append(float(logps[j])); s["V"].append(float(values[j]))
+            for name, value in (("O", obs[j]), ("M", mask[j]), ("A", int(actions[j])), ("L", float(logps[j])),
+                                ("V", float(values[j]))):
+                s[name].append(value)
             o, r, term, trunc, info = s["env"].step(int(actions[j]))
             s["R"] += r
             s["W"].append(float(r))

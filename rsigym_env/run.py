@@ -39,7 +39,7 @@ from .scenario import Scenario
 from .scoring import normalized_gain
 from .services import Billed, DatasetInfo, EvalRequest, EvalResult, Job, Quote, TrainResult, reporting_progress
 from .tools import (
-    TOOL_NAMES, EditHarness, Evaluate, GenerateData, Infer, Read, SandboxExec, Submit, Tool, Train,
+    EditHarness, Evaluate, GenerateData, Infer, Read, SandboxExec, Submit, Tool, Train,
     TransformData, Wait, parse_action,
 )
 from .worlds import WorldFactory, make_world

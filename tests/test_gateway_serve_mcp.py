@@ -52,7 +52,7 @@ def test_rsigym_serve_speaks_rest_and_mcp_with_the_same_run_key(tmp_path: Path):
         assert "job-1" in str(jobs)  # the job MCP started is the REST view's job: one run behind both
         page = httpx.get(f"{url}/watch/", timeout=30)  # the live dashboard of the same runs (--watch)
         assert page.status_code == 200 and created["run_id"][:8] in page.text
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017 (the MCP client's own error for a refused key)
             anyio.run(lambda: _list_with(url, "wrong-key"))
     finally:
         proc.terminate()

@@ -220,7 +220,7 @@ def test_generator_3_splits_never_held_a_recorded_pretraining_problem():
     held = {p.key for s in ("dev", "official") for p in math.split(s)}
     assert not held & recorded and all(len(k.split()) >= 5 for k in held)
     expr = re.compile(r"Compute left to right: ([0-9 +*-]+)")
-    for mixture, seed, n in arith.RECORDED_STAGES:
+    for mixture, seed, _n in arith.RECORDED_STAGES:
         chats = B.pretraining_conversations(1200, seed=seed, version=mixture)
         prompts = [next(m["content"] for m in c if m["role"] == "user") for c in chats]
         keys = {expr.search(t).group(1).strip() for t in prompts if "Compute left to right" in t}

@@ -362,7 +362,7 @@ def test_sampled_actions_are_recorded_and_replay_exactly(tmp_path):
     steps = [l for l in lines if l["type"] == "step"]
     assert len(steps) == 40 and all(l["action_kind"] == "space_sample" for l in steps)
     replayed = base_trace(load_actions(env.paths[0]), seed=1, max_steps=40)
-    for line, (obs, reward, _, _, info) in zip(steps, replayed[1:]):
+    for line, (obs, _reward, _, _, info) in zip(steps, replayed[1:]):
         assert line["log"] == obs["log"] and json.dumps(line["info"], sort_keys=True) == dumps(info)
     assert lines[-1]["truncated"] and lines[-1]["end"]["end_reason"] == "step limit"
 

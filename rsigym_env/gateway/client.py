@@ -97,7 +97,7 @@ def request(url, key, method, path, body=None, timeout=120.0):
     try:
         return status, json.loads(raw.decode("utf-8"))
     except ValueError:
-        raise OSError("HTTP %d with a body that is not JSON: %r" % (status, raw[:200]))
+        raise OSError("HTTP %d with a body that is not JSON: %r" % (status, raw[:200])) from None
 
 
 def main(argv=None, stdin=None, stdout=None, stderr=None):

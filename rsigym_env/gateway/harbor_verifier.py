@@ -75,7 +75,7 @@ class Service:
         except urllib.error.HTTPError as err:
             status, payload = err.code, err.read(MAX_RECORD_BYTES + 1)
         except (OSError, ValueError) as exc:
-            raise ServiceError("cannot reach %s: %s" % (self.url, exc))
+            raise ServiceError("cannot reach %s: %s" % (self.url, exc)) from exc
         if len(payload) > MAX_RECORD_BYTES:
             raise ServiceError("%s %s: the answer is larger than %d bytes" % (method, path, MAX_RECORD_BYTES))
         if raw and status == 200:
@@ -83,7 +83,7 @@ class Service:
         try:
             return status, json.loads(payload.decode("utf-8"))
         except ValueError:
-            raise ServiceError("%s %s: HTTP %d with a body that is not JSON" % (method, path, status))
+            raise ServiceError("%s %s: HTTP %d with a body that is not JSON" % (method, path, status)) from None
 
     def run(self):
         status, body = self.request("GET", "/v1/run")

@@ -35,7 +35,6 @@ import ctypes
 import logging
 import math
 import os
-import socket
 import sqlite3
 import threading
 import time
@@ -44,7 +43,7 @@ import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Iterator, Literal, Optional
+from typing import Any, Iterator, Optional
 
 from ..errors import ActionError, InsufficientBudget
 from ..owners import Owner, OwnerStatus, current_owner, owner_status
@@ -886,7 +885,7 @@ def _check_books(accounts: list[tuple[Any, ...]], holds: list[tuple[int, str, in
         if not 0 <= used <= nano:
             problems.append(f"reservation {rid} on {key!r} records work {_usd(used)} outside 0..{_usd(nano)}")
     granted_to: dict[str, int] = {}
-    for key, parent, budget, _spent, _reserved, _granted, closed in accounts:
+    for _key, parent, budget, _spent, _reserved, _granted, closed in accounts:
         if parent is not None and not closed:
             granted_to[parent] = granted_to.get(parent, 0) + budget
     lines = []

@@ -128,7 +128,7 @@ HOSTILE: dict[str, Any] = {
     "nan": math.nan, "inf": [math.inf, -math.inf], "lone surrogates": "\ud800x\udfff" * 200,
     "raising repr": RaisingRepr(), "raising dict": RaisingDict(a=1), "raising str": RaisingStr("abc"),
     "raising __class__": RaisingClass(), "huge __str__": HugeStr(),
-    "mixed keys": {1: "a", "b": 2, None: 3, 2.5: 4, (1, 2): 5, RaisingRepr(): 6, BadKey(): 7, b"k": 8, True: 9},
+    "mixed keys": {1: "a", "b": 2, None: 3, 2.5: 4, (1, 2): 5, RaisingRepr(): 6, BadKey(): 7, b"k": 8, True: 9},  # noqa: F601 (True and 1: one key, as in Python)
     "mapping proxy": MappingProxyType({"a": [1, 2]}), "ordered": OrderedDict(b=1, a=2),
     "generator": (i for i in range(10)), "type": type, "function": print, "module": sys,
     "exception": ValueError("x" * 1000),

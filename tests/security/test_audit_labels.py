@@ -77,7 +77,7 @@ def test_every_record_says_what_happened(tmp_path: Path, track: str) -> None:
     assert verify_audit(path).ok
 
     owned = set()
-    for i, (action, info, seqs) in enumerate(steps):
+    for i, (_action, info, seqs) in enumerate(steps):
         events = [records[s] for s in seqs]
         owned.update(seqs)
         refused = [e for e in events if e["decision"] == "refused"]
@@ -113,7 +113,7 @@ def test_releases_carry_their_reason_not_an_error_code() -> None:
     tool = parse_action({"tool": "infer", "args": {"model": "base", "prompt": "hi"}})
     with pytest.raises(ZeroDivisionError):
         with platform.charge(key, tool, quote_usd=1.0):
-            1 / 0
+            1 / 0  # noqa: B018 (raises)
     with platform.charge(key, tool, quote_usd=1.0):
         pass  # never settled
     with platform.charge(key, tool, quote_usd=1.0) as bill:

@@ -7,7 +7,6 @@ SIGKILL; the env is closed or reset while jobs run. Reservations are settled for
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

@@ -370,7 +370,7 @@ class LocalTrainingClient:
                     for r, i in enumerate(group):
                         adv[r, :lengths[i]] = batch.inputs[i]["advantages"]
                         old[r, :lengths[i]] = batch.inputs[i]["logprobs"]
-                    coef = lambda lp: (-adv * np.exp(lp - old)).astype(dtype)  # noqa: E731  dL/dlp of -Σ ratio·A
+                    coef = lambda lp: (-adv * np.exp(lp - old)).astype(dtype)  # noqa: E731, B023  dL/dlp of -Σ ratio·A (used at once)
                 logp, grads = model.loss_and_grad(tok, tgt, coef if callable(coef) else coef.astype(dtype),
                                                   train_base=False, train_lora=True)
                 logp = logp.astype(np.float64)

@@ -101,7 +101,9 @@ class RemoteSandboxService(LocalSandboxService):
             return sandbox
         except BaseException as exc:
             self._slots.release()
-            raise translate(exc, "E2B") if isinstance(exc, Exception) else exc
+            if isinstance(exc, Exception):
+                raise translate(exc, "E2B") from exc
+            raise
 
     def quote(self, call: SandboxExec) -> Quote:
         """Worst case: a full idle period since the last command plus the whole ``timeout_s``."""
