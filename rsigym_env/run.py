@@ -18,6 +18,7 @@ audited. Anything refused becomes an :class:`Outcome` with an error code and cos
 Each tool has one handler, looked up by the tool's name in :attr:`ResearchRun.HANDLERS` (built once,
 with the class; a name that is not a tool is refused by :func:`~rsigym_env.tools.parse_action` first):
 
+>>> from rsigym_env.tools import TOOL_NAMES
 >>> ResearchRun.HANDLERS["submit"].__name__, sorted(ResearchRun.HANDLERS) == sorted(TOOL_NAMES)
 ('_submit', True)
 """

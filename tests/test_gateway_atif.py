@@ -8,7 +8,7 @@ from pathlib import Path
 from harbor.models.trajectories import Trajectory
 
 from rsigym_env.cli import main as rsigym_main
-from rsigym_env.gateway.atif import export_atif
+from rsigym_env.atif import export_atif
 from rsigym_env.gateway.cli import main as gateway_main
 from rsigym_env.gateway.service import RunRequest, SessionService
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from rsigym_env.gateway.rest import create_app
-from rsigym_env.gateway.server import BackgroundServer
+from rsigym_env.serving.listen import BackgroundServer
 from rsigym_env.gateway.service import SessionService
 from rsigym_env.platform.audit import verify_audit
 

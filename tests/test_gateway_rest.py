@@ -26,7 +26,7 @@ from rsigym_env.gateway.backend import LocalRun, ToolReply
 from rsigym_env.gateway.host import research_env
 from rsigym_env.gateway.remote import RemoteRun
 from rsigym_env.gateway.rest import STATUS, create_app
-from rsigym_env.gateway.server import BackgroundServer
+from rsigym_env.serving.listen import BackgroundServer
 from rsigym_env.gateway.service import RunRequest, SessionService, resolve_scenario
 from rsigym_env.gateway.skills import EXAMPLES, examples, write_skills
 from rsigym_env.platform.audit import verify_audit

@@ -115,10 +115,10 @@ def test_a_shared_prefill_changes_no_sample(setup, which):
     params = [types.SamplingParams(max_tokens=m, temperature=1.0, seed=s) for s in (0, 1, 2) for m in (6, 14)]
     plain = [exactly(local.sample(prompt, 2, p).result()) for p in params]
     reused = pool.reused
-    futures = [pooled.sample(prompt, 2, p, prefill_scope=f"eval-{which}") for p in params]
+    futures = [pooled.sample_scoped(prompt, 2, p, f"eval-{which}") for p in params]
     assert [exactly(f.result(60)) for f in futures] == plain
     assert pool.reused - reused == len(params) - 1  # one prefill for all of them
-    assert [exactly(local.sample(prompt, 2, p, prefill_scope="s").result()) for p in params] == plain
+    assert [exactly(local.sample_scoped(prompt, 2, p, "s").result()) for p in params] == plain
 
 
 def test_prefills_are_never_shared_across_scopes(setup):
@@ -129,11 +129,11 @@ def test_prefills_are_never_shared_across_scopes(setup):
     pooled = pool.client(base_model=BASE, tokenizer=local.get_tokenizer())
     prompt = types.ModelInput.from_ints(local.get_tokenizer().encode("Say delta."))
     params = types.SamplingParams(max_tokens=4, temperature=1.0, seed=3)
-    first = exactly(pooled.sample(prompt, 1, params, prefill_scope="dev-eval").result(60))
+    first = exactly(pooled.sample_scoped(prompt, 1, params, "dev-eval").result(60))
     reused = pool.reused
-    assert exactly(pooled.sample(prompt, 1, params, prefill_scope="official-eval").result(60)) == first
+    assert exactly(pooled.sample_scoped(prompt, 1, params, "official-eval").result(60)) == first
     assert pool.reused == reused  # computed afresh in the other scope
-    assert exactly(pooled.sample(prompt, 1, params, prefill_scope="official-eval").result(60)) == first
+    assert exactly(pooled.sample_scoped(prompt, 1, params, "official-eval").result(60)) == first
     assert pool.reused == reused + 1
     assert exactly(pooled.sample(prompt, 1, params).result(60)) == first and pool.reused == reused + 1  # no scope: none
 

@@ -193,7 +193,7 @@ def test_the_list_stream_brings_a_new_run_and_its_steps(server: str, root: Path)
 
 def test_the_dashboard_mounts_into_the_session_service_and_lists_its_live_runs(tmp_path: Path):
     from rsigym_env.gateway.rest import create_app as rest_app
-    from rsigym_env.gateway.server import BackgroundServer
+    from rsigym_env.serving.listen import BackgroundServer
     from rsigym_env.gateway.service import RunRequest, SessionService
 
     service = SessionService(tmp_path / "state", admin_token=ADMIN, start_reaper=False)

@@ -58,7 +58,7 @@ def _admin_token(args: argparse.Namespace, state_dir: Path, console: Console) ->
 def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     """Run the session service until SIGINT/SIGTERM; open sim runs resume when it starts again."""
     from .rest import create_app
-    from .server import bind, is_loopback, url_of, uvicorn_server
+    from ..serving.listen import bind, is_loopback, url_of, uvicorn_server
     from .service import SessionService
 
     if not is_loopback(args.host) and not (args.allow_remote and args.admin_token_file):
@@ -129,7 +129,7 @@ def cmd_skills(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_export_atif(args: argparse.Namespace, console: Console) -> int:
     """Print (or write to ``--out``) the ATIF trajectory of a run directory."""
-    from .atif import export_atif
+    from ..atif import export_atif
 
     try:
         trajectory = export_atif(args.run_dir)

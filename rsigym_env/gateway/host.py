@@ -63,14 +63,10 @@ from ..run import ResearchRun
 from ..scenario import Scenario
 from ..services import EvalResult, TrainResult
 from ..worlds.sim.clock import SimClock
+from ..rundir import BRIEFING_FILE, LEDGER_FILE, RESUMES_FILE, RUN_FILE, STEPS_FILE, read_steps
 from ..watch.record import RunRecorder
 from .backend import LocalRun, ToolReply, jsonable
 
-RUN_FILE = "run.json"
-STEPS_FILE = "steps.jsonl"
-LEDGER_FILE = "ledger.sqlite"
-BRIEFING_FILE = "briefing.txt"
-RESUMES_FILE = "resumes.jsonl"
 WAIT_CAP_S = 30.0
 """Longest ``wait`` the service lets a run block for on a wall-clock world (the ``Wait.timeout_s`` bound)."""
 
@@ -210,20 +206,6 @@ def record_line(record: dict[str, Any]) -> str:
         return orjson.dumps(record, default=_plain, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS).decode()
     except (TypeError, orjson.JSONEncodeError):
         return json.dumps(jsonable(record), default=str)
-
-
-def read_steps(path: str | os.PathLike[str], *, repair: bool = False) -> list[dict[str, Any]]:
-    """The complete lines of a ``steps.jsonl`` (a torn last line, from a crash mid-write, is dropped;
-    with ``repair`` it is also cut from the file so appending continues on a clean line)."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    end = data.rfind(b"\n") + 1
-    if repair and end < len(data):
-        with path.open("r+b") as f:
-            f.truncate(end)
-    return [json.loads(line) for line in data[:end].decode("utf-8").splitlines() if line.strip()]
 
 
 # --------------------------------------------------------------------------------------------

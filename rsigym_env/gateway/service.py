@@ -534,7 +534,7 @@ class SessionService:
 
     def trajectory(self, run_id: str) -> dict[str, Any]:
         """The run's episode as an ATIF trajectory (what ``rsigym export atif`` writes)."""
-        from .atif import export_atif
+        from ..atif import export_atif
 
         entry = self._ended(run_id)
         if (entry.run_dir / STEPS_FILE).is_file():

@@ -368,7 +368,7 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
         if entry is None or entry.path is None:
             return JSONResponse({"error": "unknown_run"}, status_code=404)
         try:
-            from ..gateway.atif import export_atif
+            from ..atif import export_atif
 
             t = await thread(export_atif, entry.path)
         except ImportError as exc:

@@ -21,7 +21,7 @@ from .model import STALL_AFTER_S
 
 def cmd_watch(args: argparse.Namespace, console: Console) -> int:
     """Serve the dashboard until SIGINT/SIGTERM."""
-    from ..gateway.server import bind, is_loopback, url_of, uvicorn_server
+    from ..serving.listen import bind, is_loopback, url_of, uvicorn_server
     from .app import create_app
     from .catalog import URLSource
 

@@ -39,12 +39,9 @@ from typing import Any, Callable, Iterable, Iterator
 import orjson
 
 from ..owners import Owner, owner_status
-from .record import RECORD_FILE, iter_lines, normalize_action
+from ..rundir import RECORD_FILE, RESULT_FILE, RUN_FILE, STEPS_FILE
+from .record import iter_lines, normalize_action
 
-STEPS_FILE = "steps.jsonl"
-RESULT_FILE = "result.json"
-RUN_FILE = "run.json"
-LEDGER_FILE = "ledger.sqlite"
 STALL_AFTER_S = 300.0
 """Default: a running run with no step for this long is shown as stalled."""
 

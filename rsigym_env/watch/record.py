@@ -53,8 +53,8 @@ import numpy as np
 import orjson
 
 from ..owners import current_owner
+from ..rundir import RECORD_FILE
 
-RECORD_FILE = "record.jsonl"
 VERSION = 1
 RESULT_MAX_BYTES = 32_768
 """A step's ``result`` larger than this (as JSON) is recorded as ``{"truncated": true, "bytes": n}``."""

@@ -13,7 +13,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .model import LEDGER_FILE, STEPS_FILE, RunReader, RunState, stat_sig, summary_of
+from ..rundir import LEDGER_FILE, STEPS_FILE
+from .model import RunReader, RunState, stat_sig, summary_of
 
 _AUDIT: dict[str, tuple[Any, dict[str, Any]]] = {}
 _AUDIT_LOCK = threading.Lock()

@@ -198,9 +198,11 @@ class LocalChatModel:
         params = self.sampling_params(request, reserved=len(prefix))
         try:
             client = self.sampling_client
-            scoped = ({"prefill_scope": prefill_scope}
-                      if prefill_scope is not None and getattr(client, "supports_prefill_scope", False) else {})
-            response = client.sample(types.ModelInput.from_ints(prompt + prefix), request.n, params, **scoped).result()
+            tokens = types.ModelInput.from_ints(prompt + prefix)
+            if prefill_scope is not None and getattr(client, "supports_prefill_scope", False):
+                response = client.sample_scoped(tokens, request.n, params, prefill_scope).result()
+            else:
+                response = client.sample(tokens, request.n, params).result()
         except (CheckpointNotFoundError, UnknownModelError) as exc:
             raise ModelRequestError(f"The model `{self.name}` cannot be loaded: {exc}", status=404,
                                     code="model_not_found", param="model") from None

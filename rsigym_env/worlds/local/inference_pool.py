@@ -72,8 +72,8 @@ def _sample(root: str, bases: dict[str, str], model_path: str | None, base_model
         key = ((client.prefill_identity, scope), tuple(tokens))
         if prefill is not None:
             carrier.put(key, *prefill)
-        response = client.sample(types.ModelInput.from_ints(tokens), num_samples, types.SamplingParams(**params),
-                                 prefill_scope=scope, prefill_cache=carrier).result()
+        response = client.sample_scoped(types.ModelInput.from_ints(tokens), num_samples, types.SamplingParams(**params),
+                                        scope, prefill_cache=carrier).result()
         return "ok", response, (carrier.get(key) if prefill is None else None)
     except Exception as exc:  # noqa: BLE001 - raised again in the caller, by kind
         return "error", (type(exc).__name__, str(exc))
@@ -109,8 +109,12 @@ class PooledSamplingClient:
     def __init__(self, pool: "InferencePool", model_path: str | None, base_model: str | None, tokenizer: Any):
         self.pool, self.model_path, self.base_model, self.tokenizer = pool, model_path, base_model, tokenizer
 
-    def sample(self, prompt: Any, num_samples: int, sampling_params: Any, prefill_scope: str | None = None,
-               **unsupported: Any) -> _Response:
+    def sample(self, prompt: Any, num_samples: int, sampling_params: Any, **unsupported: Any) -> _Response:
+        return self.sample_scoped(prompt, num_samples, sampling_params, None, **unsupported)
+
+    def sample_scoped(self, prompt: Any, num_samples: int, sampling_params: Any, prefill_scope: str | None,
+                      **unsupported: Any) -> _Response:
+        """:meth:`sample`; requests with the same ``prefill_scope`` share prefills (module docstring)."""
         if any(unsupported.values()):
             raise NotImplementedError("a pooled sampler returns sequences only (no prompt or top-k logprobs)")
         params = sampling_params.model_dump(exclude_none=True)

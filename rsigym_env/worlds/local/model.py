@@ -100,6 +100,16 @@ def _use_model_threads() -> None:
 
 
 @dataclass(frozen=True)
+class BaseModel:
+    """A base model: name, shape, (read-only) weights and tokenizer (a :class:`~.tokenizer.Tokenizer`)."""
+
+    name: str
+    config: "ModelConfig"
+    params: Params
+    tokenizer: Any
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Shape of the transformer.
 

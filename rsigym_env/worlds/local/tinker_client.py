@@ -54,6 +54,7 @@ from tinker.lib.public_interfaces.api_future import APIFuture, AwaitableConcurre
 from ...errors import ActionError
 from .model import (
     Adam,
+    BaseModel,
     ContextOverflowError,
     LoraConfig,
     ModelConfig,
@@ -98,16 +99,6 @@ class CheckpointNotFoundError(ActionError, ValueError):
 
 
 # --- base models ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BaseModel:
-    """A base model: name, shape, (read-only) weights and tokenizer."""
-
-    name: str
-    config: ModelConfig
-    params: Params
-    tokenizer: Tokenizer
 
 
 _REGISTRY: dict[str, Path | Callable[[], BaseModel]] = {}
@@ -548,7 +539,7 @@ class LocalSamplingClient:
     model server.
     """
 
-    supports_prefill_scope = True  # sample(..., prefill_scope=): see sample
+    supports_prefill_scope = True  # sample_scoped(): see there
 
     def __init__(self, service: "LocalServiceClient", base: BaseModel, model: Transformer, session_id: str,
                  model_path: str | None):
@@ -579,17 +570,26 @@ class LocalSamplingClient:
     def sample(self, prompt: types.ModelInput, num_samples: int, sampling_params: types.SamplingParams,
                include_prompt_logprobs: bool = False, topk_prompt_logprobs: int = 0, topk_sample_logprobs: int = 0,
                target_prompt_logprobs: types.TensorData | None = None, prompt_alt_tokens_k: int = 0,
-               prompt_logprobs_last_n: int | None = None, prefill_scope: str | None = None,
-               prefill_cache: PrefillCache | None = None) -> APIFuture[types.SampleResponse]:
+               prompt_logprobs_last_n: int | None = None) -> APIFuture[types.SampleResponse]:
         """``num_samples`` continuations of ``prompt`` (KV-cached, seeded by ``sampling_params.seed``).
 
         ``stop=None`` stops at the end-of-turn token ``<|end|>``; ``[]`` never stops early.
         Stop tokens or strings are included in the returned tokens.
-        ``prefill_scope`` (a local extension; Tinker's client has none): requests with the same scope
-        and the very same prompt share its prefill (:class:`~.model.PrefillCache`; the samples do
-        not change) — in ``prefill_cache``, by default this process's ``PREFILLS``. Requests in
-        different scopes never do.
         """
+        return self.sample_scoped(prompt, num_samples, sampling_params, None, include_prompt_logprobs=include_prompt_logprobs,
+                                  topk_prompt_logprobs=topk_prompt_logprobs, topk_sample_logprobs=topk_sample_logprobs,
+                                  target_prompt_logprobs=target_prompt_logprobs, prompt_alt_tokens_k=prompt_alt_tokens_k,
+                                  prompt_logprobs_last_n=prompt_logprobs_last_n)
+
+    def sample_scoped(self, prompt: types.ModelInput, num_samples: int, sampling_params: types.SamplingParams,
+                      prefill_scope: str | None, *, prefill_cache: PrefillCache | None = None,
+                      include_prompt_logprobs: bool = False, topk_prompt_logprobs: int = 0, topk_sample_logprobs: int = 0,
+                      target_prompt_logprobs: types.TensorData | None = None, prompt_alt_tokens_k: int = 0,
+                      prompt_logprobs_last_n: int | None = None) -> APIFuture[types.SampleResponse]:
+        """:meth:`sample`, and (a local extension; Tinker's client has none) requests with the same
+        ``prefill_scope`` and the very same prompt share its prefill (:class:`~.model.PrefillCache`;
+        the samples do not change) — in ``prefill_cache``, by default this process's ``PREFILLS``.
+        Requests in different scopes never do; ``None`` shares nothing."""
         if topk_prompt_logprobs or topk_sample_logprobs or target_prompt_logprobs is not None or prompt_alt_tokens_k:
             raise NotImplementedError("the local sampler supports include_prompt_logprobs, not top-k/target/alt-token logprobs")
         if num_samples < 1:

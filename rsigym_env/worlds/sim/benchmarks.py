@@ -19,7 +19,7 @@ from statistics import NormalDist
 from types import MappingProxyType
 from typing import Mapping
 
-from ...catalog import SIM_TEACHERS
+from ...catalog import DEFECTS, SIM_TEACHERS  # noqa: F401  (DEFECTS: re-exported for the sim model)
 
 # DEFECTS: the harness defects, in the order used by every per-defect vector; each one's setting in
 # the minimal harness is ``catalog.REMEDY_FOR[defect]`` (truncation is exposed by a reply longer than

@@ -22,7 +22,7 @@ from typing import Iterable, Literal, Mapping
 
 import numpy as np
 
-from ...catalog import FAILURE_MODES, WRONG_ANSWER
+from ...catalog import FAILURE_MODES, HARNESS_ERROR, WRONG_ANSWER  # noqa: F401  (HARNESS_ERROR: re-exported)
 from .benchmarks import DEFECTS, MINIMAL_MAX_OUTPUT_TOKENS, TEACHER_DUPLICATES, Domain
 
 # Harness costs (fractions of an attempt's tokens / sandbox time).

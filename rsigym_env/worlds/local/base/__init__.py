@@ -28,9 +28,8 @@ def manifest(directory: str | Path = BASE_DIR) -> dict[str, Any]:
 
 
 def load_base(directory: str | Path = BASE_DIR, name: str = NAME, verify: bool = False) -> Any:
-    """The checkpoint as a ``tinker_client.BaseModel`` (float32 weights); ``verify`` checks the sha256."""
-    from ..model import ModelConfig, load_npz
-    from ..tinker_client import BaseModel
+    """The checkpoint as a :class:`~..model.BaseModel` (float32 weights); ``verify`` checks the sha256."""
+    from ..model import BaseModel, ModelConfig, load_npz
     from ..tokenizer import Tokenizer
 
     directory = Path(directory)
@@ -44,11 +43,4 @@ def load_base(directory: str | Path = BASE_DIR, name: str = NAME, verify: bool =
     return BaseModel(name, ModelConfig.from_dict(meta["config"]), params, Tokenizer.from_dict(meta["tokenizer"]))
 
 
-def register(name: str = NAME, directory: str | Path = BASE_DIR) -> None:
-    """Serve the checkpoint in ``directory`` as base model ``name`` in this process."""
-    from ..tinker_client import register_base_model
-
-    register_base_model(name, lambda: load_base(directory, name))
-
-
-__all__ = ["BASE_DIR", "NAME", "load_base", "manifest", "register"]
+__all__ = ["BASE_DIR", "NAME", "load_base", "manifest"]

@@ -32,9 +32,9 @@ from harbor.models.trajectories import (
     Agent, FinalMetrics, Observation, ObservationResult, Step, ToolCall, Trajectory,
 )
 
-from ..scenario import Scenario
-from ..tools import TOOL_NAMES, tool_schemas
-from .host import BRIEFING_FILE, RUN_FILE, STEPS_FILE, read_steps
+from .scenario import Scenario
+from .tools import TOOL_NAMES, tool_schemas
+from .rundir import BRIEFING_FILE, RUN_FILE, STEPS_FILE, read_steps
 
 END_KEYS = ("initial_score", "official_score", "normalized_gain", "end_reason", "spend_usd", "budget_usd",
             "best_dev_score", "submitted")

@@ -16,7 +16,7 @@ import ipaddress
 import socket
 from typing import Any
 
-from ..serving.asgi import ThreadedASGIServer
+from .asgi import ThreadedASGIServer
 
 
 def is_loopback(host: str) -> bool:
