@@ -8,7 +8,7 @@ digits), so the id changes exactly when the content does.
 
 A spec also has a **files view** (:meth:`AgentSpec.to_files` / :meth:`AgentSpec.from_files`):
 ``spec.json`` (kind, name, model, tools, parent), ``prompt.md``, ``params.toml``, ``skills/<name>.md``,
-``memory/<name>.md``. In the recursive world (:mod:`rsigym_env.recursion`) those files are the target
+``memory/<name>.md``. In the recursive world (:mod:`rsigym_env.worlds.recursive`) those files are the target
 system's harness, edited with ``edit_harness`` like any other harness.
 
 :class:`AgentRegistry` keeps one JSON file per id under ``$RSIGYM_HOME/agents`` (default
@@ -269,11 +269,11 @@ def build_researcher(spec: AgentSpec, **overrides: Any) -> SpecResearcher:
 
     For ``llm``, ``system_prompt`` gets the skills and memory appended as Markdown sections. A
     ``scripted`` spec whose harness is a researcher spec (the recursive world) acts as the scripted
-    improver (:class:`rsigym_env.recursion.ScriptedImprover`, parameters prefixed ``improve_``).
+    improver (:class:`rsigym_env.worlds.recursive.improver.ScriptedImprover`, parameters prefixed ``improve_``).
     """
     cls = _args_class(spec.kind)
     if spec.kind == "scripted":
-        from .recursion import ScriptedAgent
+        from .worlds.recursive.improver import ScriptedAgent
 
         return SpecResearcher(spec, ScriptedAgent(dict(spec.params)))
     if cls is None:

@@ -63,7 +63,7 @@ import numpy as np
 from gymnasium import spaces
 
 from .catalog import env_id
-from .platform.core import Platform
+from .platform.core import Platform, PlatformKey
 from .platform.ledger import Ledger
 from .run import ResearchRun
 from .scenario import Scenario, load_scenario
@@ -116,6 +116,9 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         world_factory: builds each episode's world, ``(scenario, seed, run_dir) -> World``; default:
             the registered world the scenario names. The attribute of that name may be replaced before
             a ``reset`` to wrap the world (record/replay does).
+        platform, key: run on this platform (its ledger stays open when the env closes) and bill every
+            episode to ``key``, one of its keys (a sub-key carved out of an outer run's budget: the
+            recursive world's inner episodes). Default: a platform of its own, a new key per episode.
     """
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
@@ -137,6 +140,8 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         world_options: dict[str, Any] | None = None,
         async_jobs: bool = False,
         world_factory: WorldFactory | None = None,
+        platform: Platform | None = None,
+        key: PlatformKey | None = None,
     ):
         overrides = dict(track=track, world=world, benchmark=benchmark, budget_usd=budget_usd,
                          max_steps=max_steps, time_limit_h=time_limit_h)
@@ -156,7 +161,13 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         self.render_mode = render_mode
         self._first_seed = seed
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.platform = Platform(Ledger(ledger_path))
+        if key is not None and platform is None:
+            raise ValueError("a key needs the platform it belongs to")
+        if platform is not None and ledger_path is not None:
+            raise ValueError("give a platform or a ledger_path, not both")
+        self._owns_platform = platform is None
+        self.platform = platform if platform is not None else Platform(Ledger(ledger_path))
+        self._key = key
         self.action_space = action_space()
         budget = self.scenario.budget_usd
         self.observation_space = spaces.Dict({
@@ -184,7 +195,7 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
             self.run.abandon("reset")
             self.run.world.close()
         self.run = ResearchRun(self.scenario, episode_seed, self.platform, self.run_dir, async_jobs=self.async_jobs,
-                               world_factory=self.world_factory)
+                               world_factory=self.world_factory, key=self._key)
         self._log = self.run.briefing()
         s = self.scenario
         info = {"scenario": s.name, "world": s.world, "track": s.track, "benchmark": s.benchmark,
@@ -215,7 +226,8 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
             self.run.abandon("closed")
             self.run.world.close()
             self.run = None
-        self.platform.ledger.close()
+        if self._owns_platform:
+            self.platform.ledger.close()
 
     # ------------------------------------------------------------------ the run, for its owner
 

@@ -10,7 +10,7 @@ Per episode (in the end ``info["metrics"]`` of every run, and in sweep records):
   survives on the held-out split; negative = over-fitting dev or a regression after the best point);
 * ``efficiency`` — normalized gain per dollar spent.
 
-Across researchers (:mod:`rsigym_env.recursion`):
+Across researchers (:mod:`rsigym_env.worlds.recursive`):
 
 * ``improver_gain`` — the improved researcher's index minus the original's;
 * ``compounding``   — the index gained across all rounds, with the gain of each round.

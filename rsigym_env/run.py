@@ -35,10 +35,12 @@ from typing import Any, Callable, ClassVar, TypeVar
 
 from .errors import ActionError, InsufficientBudget, WorkFailed
 from .harness import HarnessStore
-from .platform.core import Bill, Platform, tool_label
+from .platform.core import Bill, Platform, PlatformKey, tool_label
 from .scenario import Scenario
 from .scoring import normalized_gain
-from .services import Billed, DatasetInfo, EvalRequest, EvalResult, Job, Quote, TrainResult, reporting_progress
+from .services import (
+    Billed, DatasetInfo, EvalRequest, EvalResult, Job, Quote, TrainResult, funding_call, reporting_progress,
+)
 from .tools import (
     EditHarness, Evaluate, GenerateData, Infer, Read, SandboxExec, Submit, Tool, Train,
     TransformData, Wait, parse_action,
@@ -85,17 +87,20 @@ class ResearchRun:
     ``world_factory`` builds the episode's world, ``(scenario, seed, run_dir) -> World``; default: the
     registered world the scenario names (:func:`rsigym_env.worlds.make_world`). Wrapping it wraps the
     world, as :class:`rsigym_env.replay.TapeWrapper` does to record or replay one.
+
+    ``key``: bill the run to this key of ``platform`` (a sub-key, e.g. an inner episode of the
+    recursive world) instead of a new one of the scenario's budget.
     """
 
     def __init__(self, scenario: Scenario, seed: int, platform: Platform | None = None, run_dir: Path | None = None,
-                 *, async_jobs: bool = False, world_factory: WorldFactory = make_world):
+                 *, async_jobs: bool = False, world_factory: WorldFactory = make_world, key: PlatformKey | None = None):
         self.scenario = scenario
         self.seed = seed
         self.async_jobs = async_jobs  # generate_data, transform_data and submit as jobs (no call blocks long)
         self._pool: cf.ThreadPoolExecutor | None = None
         self.world = world_factory(scenario, seed, run_dir)
         self.platform = platform or Platform()
-        self.key = self.platform.issue_key(scenario)
+        self.key = key if key is not None else self.platform.issue_key(scenario)
         self.harness = HarnessStore(self.world.initial_harness())
         self.time_limit_s = scenario.time_limit_h * 3600.0
         self.steps = 0
@@ -345,7 +350,8 @@ class ResearchRun:
     def _start(self, tool: Tool, quote: Quote, start: Any, target: str) -> Job:
         bill = self.platform.open(self.key, tool, quote.usd)
         try:
-            with reporting_progress(_throttled(bill.progress)):  # a world captures it as its job starts
+            # a world captures both as its job starts: where to report progress, and the bill funding the call
+            with reporting_progress(_throttled(bill.progress)), funding_call(bill):
                 job = start()
         except BaseException:
             self.platform.release(bill, "start_failed")

@@ -268,6 +268,43 @@ def reporting_progress(sink: Callable[[float], None]) -> Iterator[None]:
         _PROGRESS.reset(token)
 
 
+class CallFunding(Protocol):
+    """The open bill of the paid call in progress, as a service sees it (:func:`call_funding`): it
+    can carve sub-keys out of the call's reservation for work that runs under keys of its own (the
+    recursive world's inner episodes), and close them so that their spend is charged with the call.
+    :class:`rsigym_env.platform.core.Bill` is one."""
+
+    @property
+    def platform(self) -> Any: ...
+
+    def mint_subkey(self, budget_usd: float, scenario: Any = None) -> Any: ...
+
+    def close_subkey(self, child: Any) -> float: ...
+
+
+_FUNDING: ContextVar[CallFunding | None] = ContextVar("rsigym_funding", default=None)
+
+
+def call_funding() -> CallFunding | None:
+    """The bill funding the paid call in progress (see :class:`CallFunding`); ``None`` outside a run.
+    Capture it when a job starts, in the caller's thread.
+
+    >>> call_funding() is None
+    True
+    """
+    return _FUNDING.get()
+
+
+@contextmanager
+def funding_call(bill: CallFunding) -> Iterator[None]:
+    """Make ``bill`` the :func:`call_funding` of calls in this context."""
+    token = _FUNDING.set(bill)
+    try:
+        yield
+    finally:
+        _FUNDING.reset(token)
+
+
 def resolved(value: Any) -> Future:
     """A future that already holds ``value`` (for worlds that compute a job's result up front)."""
     fut: Future = Future()

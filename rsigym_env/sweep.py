@@ -45,6 +45,8 @@ import gymnasium as gym
 from .catalog import BENCHMARKS_BY_WORLD, TRACK_ENV_IDS
 from .episode import Researcher, run_episode
 from .metrics import mean_se
+from .platform.core import Platform, PlatformKey
+from .scenario import Scenario, load_scenario
 from .scoring import rsi_index
 
 ERROR_TEXT_MAX = 4000
@@ -165,8 +167,26 @@ def _error_text(exc: BaseException) -> str:
     return text if len(text) <= ERROR_TEXT_MAX else text[: ERROR_TEXT_MAX - 20] + "\n... (cut)"
 
 
-def run_spec(spec: EpisodeSpec) -> EpisodeRecord:
+def episode_scenario(spec: EpisodeSpec) -> Scenario:
+    """The scenario an episode of ``spec`` runs in (what :func:`run_spec` builds its env from).
+
+    >>> s = episode_scenario(EpisodeSpec("scripted", "aime", 0, budget_usd=100))
+    >>> s.track, s.world, s.benchmark, s.budget_usd
+    ('joint', 'sim', 'aime', 100.0)
+    """
+    if spec.track not in TRACKS:
+        raise ValueError(f"unknown track {spec.track!r}; known: {', '.join(TRACKS)}")
+    overrides = {"track": spec.track, "world": spec.world, "benchmark": spec.benchmark,
+                 "budget_usd": float(spec.budget_usd), "max_steps": spec.max_steps}
+    return load_scenario(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def run_spec(spec: EpisodeSpec, *, platform: Platform | None = None, key: PlatformKey | None = None) -> EpisodeRecord:
     """Run one episode in a fresh env (own ledger, own key). Never raises.
+
+    With ``platform`` and ``key`` (one of its keys, typically a sub-key of an outer run: see
+    :meth:`Platform.mint_subkey`) the episode is billed to that key instead and runs in the key's
+    scenario (build it with :func:`episode_scenario`).
 
     >>> r = run_spec(EpisodeSpec("scripted", "aime", 0, budget_usd=100))
     >>> r.ok, r.steps == len(r.curve), r.curve[-1][0] == r.spend_usd
@@ -188,7 +208,10 @@ def run_spec(spec: EpisodeSpec) -> EpisodeRecord:
         kwargs: dict[str, Any] = {"world": spec.world, "benchmark": spec.benchmark, "budget_usd": spec.budget_usd}
         if spec.max_steps is not None:
             kwargs["max_steps"] = spec.max_steps
-        env = gym.make(TRACKS[spec.track], **kwargs)
+        if key is not None:
+            env = gym.make(TRACKS[spec.track], scenario=key.scenario, platform=platform, key=key)
+        else:
+            env = gym.make(TRACKS[spec.track], **kwargs)
 
         def on_step(step: int, action: Any, obs: dict[str, Any], info: dict[str, Any]) -> None:
             record.curve.append([float(info["spent_usd"]), float(obs["dev_scores"][1])])  # billed so far

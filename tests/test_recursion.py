@@ -10,7 +10,7 @@ import pytest
 from rsigym_env.agents import AgentRegistry, AgentSpec, build_researcher, builtin_spec, dump_toml
 from rsigym_env.cli import main
 from rsigym_env.episode import run_episode
-from rsigym_env.recursion import RecursiveOptions, measure, recurse, split_tasks
+from rsigym_env.worlds.recursive import RecursiveOptions, measure, recurse, split_tasks
 from rsigym_env.scenario import list_scenarios, load_scenario
 from rsigym_env.scoring import normalized_gain
 from rsigym_env.worlds import WORLDS

@@ -15,7 +15,7 @@ from ..scenario import load_scenario
 
 
 def cmd_recurse(args: argparse.Namespace, console: Console) -> int:
-    from ..recursion import markdown, recurse, to_json
+    from ..worlds.recursive import markdown, recurse, to_json
 
     try:
         scenario = load_scenario(args.scenario)

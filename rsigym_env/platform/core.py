@@ -107,14 +107,43 @@ def tool_label(tool: Tool | Any) -> str:
 
 
 class Bill:
-    """The open reservation of one paid call; settle it with the actual cost."""
+    """The open reservation of one paid call; settle it with the actual cost.
+
+    A call whose work runs under keys of its own (the recursive world's inner episodes) carves them
+    out of this reservation with :meth:`mint_subkey` and closes them with :meth:`close_subkey`; what
+    they spent is the least the bill then charges, settled or released.
+    """
 
     def __init__(self, platform: "Platform", key: PlatformKey, reservation: Reservation, event: dict[str, Any]):
         self._platform, self._key, self.reservation, self._event = platform, key, reservation, event
         self.charged_usd: float | None = None
+        self.subkeys_spent_usd = 0.0
+        """What the sub-keys closed into this bill spent: the floor of its charge."""
+        self._subkeys: dict[str, PlatformKey] = {}
+
+    @property
+    def platform(self) -> "Platform":
+        return self._platform
+
+    @property
+    def key(self) -> PlatformKey:
+        return self._key
+
+    def mint_subkey(self, budget_usd: float, scenario: Scenario | None = None) -> PlatformKey:
+        """A sub-key of the bill's key whose ``budget_usd`` is carved out of this reservation (the key's
+        available balance does not move); it is bound to ``scenario`` (default: the key's)."""
+        return self._platform.mint_subkey(self._key, budget_usd, scenario, bill=self)
+
+    def close_subkey(self, child: PlatformKey) -> float:
+        """Close a sub-key made by :meth:`mint_subkey`: its budget goes back into the reservation and
+        its spend is charged with the bill. Returns that spend."""
+        return self._platform.close_subkey(child, bill=self)
 
     def settle(self, usd: float) -> float:
-        """Charge ``usd`` (clamped to the reservation); the rest is released. Returns the charge."""
+        """Charge ``usd`` (at least what closed sub-keys spent, at most the reservation); the rest is
+        released. Open sub-keys are closed first. Returns the charge."""
+        self._close_subkeys()
+        usd = max(usd, self.subkeys_spent_usd)
         self.charged_usd = self._platform.ledger.settle(self.reservation, usd, audit=dict(self._event))
         return self.charged_usd
 
@@ -122,6 +151,10 @@ class Bill:
         """Record that ``used_usd`` of the work is done (see :meth:`Ledger.progress`): should this
         process die, recovery charges that much and releases the rest. Returns the recorded amount."""
         return self._platform.ledger.progress(self.reservation, used_usd)
+
+    def _close_subkeys(self) -> None:
+        for child in list(self._subkeys.values()):
+            self.close_subkey(child)
 
 
 class Platform:
@@ -137,12 +170,53 @@ class Platform:
         self.ledger.open_account(key.id, scenario.budget_usd if budget_usd is None else budget_usd)
         return key
 
-    def mint_subkey(self, parent: PlatformKey, budget_usd: float, scenario: Scenario | None = None) -> PlatformKey:
-        """A child key carrying ``budget_usd`` of the parent's budget (same or narrower scenario)."""
+    def mint_subkey(self, parent: PlatformKey, budget_usd: float, scenario: Scenario | None = None, *,
+                    bill: Bill | None = None) -> PlatformKey:
+        """A child key carrying ``budget_usd`` of the parent's budget, bound to ``scenario`` (default the
+        parent's; it authorizes the child's calls).
+
+        The budget comes out of the parent's available balance, or, with ``bill`` (an open bill of
+        ``parent``), out of that bill's reservation. Audited on the parent (``tool: "mint_subkey"``);
+        :class:`~rsigym_env.errors.InsufficientBudget` if it does not fit.
+
+        >>> from rsigym_env.scenario import load_scenario
+        >>> platform = Platform()
+        >>> run = platform.issue_key(load_scenario(budget_usd=10))
+        >>> inner = platform.mint_subkey(run, 4.0)
+        >>> platform.balance(run).available_usd, platform.balance(inner).available_usd
+        (6.0, 4.0)
+        >>> with platform.charge(inner, {"tool": "infer"}, quote_usd=1.0) as bill:
+        ...     _ = bill.settle(0.5)
+        >>> platform.close_subkey(inner), platform.balance(run).spent_usd, platform.balance(run).available_usd
+        (0.5, 0.5, 9.5)
+        """
+        if bill is not None and bill.key.id != parent.id:
+            raise ValueError("a bill funds sub-keys of its own key only")
         secret = "rsk-" + secrets.token_hex(16)
         child = PlatformKey(secret, PlatformKey.key_id(secret), scenario or parent.scenario)
-        self.ledger.mint_subkey(parent.id, child.id, budget_usd, audit={"tool": "mint_subkey", "decision": "allowed"})
+        audit = {"tool": "mint_subkey", "decision": "allowed"}
+        if bill is None:
+            self.ledger.mint_subkey(parent.id, child.id, budget_usd, audit=audit)
+        else:
+            if bill.charged_usd is not None:
+                raise ValueError("the bill is already settled or released")
+            self.ledger.mint_subkey_from(bill.reservation, child.id, budget_usd, audit=audit)
+            bill._subkeys[child.id] = child
         return child
+
+    def close_subkey(self, child: PlatformKey, *, bill: Bill | None = None) -> float:
+        """Close a sub-key; returns what it spent. Without ``bill`` the parent is charged that and gets
+        the remainder back; with the ``bill`` that funded it, its whole budget returns to the bill's
+        reservation and the spend is charged when the bill is settled (see :meth:`Bill.settle`)."""
+        audit = {"tool": "close_subkey", "decision": "allowed"}
+        if bill is None:
+            self.ledger.close_subkey(child.id, audit=audit)
+            return self.ledger.balance(child.id).spent_usd
+        if bill._subkeys.pop(child.id, None) is None:
+            raise ValueError(f"sub-key {child.id} was not minted from this bill (or is closed)")
+        spent = self.ledger.close_subkey_into(child.id, bill.reservation, audit=audit)
+        bill.subkeys_spent_usd += spent
+        return spent
 
     def balance(self, key: PlatformKey) -> Balance:
         return self.ledger.balance(key.id)
@@ -194,8 +268,14 @@ class Platform:
 
     def release(self, bill: Bill, reason: str) -> None:
         """Release an open bill without charging (a cancelled or failed job); ``reason`` says why
-        (``"cancelled"``, ``"job_failed"``, ``"start_failed"``, an exception's class name, ...)."""
+        (``"cancelled"``, ``"job_failed"``, ``"start_failed"``, an exception's class name, ...).
+
+        What its sub-keys spent cannot be given back: a bill funding sub-keys is settled at that."""
         if bill.charged_usd is None:
+            bill._close_subkeys()
+            if bill.subkeys_spent_usd > 0:
+                bill.charged_usd = self.ledger.settle(bill.reservation, bill.subkeys_spent_usd,
+                                                      audit={**bill._event, "reason": reason})
+                return
             self.ledger.release(bill.reservation, audit={**bill._event, "reason": reason})
             bill.charged_usd = 0.0
-

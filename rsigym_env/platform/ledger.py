@@ -123,6 +123,13 @@ _RETURN_GRANT = (
     f"UPDATE accounts SET granted = granted - ?, spent = spent + ? WHERE key = ? RETURNING {_AVAILABLE}"
 )
 _BALANCE = "SELECT budget, spent, reserved, granted, closed FROM accounts WHERE key = ?"
+_CARVE = "UPDATE reservations SET nano = nano - ? WHERE id = ? AND key = ? AND nano - used >= ? RETURNING nano"
+_HOLD = "SELECT nano, used FROM reservations WHERE id = ? AND key = ?"
+_CARVE_ACCOUNT = (
+    f"UPDATE accounts SET reserved = reserved - ?, granted = granted + ? WHERE key = ? AND closed = 0 RETURNING {_AVAILABLE}"
+)
+_REFILL = "UPDATE reservations SET nano = nano + ?, used = used + ? WHERE id = ? AND key = ? RETURNING nano, used"
+_REFILL_ACCOUNT = f"UPDATE accounts SET reserved = reserved + ?, granted = granted - ? WHERE key = ? RETURNING {_AVAILABLE}"
 
 
 @dataclass(frozen=True)
@@ -532,6 +539,100 @@ class Ledger:
                       "remainder_usd": (budget - spent) / NANO, "available_usd": available / NANO}
             logged.append(self._log(parent, audit, fields))
         return (budget - spent) / NANO
+
+    def mint_subkey_from(
+        self, reservation: Reservation, child: str, budget_usd: float, *, audit: dict[str, Any] | None = None
+    ) -> None:
+        """Carve a new sub-key ``child`` of ``budget_usd`` out of an open ``reservation`` of its parent.
+
+        The hold shrinks by the budget and the parent's ``granted`` grows by it, so the parent's
+        available balance does not move: work a call has reserved for runs under sub-keys of their
+        own (the recursive world's inner episodes). Close it with :meth:`close_subkey_into`.
+        :class:`InsufficientBudget` if the hold (less the work it has recorded) is smaller than the
+        budget (logged when ``audit`` is given); ``ValueError`` if ``reservation`` is not open or
+        ``child`` exists.
+
+        >>> ledger = Ledger()
+        >>> ledger.open_account("run", 10.0)
+        >>> hold = ledger.reserve("run", 6.0)
+        >>> ledger.mint_subkey_from(hold, "inner", 4.0)
+        >>> ledger.balance("run").reserved_usd, ledger.balance("run").granted_usd, ledger.balance("inner").budget_usd
+        (2.0, 4.0, 4.0)
+        """
+        nano = _nano_near(_checked(budget_usd))
+        parent = reservation.key
+        with self._transaction() as logged:
+            cur = self._cur
+            row = cur.execute(_CARVE, (nano, reservation.id, parent, nano)).fetchone()
+            if row is None:
+                held = cur.execute(_HOLD, (reservation.id, parent)).fetchone()
+                if held is None:
+                    raise ValueError(f"reservation {reservation.id} on key {parent!r} is not open (settled or released)")
+                free = held[0] - held[1]
+                err: ActionError | None = InsufficientBudget(
+                    f"a sub-key of ${nano / NANO:.4f} does not fit reservation {reservation.id}, which holds "
+                    f"${free / NANO:.4f} not yet used", requested_usd=nano / NANO, available_usd=free / NANO)
+                logged.append(self._log(parent, audit, {
+                    "op": "refuse", "decision": "refused", "code": err.code, "message": err.message,
+                    "request": "mint", "child": child, "reservation": reservation.id, "requested_usd": nano / NANO}))
+            else:
+                err = None
+                moved = cur.execute(_CARVE_ACCOUNT, (nano, nano, parent)).fetchone()
+                if moved is None:
+                    raise ActionError("key_closed", f"key {parent!r} is closed")
+                try:
+                    cur.execute(_OPEN, (child, parent, nano))
+                except sqlite3.IntegrityError:
+                    raise ValueError(f"key {child!r} already has an account") from None
+                fields = {"op": "mint", "child": child, "granted_usd": nano / NANO, "reservation": reservation.id,
+                          "reserved_usd": row[0] / NANO, "available_usd": moved[0] / NANO}
+                logged.append(self._log(parent, audit, fields))
+        if err is not None:
+            raise err
+
+    def close_subkey_into(self, child: str, reservation: Reservation, *, audit: dict[str, Any] | None = None) -> float:
+        """Close a sub-key made by :meth:`mint_subkey_from`, returning its whole budget to ``reservation``.
+
+        The child's spend is recorded as work done on the hold (:meth:`progress`), so the hold's
+        settlement - or its recovery, should this process die - covers it; the parent's ``spent``
+        rises when the hold is settled, not before. Returns the child's spend. The errors of
+        :meth:`close_subkey`, and ``ValueError`` if ``reservation`` is not an open hold of the parent.
+
+        >>> ledger = Ledger()
+        >>> ledger.open_account("run", 10.0)
+        >>> hold = ledger.reserve("run", 6.0)
+        >>> ledger.mint_subkey_from(hold, "inner", 4.0)
+        >>> ledger.settle(ledger.reserve("inner", 3.0), 1.25)
+        1.25
+        >>> ledger.close_subkey_into("inner", hold)
+        1.25
+        >>> ledger.settle(hold, 1.25), ledger.balance("run").spent_usd, ledger.books().ok
+        (1.25, 1.25, True)
+        """
+        with self._transaction() as logged:
+            cur = self._cur
+            row = cur.execute(_SUBKEY, (child,)).fetchone()
+            if row is None:
+                raise ActionError("unknown_key", f"no account for key {child!r}")
+            parent, budget, spent, granted, closed = row
+            if parent is None:
+                raise ValueError(f"key {child!r} is not a sub-key")
+            if closed:
+                raise ActionError("key_closed", f"key {child!r} is already closed")
+            if granted:
+                raise ValueError(f"sub-key {child!r} still has open sub-keys of its own")
+            if cur.execute(_HAS_RESERVATIONS, (child,)).fetchone() is not None:
+                raise ValueError(f"sub-key {child!r} still has open reservations")
+            back = cur.execute(_REFILL, (budget, spent, reservation.id, parent)).fetchone()
+            if back is None:
+                raise ValueError(f"reservation {reservation.id} is not an open hold of {child!r}'s parent {parent!r}")
+            cur.execute(_CLOSE, (child,))
+            (available,) = cur.execute(_REFILL_ACCOUNT, (budget, budget, parent)).fetchone()
+            fields = {"op": "close", "child": child, "charged_usd": spent / NANO, "remainder_usd": (budget - spent) / NANO,
+                      "reservation": reservation.id, "reserved_usd": back[0] / NANO, "progress_usd": back[1] / NANO,
+                      "available_usd": available / NANO}
+            logged.append(self._log(parent, audit, fields))
+        return spent / NANO
 
     # --- reservations ---------------------------------------------------------------------------
 

@@ -1,6 +1,12 @@
 """Worlds by name. A world is five services, a clock and an initial system (see ``services.World``).
 
-Add a world by writing a factory ``(scenario, seed, run_dir) -> World`` and registering it:
+Add a world by writing a factory ``(scenario, seed, run_dir) -> World`` and registering it. Each
+factory imports its world's package only when a scenario asks for it.
+
+**Layering rule.** Worlds sit below the researchers: no module under ``rsigym_env/worlds/`` imports
+``rsigym_env.agents``, ``rsigym_env.baselines``, ``rsigym_env.sweep`` or ``rsigym_env.env`` at import
+time (``tests/test_layering.py``). A world that runs researchers itself - the recursive world's inner
+episodes (:mod:`.recursive`) - imports them inside the function that runs one.
 
 >>> sorted(WORLDS)
 ['local', 'recursive', 'remote', 'sim']
@@ -42,9 +48,9 @@ def _remote(scenario: Scenario, seed: int, run_dir: Path | None) -> World:
 
 
 def _recursive(scenario: Scenario, seed: int, run_dir: Path | None) -> World:
-    from ..recursion import RecursiveOptions, RecursiveWorld
+    from .recursive.world import make_recursive_world
 
-    return RecursiveWorld(RecursiveOptions.model_validate(scenario.world_options), seed)
+    return make_recursive_world(scenario, seed, run_dir)
 
 
 WORLDS: dict[str, WorldFactory] = {"sim": _sim, "local": _local, "recursive": _recursive, "remote": _remote}

@@ -1,0 +1,187 @@
+"""Measuring a researcher spec: the recursive world's tasks, its inner episodes and how they are billed.
+
+A **task** is one sim research episode on one benchmark with one seed (:func:`split_tasks`); a
+measurement runs the spec as the researcher of every task of a split, ``k`` seeds each
+(:func:`measure`). Episodes are deterministic, so they are cached by (spec id, benchmark, seed,
+settings): a spec measured twice costs the same but computes once.
+
+**Billing.** Given the :class:`~rsigym_env.services.CallFunding` of the outer call (the dev
+evaluation's bill; :func:`rsigym_env.services.call_funding`), each inner episode gets a sub-key of
+the outer run's key whose budget (the episode's ``budget_usd``) is carved out of that call's
+reservation. An episode run here bills every call of its own to that sub-key, so its spend is in
+the outer ledger and audit log and it cannot spend more than the sub-key holds; an episode replayed
+from the cache, or run elsewhere by Ray (whose workers keep ledgers of their own), is charged on its
+sub-key once, at what it spent (``tool: "inner_episode"``). Closing the sub-key returns its budget to
+the reservation and its spend is charged with the call. Without funding (a measurement outside any
+run, and the official evaluation, which is outside the budget) every episode runs on a platform of
+its own, as a sweep does.
+
+Layering: this module may not import :mod:`rsigym_env.agents`, :mod:`rsigym_env.sweep` (which
+brings in the researchers and the env) or the env at import time; it imports them inside the
+functions that run episodes (see :mod:`rsigym_env.worlds.recursive`).
+
+>>> from rsigym_env.worlds.recursive.world import RecursiveOptions
+>>> from rsigym_env.agents import builtin_spec
+>>> m = measure(builtin_spec("scripted"), RecursiveOptions(dev_benchmarks=["aime"], official_benchmarks=["aime"],
+...             official_seeds=2), "official", k=1)
+>>> len(m.records), m.index == sum(r.reward for r in m.records) / 2, m.billed_usd is None
+(2, True, True)
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ...scoring import rsi_index
+from ...services import CallFunding
+
+if TYPE_CHECKING:
+    from ...agents import AgentSpec
+    from ...sweep import EpisodeRecord, EpisodeSpec
+    from .world import RecursiveOptions
+
+ALL_BENCHMARKS = ["swe-bench-verified", "terminal-bench-2", "aime", "gpqa-diamond", "skillsbench"]
+DEV_SEED_BASE = 1_000_000  # dev task seeds start here; official ones at official_first_seed (0): never overlap
+MAX_K = 8
+CACHE_MAX = 50_000
+
+_CACHE: "OrderedDict[tuple, Any]" = OrderedDict()
+
+
+@dataclass
+class Measurement:
+    """A spec's episodes on one split: ``tasks[i]`` = (benchmark, seed), ``records[i*k + j]`` its attempts.
+
+    ``billed_usd``: what the episodes' sub-keys spent when the measurement was funded by a call
+    (``None`` otherwise).
+    """
+
+    split: str
+    tasks: list[tuple[str, int]]
+    k: int
+    records: list[Any]
+    index: float                      # raw RSI-Index (mean over benchmarks of the mean gain); may be < 0
+    per_benchmark: dict[str, float] = field(default_factory=dict)
+    billed_usd: float | None = None
+
+    @property
+    def spend_usd(self) -> float:
+        return sum(float(r.spend_usd or 0.0) for r in self.records if r.ok)
+
+    @property
+    def hours(self) -> float:
+        return max([float(r.elapsed_h or 0.0) for r in self.records if r.ok] or [0.0])
+
+
+def split_tasks(opts: RecursiveOptions, split: str, world_seed: int = 0, n_tasks: int | None = None) -> list[tuple[str, int]]:
+    """(benchmark, seed) tasks of a split, seed-major (so the first n tasks cover the benchmarks evenly).
+
+    >>> from rsigym_env.worlds.recursive.world import RecursiveOptions
+    >>> split_tasks(RecursiveOptions(dev_benchmarks=["aime", "skillsbench"]), "dev", world_seed=3)
+    [('aime', 1000300), ('skillsbench', 1000300), ('aime', 1000301), ('skillsbench', 1000301)]
+    """
+    if split == "official":
+        seeds = [opts.official_first_seed + i for i in range(opts.official_seeds)]
+        benches = opts.official_benchmarks
+    else:
+        seeds = [DEV_SEED_BASE + (world_seed % 10_000) * 100 + i for i in range(min(opts.dev_seeds, 100))]
+        benches = opts.dev_benchmarks
+    tasks = [(b, s) for s in seeds for b in benches]
+    return tasks[:n_tasks] if n_tasks else tasks
+
+
+def _cache_key(spec_id: str, s: EpisodeSpec) -> tuple:
+    return (spec_id, s.benchmark, s.seed, s.track, s.budget_usd, s.world, s.max_steps)
+
+
+def measure(spec: AgentSpec, opts: RecursiveOptions, split: str, k: int = 1, world_seed: int = 0,
+            n_tasks: int | None = None, *, funding: CallFunding | None = None) -> Measurement:
+    """Run ``spec`` as the researcher of every task of ``split``, ``k`` seeds each (cached, deterministic).
+
+    With ``funding`` every episode is billed to a sub-key carved out of that call's reservation (see
+    the module docstring) and :attr:`Measurement.billed_usd` is their total spend.
+    """
+    from ...sweep import EpisodeSpec, run_local, run_spec, sweep
+
+    tasks = split_tasks(opts, split, world_seed, n_tasks)
+    content = spec.content()
+    specs = [EpisodeSpec(spec.id, bench, seed * MAX_K + j, opts.track, opts.budget_usd, opts.inner_world,
+                         opts.max_steps, agent_spec=content)
+             for bench, seed in tasks for j in range(k)]
+    keys = [_cache_key(spec.id, s) for s in specs]
+    todo = [s for s, key in zip(specs, keys) if key not in _CACHE]
+    elsewhere: dict[int, Any] = {}  # episodes that do not run here, on this process's platform
+    if todo and (funding is None or opts.ray):
+        records = sweep(todo, local=False, num_cpus=2).records if opts.ray else run_local(todo)
+        elsewhere = dict(zip([id(s) for s in todo], records))
+    out: list[Any] = []
+    billed = 0.0
+    for s, key in zip(specs, keys):
+        cached = _CACHE.get(key)
+        if cached is not None:
+            record, source = cached, "cache"
+            _CACHE.move_to_end(key)
+        elif id(s) in elsewhere:
+            record, source = elsewhere[id(s)], "ray"
+        else:
+            record, source = None, "here"
+        if funding is not None:
+            if record is None:
+                record, spent = _run_on_subkey(s, funding, run_spec)
+            else:
+                spent = _charge_on_subkey(s, record, source, funding)
+            billed += spent
+        if record.ok:  # failures are not cached: a crash may be transient
+            _CACHE[key] = record
+        out.append(record)
+    while len(_CACHE) > CACHE_MAX:
+        _CACHE.popitem(last=False)
+    by_bench: dict[str, list[float]] = {}
+    for r in out:
+        by_bench.setdefault(r.benchmark, []).append(float(r.reward) if r.ok else 0.0)
+    per = {b: sum(v) / len(v) for b, v in by_bench.items()}
+    return Measurement(split, tasks, k, out, rsi_index(list(per.values())) if per else 0.0, per,
+                       billed if funding is not None else None)
+
+
+def _run_on_subkey(s: EpisodeSpec, funding: CallFunding, run_spec: Any) -> tuple[EpisodeRecord, float]:
+    """Run one episode here, every call billed to a fresh sub-key of the funding call; (record, its spend)."""
+    from ...sweep import episode_scenario
+
+    child = funding.mint_subkey(s.budget_usd, episode_scenario(s))
+    try:
+        record = run_spec(s, platform=funding.platform, key=child)
+    finally:
+        spent = funding.close_subkey(child)
+    return record, spent
+
+
+def _charge_on_subkey(s: EpisodeSpec, record: EpisodeRecord, source: str, funding: CallFunding) -> float:
+    """Charge an episode that did not run here (``source``: ``"cache"`` or ``"ray"``) on a fresh sub-key
+    of the funding call, at what it spent; returns that."""
+    from ...sweep import episode_scenario
+
+    child = funding.mint_subkey(s.budget_usd, episode_scenario(s))
+    try:
+        spend = float(record.spend_usd or 0.0) if record.ok else 0.0
+        action = {"tool": "inner_episode", "args": {"benchmark": s.benchmark, "seed": s.seed, "replayed": source}}
+        with funding.platform.charge(child, action, quote_usd=s.budget_usd) as bill:
+            bill.settle(spend)
+    finally:
+        spent = funding.close_subkey(child)
+    return spent
+
+
+def failure(record: Any) -> str:
+    """Why an inner episode gained nothing (``""`` when it gained): a per-task failure mode."""
+    if not record.ok:
+        return "episode_failed"
+    if record.submitted_by != "agent":
+        return "not_submitted"
+    if record.reward < 0:
+        return "negative_gain"
+    if record.reward == 0:
+        return "no_gain"
+    return ""
