@@ -339,6 +339,49 @@ def test_mint_errors(ledger: Ledger) -> None:
     assert ledger.balance("run") == Balance(10.0, 0.0, 0.0, 4.0, 6.0)  # nothing moved
 
 
+def test_a_subkey_carved_out_of_a_reservation_returns_into_it(ledger: Ledger) -> None:
+    hold = ledger.reserve("run", 6.0, audit=AUDIT)
+    ledger.mint_subkey_from(hold, "inner", 4.0, audit=AUDIT)
+    assert ledger.balance("run") == Balance(10.0, 0.0, 2.0, 4.0, 4.0)  # available did not move
+    assert ledger.balance("inner") == Balance(4.0, 0.0, 0.0, 0.0, 4.0)
+    assert ledger.books().ok, ledger.books().problems
+    with pytest.raises(InsufficientBudget):
+        ledger.reserve("inner", 4.5)  # the sub-key is the inner work's ceiling
+    ledger.settle(ledger.reserve("inner", 3.0), 1.5)
+    assert ledger.close_subkey_into("inner", hold, audit=AUDIT) == 1.5
+    assert ledger.balance("run") == Balance(10.0, 0.0, 6.0, 0.0, 4.0)  # the whole budget is back in the hold
+    assert ledger.balance("inner") == Balance(4.0, 1.5, 0.0, 0.0, 0.0, closed=True)
+    assert [r.usd for r in ledger.open_reservations()] == [6.0] and ledger.open_reservations()[0].used_usd == 1.5
+    assert ledger.books().ok, ledger.books().problems
+    ledger.settle(hold, 1.5, audit=AUDIT)
+    assert ledger.balance("run") == Balance(10.0, 1.5, 0.0, 0.0, 8.5)
+    ops = [(r.key, r.event["op"]) for r in ledger.audit_records()]
+    assert ops == [("run", "reserve"), ("run", "mint"), ("run", "close"), ("run", "settle")]
+    assert ledger.books().ok
+
+
+def test_carving_errors(ledger: Ledger) -> None:
+    hold = ledger.reserve("run", 3.0)
+    with pytest.raises(InsufficientBudget, match="does not fit reservation"):
+        ledger.mint_subkey_from(hold, "big", 3.5, audit=AUDIT)
+    assert ledger.audit_records()[-1].event["op"] == "refuse"
+    ledger.progress(hold, 2.0)  # recorded work cannot be carved away
+    with pytest.raises(InsufficientBudget):
+        ledger.mint_subkey_from(hold, "big", 1.5)
+    ledger.mint_subkey_from(hold, "inner", 1.0)
+    with pytest.raises(ValueError, match="already has an account"):
+        ledger.mint_subkey_from(hold, "inner", 0.0)
+    other = ledger.reserve("run", 1.0)
+    with pytest.raises(ValueError, match="not an open hold"):
+        ledger.close_subkey_into("inner", Reservation(other.id + 100, "run", 1.0))
+    ledger.close_subkey_into("inner", hold)
+    ledger.release(other)
+    ledger.settle(hold, 2.0)
+    with pytest.raises(ValueError, match="not open"):
+        ledger.mint_subkey_from(hold, "late", 1.0)
+    assert ledger.balance("run") == Balance(10.0, 2.0, 0.0, 0.0, 8.0) and ledger.books().ok
+
+
 def test_close_subkey_errors(ledger: Ledger) -> None:
     with pytest.raises(ValueError, match="not a sub-key"):
         ledger.close_subkey("run")

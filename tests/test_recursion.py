@@ -10,6 +10,9 @@ import pytest
 from rsigym_env.agents import AgentRegistry, AgentSpec, build_researcher, builtin_spec, dump_toml
 from rsigym_env.cli import main
 from rsigym_env.episode import run_episode
+from rsigym_env.errors import InsufficientBudget
+from rsigym_env.platform import Balance, Ledger, Platform, verify_audit
+from rsigym_env.run import ResearchRun
 from rsigym_env.worlds.recursive import RecursiveOptions, measure, recurse, split_tasks
 from rsigym_env.scenario import list_scenarios, load_scenario
 from rsigym_env.scoring import normalized_gain
@@ -131,3 +134,90 @@ def test_cli_recurse(tmp_path, capsys):
     assert main(["agents", "list", "--json"]) == 0
     registered = {r["id"]: r["spec"] for r in json.loads(capsys.readouterr().out)}
     assert {row["improved"] for row in data["rows"]} <= registered.keys()
+
+
+# --- billing: inner episodes run on sub-keys of the outer run's key ------------------------------
+# (each test uses its own per-episode budget, so its episodes are not in the measurement cache and run here)
+
+
+def test_inner_episodes_bill_sub_keys_carved_out_of_the_outer_key(tmp_path):
+    env = gym.make("RSIGym/Harness-v0", scenario=tiny_scenario(budget_usd=310), ledger_path=tmp_path / "ledger.db")
+    env.reset(seed=0)
+    run, platform = env.unwrapped.run, env.unwrapped.platform
+    _, _, _, _, info = env.step({"tool": "evaluate", "args": {"k": 1}})
+    assert info["result"]["quote_usd"] == 2 * 310 and info["cost_usd"] == 0    # reserved; charged when it is collected
+    subs = {a.key: a.balance for a in platform.ledger.accounts() if a.parent == run.key.id}
+    assert len(subs) == 2 and all(b.closed and b.budget_usd == 310 and 0 <= b.spent_usd <= 310 for b in subs.values())
+    spent = sum(b.spent_usd for b in subs.values())
+    assert spent > 0
+    inner = [r.event for r in platform.ledger.audit_records() if r.key in subs]  # the inner episodes' own calls
+    assert {"evaluate", "submit"} <= {e["tool"] for e in inner} and {"reserve", "settle"} <= {e["op"] for e in inner}
+    outer_ops = [(r.event["tool"], r.event["op"]) for r in platform.ledger.audit_records() if r.key == run.key.id]
+    assert outer_ops.count(("mint_subkey", "mint")) == 2 and outer_ops.count(("close_subkey", "close")) == 2
+    _, _, _, _, info = env.step({"tool": "wait", "args": {}})
+    assert info["cost_usd"] == pytest.approx(spent) and info["events"][0]["cost_usd"] == pytest.approx(spent)
+    balance = platform.balance(run.key)
+    assert balance.spent_usd == pytest.approx(spent) and balance.available_usd == pytest.approx(4000 - spent)
+    assert balance.reserved_usd == 0 and balance.granted_usd == 0
+    assert platform.ledger.books().ok, platform.ledger.books().problems
+    # measured again (the cache): the same bill, replayed on fresh sub-keys, not computed again
+    _, _, _, _, info = env.step({"tool": "evaluate", "args": {"k": 1}})
+    _, _, _, _, info = env.step({"tool": "wait", "args": {}})
+    assert info["cost_usd"] == pytest.approx(spent)
+    replayed = [r.event for r in platform.ledger.audit_records() if r.event.get("tool") == "inner_episode"]
+    assert len(replayed) == 4 and {e["args"]["args"]["replayed"] for e in replayed} == {"cache"}   # reserve + settle each
+    env.close()
+
+
+def test_a_sub_key_caps_its_inner_run_and_its_spend_is_charged_with_the_call():
+    platform = Platform()
+    outer = platform.issue_key(load_scenario(budget_usd=100))
+    bill = platform.open(outer, {"tool": "evaluate"}, 60.0)
+    inner = bill.mint_subkey(25.0, load_scenario(benchmark="aime", budget_usd=25))
+    assert platform.balance(outer).available_usd == 40.0 and platform.balance(inner).available_usd == 25.0
+    with pytest.raises(InsufficientBudget):
+        platform.open(inner, {"tool": "train"}, 25.5)          # never more than the sub-key holds
+    with pytest.raises(InsufficientBudget):
+        bill.mint_subkey(40.0)                                  # never more than the call reserved
+    run = ResearchRun(inner.scenario, 0, platform, key=inner)  # an inner episode sees the sub-key's budget
+    assert run.budget_left == 25.0 and run.key is inner
+    with platform.charge(inner, {"tool": "infer"}, quote_usd=10.0) as inner_bill:
+        inner_bill.settle(10.0)
+    assert bill.close_subkey(inner) == 10.0
+    assert bill.settle(3.0) == 10.0                             # at least what its sub-keys spent
+    assert platform.balance(outer) == Balance(100.0, 10.0, 0.0, 0.0, 90.0)
+    failed = platform.open(outer, {"tool": "evaluate"}, 50.0)   # a failed call cannot give inner spend back
+    spender = failed.mint_subkey(20.0)
+    with platform.charge(spender, {"tool": "infer"}, quote_usd=5.0) as inner_bill:
+        inner_bill.settle(4.0)
+    platform.release(failed, "job_failed")                      # closes the open sub-key first
+    assert failed.charged_usd == 4.0 and platform.balance(outer) == Balance(100.0, 14.0, 0.0, 0.0, 86.0)
+    assert platform.ledger.books().ok, platform.ledger.books().problems
+
+
+def test_a_recursive_run_never_overdraws_the_outer_key_and_its_books_balance(tmp_path):
+    path = tmp_path / "ledger.db"
+    scenario = tiny_scenario(budget_usd=320).model_copy(update={"budget_usd": 1400})  # room for about two evaluations
+    env = gym.make("RSIGym/Harness-v0", scenario=scenario, ledger_path=path)
+    researcher = build_researcher(builtin_spec("scripted").derive(params={"improve_max_evaluations": 6}))
+    platform = env.unwrapped.platform
+    seen = []
+
+    def check(step, action, obs, info):
+        balance = platform.balance(env.unwrapped.run.key)
+        assert balance.available_usd >= 0 and balance.spent_usd + balance.reserved_usd + balance.granted_usd <= 1400
+        seen.append(info.get("error"))
+
+    result = run_episode(env, researcher, seed=1, on_step=check)
+    balance = platform.balance(env.unwrapped.run.key)
+    assert result.info["spend_usd"] == pytest.approx(balance.spent_usd) and 0 < balance.spent_usd <= 1400
+    assert "insufficient_budget" in seen                        # the third evaluation did not fit, and was refused
+    subs = [a for a in platform.ledger.accounts() if a.parent == env.unwrapped.run.key.id]
+    assert subs and all(a.balance.closed and a.balance.spent_usd <= a.balance.budget_usd for a in subs)
+    assert sum(a.balance.spent_usd for a in subs) == pytest.approx(balance.spent_usd)  # all of it is inner spend
+    books = platform.ledger.books()
+    assert books.ok, books.problems
+    env.close()
+    assert verify_audit(path).ok
+    with Ledger(path, readonly=True) as reopened:
+        assert reopened.books().ok
