@@ -436,6 +436,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.open: dict[int, tuple[Reservation, int]] = {}
         self.done: list[Reservation] = []
         self.used: dict[int, int] = {}
+        self.carved: dict[str, Reservation] = {}  # sub-keys carved out of a reservation -> that reservation
         self.audited = 0
 
     def teardown(self) -> None:
@@ -497,6 +498,49 @@ class LedgerMachine(RuleBasedStateMachine):
             parent.spent += acct.spent
             acct.closed = True
             self.audited += 1
+
+    @rule(i=picks, amount=amounts)
+    def carve(self, i: int, amount: int) -> None:
+        if not self.open:
+            return
+        rid = sorted(self.open)[i % len(self.open)]
+        res, held = self.open[rid]
+        child, acct = f"sub{len(self.model)}", self.model[res.key]
+        self.audited += 1
+        fits = amount <= held - self.used[rid]
+        event(f"carve: {'ok' if fits else 'refused'}")
+        if not fits:
+            with pytest.raises(InsufficientBudget):
+                self.ledger.mint_subkey_from(res, child, amount / NANO, audit={})
+            return
+        self.ledger.mint_subkey_from(res, child, amount / NANO, audit={})
+        self.open[rid] = (res, held - amount)
+        acct.reserved -= amount
+        acct.granted += amount
+        self.model[child] = Account(amount, parent=res.key)
+        self.carved[child] = res
+
+    @rule(i=picks)
+    def close_into(self, i: int) -> None:
+        child = self.pick(sorted(k for k in self.carved if not self.model[k].closed), i)
+        if child is None:
+            return
+        res, acct = self.carved[child], self.model[child]
+        busy = acct.granted or any(r.key == child for r, _ in self.open.values())
+        event(f"close_into: {'busy' if busy else 'hold gone' if res.id not in self.open else 'ok'}")
+        if busy or res.id not in self.open:
+            with pytest.raises(ValueError):
+                self.ledger.close_subkey_into(child, res, audit={})
+            return
+        assert nano(self.ledger.close_subkey_into(child, res, audit={})) == acct.spent
+        _, held = self.open[res.id]
+        self.open[res.id] = (res, held + acct.budget)
+        self.used[res.id] += acct.spent
+        parent = self.model[acct.parent]
+        parent.reserved += acct.budget
+        parent.granted -= acct.budget
+        acct.closed = True
+        self.audited += 1
 
     @rule(i=picks, amount=amounts)
     def reserve(self, i: int, amount: int) -> None:
