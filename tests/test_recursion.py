@@ -221,3 +221,31 @@ def test_a_recursive_run_never_overdraws_the_outer_key_and_its_books_balance(tmp
     assert verify_audit(path).ok
     with Ledger(path, readonly=True) as reopened:
         assert reopened.books().ok
+
+
+def test_episodes_run_elsewhere_are_charged_on_their_sub_keys(monkeypatch):
+    """With ``ray: true`` the episodes run in workers with ledgers of their own; each is then charged on a
+    sub-key of the outer key at what it spent (here the "workers" are this process)."""
+    import rsigym_env.sweep as sweep_module
+
+    ran = []
+
+    def fake_sweep(specs, **kwargs):
+        ran.extend(specs)
+        return sweep_module.SweepResult(sweep_module.run_local(specs), {}, {})
+
+    monkeypatch.setattr(sweep_module, "sweep", fake_sweep)
+    env = gym.make("RSIGym/Harness-v0", scenario=tiny_scenario(budget_usd=330, ray=True))
+    env.reset(seed=0)
+    run, platform = env.unwrapped.run, env.unwrapped.platform
+    env.step({"tool": "evaluate", "args": {"k": 1}})
+    _, _, _, _, info = env.step({"tool": "wait", "args": {}})
+    assert len(ran) == 2
+    subs = {a.key: a.balance for a in platform.ledger.accounts() if a.parent == run.key.id}
+    charges = [r.event for r in platform.ledger.audit_records() if r.key in subs]
+    assert [(e["tool"], e["op"]) for e in charges] == [("inner_episode", "reserve"), ("inner_episode", "settle")] * 2
+    assert {e["args"]["args"]["replayed"] for e in charges} == {"ray"}
+    spent = sum(b.spent_usd for b in subs.values())
+    assert spent > 0 and info["cost_usd"] == pytest.approx(spent) == pytest.approx(platform.balance(run.key).spent_usd)
+    assert platform.ledger.books().ok
+    env.close()
