@@ -65,9 +65,8 @@ def recurse(
                 "target_spec": tgt.model_dump(mode="json")}).model_dump(mode="json")})
             env = gym.make(env_id, scenario=scen)
             result = run_episode(env, build_researcher(imp), seed=seed * 1000 + r)
-            run = env.unwrapped.run
             sub = result.info["submitted"]
-            files = run.harness.files(sub["harness"])
+            files = env.unwrapped.harness_files(sub["harness"])
             env.close()
             if files == tgt.to_files():
                 improved = tgt
@@ -82,7 +81,7 @@ def recurse(
                 "seed": seed, "round": r + 1, "mode": mode, "improver": imp.id, "target": tgt.id, "improved": improved.id,
                 "changed": improved.id != tgt.id, "index_before": before, "index_after": after,
                 "improver_gain": improver_gain(before, after), "reward": result.reward,
-                "dev_evaluations": sum(1 for c in run.candidates.values() for _ in c.scores),
+                "dev_evaluations": result.info["dev_evaluations"],
                 "spend_usd": result.info["spend_usd"], "steps": result.steps,
                 "best_dev_score": result.info.get("best_dev_score"), "metrics": result.info.get("metrics", {}),
                 "params": {k2: v for k2, v in improved.params.items()},
