@@ -34,6 +34,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ...catalog import BENCHMARKS
 from ...scoring import rsi_index
 from ...services import CallFunding
 
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from ...sweep import EpisodeRecord, EpisodeSpec
     from .world import RecursiveOptions
 
-ALL_BENCHMARKS = ["swe-bench-verified", "terminal-bench-2", "aime", "gpqa-diamond", "skillsbench"]
+ALL_BENCHMARKS = list(BENCHMARKS)
 DEV_SEED_BASE = 1_000_000  # dev task seeds start here; official ones at official_first_seed (0): never overlap
 MAX_K = 8
 CACHE_MAX = 50_000

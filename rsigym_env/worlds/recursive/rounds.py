@@ -37,8 +37,8 @@ def recurse(
     """
     import gymnasium as gym
 
-    from ... import ENV_IDS
     from ...agents import AgentRegistry, AgentSpec, build_researcher
+    from ...catalog import env_id as env_id_of
     from ...episode import run_episode
 
     if mode not in ("target", "improver"):
@@ -52,7 +52,7 @@ def recurse(
     first_improver = improver if isinstance(improver, AgentSpec) else registry.get(improver)
     registry.register(first_target)
     registry.register(first_improver)
-    env_id = next(i for i in ENV_IDS if i.split("/")[1].lower().startswith(scenario.track))
+    env_id = env_id_of(scenario.track)
     k = scenario.official_k
     rows: list[dict[str, Any]] = []
     chains: list[dict[str, Any]] = []
