@@ -20,6 +20,8 @@ from .errors import ActionError
 from .scenario import Scenario, list_scenarios, load_scenario
 from .scoring import normalized_gain, rsi_index
 from .tools import TOOLS, action_space, parse_action, tool_schemas
+from .researchers import Researchers as _Researchers
+from .worlds.recursive.ports import use_researchers as _use_researchers
 
 __all__ = [
     "ENV_IDS", "TOOLS", "ActionError", "ResearchEnv", "Scenario", "action_space", "list_scenarios",
@@ -32,3 +34,5 @@ for _track, _env_id in TRACK_ENV_IDS.items():
         # The env enforces its own step, time and money limits (the initial system then counts as
         # submitted), so no TimeLimit wrapper is added here.
         register(id=_env_id, entry_point="rsigym_env.env:ResearchEnv", kwargs={"track": _track})
+
+_use_researchers(_Researchers())  # what the recursive world needs from the researcher layer (it may not import it)

@@ -263,6 +263,34 @@ class SpecResearcher:
         return self.inner.act(observation, info)
 
 
+class ScriptedAgent:
+    """The ``scripted`` kind built from a spec: the scripted researcher on an ordinary harness, the
+    scripted improver when the harness is a researcher spec. Parameters ``improve_<x>`` go to
+    :class:`~rsigym_env.worlds.recursive.improver.ImproverArgs` (as ``x``), the others to :class:`~rsigym_env.baselines.ScriptedArgs`."""
+
+    name = "scripted"
+
+    def __init__(self, params: dict[str, Any]):
+        from .baselines import ScriptedArgs, ScriptedResearcher
+        from .worlds.recursive.improver import ImproverArgs, ScriptedImprover
+
+        improve = {k[len("improve_"):]: v for k, v in params.items() if k.startswith("improve_")}
+        research = {k: v for k, v in params.items() if not k.startswith("improve_")}
+        self.args = make_args(ScriptedArgs, research)
+        self.improve_args = make_args(ImproverArgs, improve)
+        self.researcher = ScriptedResearcher(self.args)
+        self.improver = ScriptedImprover(self.improve_args)
+        self.active: Any = self.researcher
+
+    def reset(self, observation: dict[str, Any], info: dict[str, Any], seed: int | None = None) -> None:
+        is_spec = re.search(r"^Harness h-\w+: files .*\bspec\.json\b", observation["log"], re.M) is not None
+        self.active = self.improver if is_spec else self.researcher
+        self.active.reset(observation, info, seed=seed)
+
+    def act(self, observation: dict[str, Any], info: dict[str, Any]) -> Any:
+        return self.active.act(observation, info)
+
+
 def build_researcher(spec: AgentSpec, **overrides: Any) -> SpecResearcher:
     """A fresh researcher that behaves as ``spec`` says. ``overrides`` are extra Args fields not part of
     the content (e.g. ``transcript=`` or an LLM endpoint).
@@ -273,8 +301,6 @@ def build_researcher(spec: AgentSpec, **overrides: Any) -> SpecResearcher:
     """
     cls = _args_class(spec.kind)
     if spec.kind == "scripted":
-        from .worlds.recursive.improver import ScriptedAgent
-
         return SpecResearcher(spec, ScriptedAgent(dict(spec.params)))
     if cls is None:
         module, _, attr = spec.kind.partition(":")

@@ -1,8 +1,9 @@
 """Layering: worlds sit below the researchers (see the docstring of ``rsigym_env.worlds``).
 
 Importing a world must not import the researcher registry, the baselines, the sweep machinery or the
-env; the recursive world, which runs inner episodes with researchers, imports them only inside the
-functions that run one.
+env, and no world module imports them at all, not even inside a function: the recursive world, which
+runs inner episodes with researchers, is handed them (``rsigym_env.worlds.recursive.ports``).
+(``lint-imports`` checks the same rules as contracts over the whole import graph.)
 """
 
 from __future__ import annotations
@@ -41,6 +42,16 @@ def test_importing_a_world_does_not_import_the_researchers(module):
     assert _imported_after(module) == []
 
 
+def test_the_recursive_world_is_handed_the_researchers():
+    from rsigym_env.researchers import Researchers
+    from rsigym_env.worlds.recursive import RecursiveOptions, RecursiveWorld, researchers
+
+    assert isinstance(researchers(), Researchers)                 # installed by ``import rsigym_env``
+    handed = Researchers()
+    world = RecursiveWorld(RecursiveOptions(dev_benchmarks=["aime"]), seed=0, using=handed)
+    assert world.researchers is handed and world.target.kind == "scripted"
+
+
 def test_the_package_itself_does_not_import_the_researchers():
     code = "import json, sys, rsigym_env; print(json.dumps(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
@@ -48,30 +59,9 @@ def test_the_package_itself_does_not_import_the_researchers():
     assert "rsigym_env.agents" not in loaded and "rsigym_env.baselines" not in loaded
 
 
-def _module_level_imports(tree: ast.Module) -> list[ast.ImportFrom | ast.Import]:
-    """Imports that run when the module is imported: top level and inside top-level ``if``/``try``
-    (except ``if TYPE_CHECKING:``), not inside functions or classes' methods."""
-    found: list[ast.ImportFrom | ast.Import] = []
-
-    def walk(body: list[ast.stmt]) -> None:
-        for node in body:
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                found.append(node)
-            elif isinstance(node, ast.If):
-                if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
-                    walk(node.body)
-                walk(node.orelse)
-            elif isinstance(node, ast.Try):
-                walk(node.body)
-                walk(node.orelse)
-                walk(node.finalbody)
-                for handler in node.handlers:
-                    walk(handler.body)
-            elif isinstance(node, ast.ClassDef):
-                walk(node.body)
-
-    walk(tree.body)
-    return found
+def _imports(tree: ast.Module) -> list[ast.ImportFrom | ast.Import]:
+    """Every import statement of a module: top level, inside functions, under ``if TYPE_CHECKING:``."""
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
 def _absolute(path: Path, node: ast.ImportFrom | ast.Import) -> list[str]:
@@ -85,11 +75,11 @@ def _absolute(path: Path, node: ast.ImportFrom | ast.Import) -> list[str]:
     return [node.module or ""]
 
 
-def test_no_world_module_imports_the_researchers_at_import_time():
+def test_no_world_module_imports_the_researchers_even_lazily():
     offenders = []
     for path in sorted(WORLDS_DIR.rglob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
-        for node in _module_level_imports(tree):
+        for node in _imports(tree):
             for name in _absolute(path, node):
                 if any(name == f or name.startswith(f + ".") for f in FORBIDDEN):
                     offenders.append(f"{path.relative_to(WORLDS_DIR.parent.parent)}:{node.lineno} imports {name}")

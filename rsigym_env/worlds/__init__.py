@@ -4,9 +4,10 @@ Add a world by writing a factory ``(scenario, seed, run_dir) -> World`` and regi
 factory imports its world's package only when a scenario asks for it.
 
 **Layering rule.** Worlds sit below the researchers: no module under ``rsigym_env/worlds/`` imports
-``rsigym_env.agents``, ``rsigym_env.baselines``, ``rsigym_env.sweep`` or ``rsigym_env.env`` at import
-time (``tests/test_layering.py``). A world that runs researchers itself - the recursive world's inner
-episodes (:mod:`.recursive`) - imports them inside the function that runs one.
+``rsigym_env.agents``, ``rsigym_env.baselines``, ``rsigym_env.sweep`` or ``rsigym_env.env``, not even
+inside a function (``tests/test_layering.py``; ``lint-imports`` checks it over the import graph). A
+world that runs researchers itself - the recursive world's inner episodes - is handed what it needs
+(:mod:`.recursive.ports`; ``import rsigym_env`` installs it).
 
 >>> sorted(WORLDS)
 ['local', 'recursive', 'remote', 'sim']

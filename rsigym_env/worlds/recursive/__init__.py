@@ -9,14 +9,16 @@ The package, by job:
 * :mod:`.improver` - the scripted improver, the step that produces an improved researcher.
 * :mod:`.rounds` - :func:`recurse`, rounds of improvement (``rsigym recurse``).
 * :mod:`.report` - the rounds' Markdown and JSON report.
+* :mod:`.ports` - what the world is handed from the researcher layer (:class:`Researchers`).
 
-**Layering.** Worlds sit below researchers: nothing under :mod:`rsigym_env.worlds` imports
-:mod:`rsigym_env.agents`, :mod:`rsigym_env.baselines`, :mod:`rsigym_env.sweep` or
-:mod:`rsigym_env.env` when it is imported, so importing any world never pulls in the researchers
-(``tests/test_layering.py`` checks it). The recursive world does need them - it parses researcher
-specs and runs inner episodes with a researcher - so it imports them inside the functions that do
-that, when a recursive episode actually runs; the scripted improver is a researcher and is built by
-:func:`rsigym_env.agents.build_researcher`, which imports it.
+**Layering.** Worlds sit below the researchers: nothing under :mod:`rsigym_env.worlds` imports
+:mod:`rsigym_env.agents`, :mod:`rsigym_env.sweep` or :mod:`rsigym_env.env`, not even inside a
+function (``lint-imports``, and ``tests/test_layering.py`` checks that importing a world loads none
+of them). What the recursive world needs from above - parsing researcher specs, building
+researchers, running inner episodes, the agent registry - it is handed as a
+:class:`~.ports.Researchers` (:mod:`.ports`), which ``import rsigym_env`` installs
+(:class:`rsigym_env.researchers.Researchers`). The scripted improver speaks only the tool protocol;
+:class:`rsigym_env.agents.ScriptedAgent` builds it.
 
 >>> opts = RecursiveOptions(dev_benchmarks=["aime"], official_benchmarks=["aime"], official_seeds=2)
 >>> from rsigym_env.agents import builtin_spec
@@ -25,7 +27,8 @@ that, when a recursive episode actually runs; the scripted improver is a researc
 (2, True)
 """
 
-from .improver import SEARCH, ImproverArgs, ScriptedAgent, ScriptedImprover
+from .improver import SEARCH, ImproverArgs, ScriptedImprover
+from .ports import Researchers, researchers, use_researchers
 from .measure import ALL_BENCHMARKS, DEV_SEED_BASE, MAX_K, Measurement, measure, split_tasks
 from .report import markdown, to_json
 from .rounds import recurse
@@ -33,6 +36,6 @@ from .world import RecursiveEvaluation, RecursiveOptions, RecursiveWorld, make_r
 
 __all__ = [
     "ALL_BENCHMARKS", "DEV_SEED_BASE", "MAX_K", "SEARCH", "ImproverArgs", "Measurement", "RecursiveEvaluation",
-    "RecursiveOptions", "RecursiveWorld", "ScriptedAgent", "ScriptedImprover", "make_recursive_world", "markdown",
-    "measure", "recurse", "split_tasks", "to_json",
+    "RecursiveOptions", "RecursiveWorld", "Researchers", "ScriptedImprover", "make_recursive_world", "markdown",
+    "measure", "recurse", "researchers", "split_tasks", "to_json", "use_researchers",
 ]

@@ -4,12 +4,13 @@
 (``data_fraction``, ``k``, ``probe_examples``, ``max_examples``, ``submit_probability`` of the scripted
 researcher; :data:`SEARCH`), one dev evaluation per proposal, keeping a change only when the dev index
 rises; it submits the best version. A ``scripted`` spec acts as this improver when its harness is a
-researcher spec (its ``improve_*`` parameters configure it; :class:`ScriptedAgent`) and as the scripted
-researcher otherwise, so the same spec can be both the target and, in the next round, the improver.
+researcher spec (its ``improve_*`` parameters configure it; :class:`rsigym_env.agents.ScriptedAgent`)
+and as the scripted researcher otherwise, so the same spec can be both the target and, in the next
+round, the improver.
 
-It is a researcher, not part of the world: :func:`rsigym_env.agents.build_researcher` builds it for
-the ``scripted`` kind, and it imports the researcher registry only when it is built (the layering
-rule of :mod:`rsigym_env.worlds.recursive`).
+It is a researcher that only speaks the tool protocol: it imports nothing of the researcher layer
+(the layering rule of :mod:`rsigym_env.worlds.recursive`); :func:`rsigym_env.agents.build_researcher`
+builds it for the ``scripted`` kind.
 
 >>> _neighbour("k", 3, up=True, step=1.5), _neighbour("data_fraction", 0.4, up=False, step=2.0)
 (4, 0.2)
@@ -17,10 +18,11 @@ rule of :mod:`rsigym_env.worlds.recursive`).
 
 from __future__ import annotations
 
-import re
 import tomllib
 from dataclasses import dataclass
 from typing import Any, Generator
+
+import tomli_w
 
 
 @dataclass
@@ -86,8 +88,6 @@ class ScriptedImprover:
             return {"tool": "submit", "args": {}}
 
     def plan(self) -> Generator[dict[str, Any], tuple[dict, dict], None]:
-        from ...agents import dump_toml
-
         obs, info = yield {"tool": "read", "args": {"ref": "harness:latest/params.toml"}}
         text = obs["log"].split("\n", 1)[-1] if info.get("ok") else ""
         try:
@@ -129,7 +129,7 @@ class ScriptedImprover:
                             break
                         trial = dict(params, **{name: value})
                         _, info = yield {"tool": "edit_harness", "args": {
-                            "path": "params.toml", "content": dump_toml(trial), "base_version": best_version}}
+                            "path": "params.toml", "content": tomli_w.dumps(trial), "base_version": best_version}}
                         if not info.get("ok"):
                             break
                         version = info["result"]["version"]
@@ -148,31 +148,3 @@ class ScriptedImprover:
             if not moved or evaluations[0] >= self.args.max_evaluations:
                 break
         yield {"tool": "submit", "args": {"checkpoint": "base", "harness": best_version}}
-
-
-class ScriptedAgent:
-    """The ``scripted`` kind built from a spec: the scripted researcher on an ordinary harness, the
-    scripted improver when the harness is a researcher spec. Parameters ``improve_<x>`` go to
-    :class:`ImproverArgs` (as ``x``), the others to :class:`~rsigym_env.baselines.ScriptedArgs`."""
-
-    name = "scripted"
-
-    def __init__(self, params: dict[str, Any]):
-        from ...agents import make_args
-        from ...baselines import ScriptedArgs, ScriptedResearcher
-
-        improve = {k[len("improve_"):]: v for k, v in params.items() if k.startswith("improve_")}
-        research = {k: v for k, v in params.items() if not k.startswith("improve_")}
-        self.args = make_args(ScriptedArgs, research)
-        self.improve_args = make_args(ImproverArgs, improve)
-        self.researcher = ScriptedResearcher(self.args)
-        self.improver = ScriptedImprover(self.improve_args)
-        self.active: Any = self.researcher
-
-    def reset(self, observation: dict[str, Any], info: dict[str, Any], seed: int | None = None) -> None:
-        is_spec = re.search(r"^Harness h-\w+: files .*\bspec\.json\b", observation["log"], re.M) is not None
-        self.active = self.improver if is_spec else self.researcher
-        self.active.reset(observation, info, seed=seed)
-
-    def act(self, observation: dict[str, Any], info: dict[str, Any]) -> Any:
-        return self.active.act(observation, info)

@@ -16,9 +16,9 @@ the reservation and its spend is charged with the call. Without funding (a measu
 run, and the official evaluation, which is outside the budget) every episode runs on a platform of
 its own, as a sweep does.
 
-Layering: this module may not import :mod:`rsigym_env.agents`, :mod:`rsigym_env.sweep` (which
-brings in the researchers and the env) or the env at import time; it imports them inside the
-functions that run episodes (see :mod:`rsigym_env.worlds.recursive`).
+Layering: this module does not import :mod:`rsigym_env.agents`, :mod:`rsigym_env.sweep` or the env
+at all; episodes are made and run by the :class:`~.ports.Researchers` it is handed (see
+:mod:`rsigym_env.worlds.recursive`).
 
 >>> from rsigym_env.worlds.recursive.world import RecursiveOptions
 >>> from rsigym_env.agents import builtin_spec
@@ -37,10 +37,9 @@ from typing import TYPE_CHECKING, Any
 from ...catalog import BENCHMARKS
 from ...scoring import rsi_index
 from ...services import CallFunding
+from .ports import Researchers, researchers
 
 if TYPE_CHECKING:
-    from ...agents import AgentSpec
-    from ...sweep import EpisodeRecord, EpisodeSpec
     from .world import RecursiveOptions
 
 ALL_BENCHMARKS = list(BENCHMARKS)
@@ -93,29 +92,28 @@ def split_tasks(opts: RecursiveOptions, split: str, world_seed: int = 0, n_tasks
     return tasks[:n_tasks] if n_tasks else tasks
 
 
-def _cache_key(spec_id: str, s: EpisodeSpec) -> tuple:
+def _cache_key(spec_id: str, s: Any) -> tuple:
     return (spec_id, s.benchmark, s.seed, s.track, s.budget_usd, s.world, s.max_steps)
 
 
-def measure(spec: AgentSpec, opts: RecursiveOptions, split: str, k: int = 1, world_seed: int = 0,
-            n_tasks: int | None = None, *, funding: CallFunding | None = None) -> Measurement:
+def measure(spec: Any, opts: RecursiveOptions, split: str, k: int = 1, world_seed: int = 0,
+            n_tasks: int | None = None, *, funding: CallFunding | None = None,
+            using: Researchers | None = None) -> Measurement:
     """Run ``spec`` as the researcher of every task of ``split``, ``k`` seeds each (cached, deterministic).
 
     With ``funding`` every episode is billed to a sub-key carved out of that call's reservation (see
-    the module docstring) and :attr:`Measurement.billed_usd` is their total spend.
+    the module docstring) and :attr:`Measurement.billed_usd` is their total spend. ``using``: what
+    makes and runs the episodes (default: the installed :class:`~.ports.Researchers`).
     """
-    from ...sweep import EpisodeSpec, run_local, run_spec, sweep
-
+    using = using or researchers()
     tasks = split_tasks(opts, split, world_seed, n_tasks)
-    content = spec.content()
-    specs = [EpisodeSpec(spec.id, bench, seed * MAX_K + j, opts.track, opts.budget_usd, opts.inner_world,
-                         opts.max_steps, agent_spec=content)
+    specs = [using.episode(spec, bench, seed * MAX_K + j, opts.track, opts.budget_usd, opts.inner_world, opts.max_steps)
              for bench, seed in tasks for j in range(k)]
     keys = [_cache_key(spec.id, s) for s in specs]
     todo = [s for s, key in zip(specs, keys) if key not in _CACHE]
     elsewhere: dict[int, Any] = {}  # episodes that do not run here, on this process's platform
     if todo and (funding is None or opts.ray):
-        records = sweep(todo, local=False, num_cpus=2).records if opts.ray else run_local(todo)
+        records = using.run_elsewhere(todo, ray=opts.ray)
         elsewhere = dict(zip([id(s) for s in todo], records))
     out: list[Any] = []
     billed = 0.0
@@ -130,9 +128,9 @@ def measure(spec: AgentSpec, opts: RecursiveOptions, split: str, k: int = 1, wor
             record, source = None, "here"
         if funding is not None:
             if record is None:
-                record, spent = _run_on_subkey(s, funding, run_spec)
+                record, spent = _run_on_subkey(s, funding, using)
             else:
-                spent = _charge_on_subkey(s, record, source, funding)
+                spent = _charge_on_subkey(s, record, source, funding, using)
             billed += spent
         if record.ok:  # failures are not cached: a crash may be transient
             _CACHE[key] = record
@@ -147,24 +145,20 @@ def measure(spec: AgentSpec, opts: RecursiveOptions, split: str, k: int = 1, wor
                        billed if funding is not None else None)
 
 
-def _run_on_subkey(s: EpisodeSpec, funding: CallFunding, run_spec: Any) -> tuple[EpisodeRecord, float]:
+def _run_on_subkey(s: Any, funding: CallFunding, using: Researchers) -> tuple[Any, float]:
     """Run one episode here, every call billed to a fresh sub-key of the funding call; (record, its spend)."""
-    from ...sweep import episode_scenario
-
-    child = funding.mint_subkey(s.budget_usd, episode_scenario(s))
+    child = funding.mint_subkey(s.budget_usd, using.scenario(s))
     try:
-        record = run_spec(s, platform=funding.platform, key=child)
+        record = using.run_on(s, funding.platform, child)
     finally:
         spent = funding.close_subkey(child)
     return record, spent
 
 
-def _charge_on_subkey(s: EpisodeSpec, record: EpisodeRecord, source: str, funding: CallFunding) -> float:
+def _charge_on_subkey(s: Any, record: Any, source: str, funding: CallFunding, using: Researchers) -> float:
     """Charge an episode that did not run here (``source``: ``"cache"`` or ``"ray"``) on a fresh sub-key
     of the funding call, at what it spent; returns that."""
-    from ...sweep import episode_scenario
-
-    child = funding.mint_subkey(s.budget_usd, episode_scenario(s))
+    child = funding.mint_subkey(s.budget_usd, using.scenario(s))
     try:
         spend = float(record.spend_usd or 0.0) if record.ok else 0.0
         action = {"tool": "inner_episode", "args": {"benchmark": s.benchmark, "seed": s.seed, "replayed": source}}

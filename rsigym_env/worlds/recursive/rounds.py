@@ -8,25 +8,25 @@ Every index is an official measurement (:func:`~.measure.measure`), recomputable
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
+from ...catalog import env_id as env_id_of
+from ...episode import run_episode
 from ...metrics import compounding, improver_gain, mean_se
 from ...scenario import Scenario
 from .measure import Measurement, measure
+from .ports import Researchers, researchers
 from .world import RecursiveOptions
 
-if TYPE_CHECKING:
-    from ...agents import AgentRegistry, AgentSpec
 
-
-def _official_index(spec: AgentSpec, opts: RecursiveOptions, k: int) -> Measurement:
-    return measure(spec, opts, "official", k)
+def _official_index(spec: Any, opts: RecursiveOptions, k: int, using: Researchers) -> Measurement:
+    return measure(spec, opts, "official", k, using=using)
 
 
 def recurse(
-    scenario: Scenario, *, rounds: int = 3, seeds: Sequence[int] = (0, 1, 2), improver: str | AgentSpec = "scripted",
-    target: str | AgentSpec | None = None, mode: str = "target", registry: AgentRegistry | None = None,
-    ray: bool | None = None, on_round: Any = None,
+    scenario: Scenario, *, rounds: int = 3, seeds: Sequence[int] = (0, 1, 2), improver: Any = "scripted",
+    target: Any = None, mode: str = "target", registry: Any = None,
+    ray: bool | None = None, on_round: Any = None, using: Researchers | None = None,
 ) -> dict[str, Any]:
     """Run ``rounds`` rounds of improvement for each chain seed; register every improved spec.
 
@@ -37,19 +37,16 @@ def recurse(
     """
     import gymnasium as gym
 
-    from ...agents import AgentRegistry, AgentSpec, build_researcher
-    from ...catalog import env_id as env_id_of
-    from ...episode import run_episode
-
+    using = using or researchers()
     if mode not in ("target", "improver"):
         raise ValueError(f"mode must be 'target' or 'improver', got {mode!r}")
-    registry = registry or AgentRegistry()
+    registry = registry or using.registry()
     opts = RecursiveOptions.model_validate(scenario.world_options)
     if ray is not None:
         opts = opts.model_copy(update={"ray": ray})
-    first_target = (target if isinstance(target, AgentSpec)
-                    else registry.get(target) if target is not None else opts.spec(registry))
-    first_improver = improver if isinstance(improver, AgentSpec) else registry.get(improver)
+    first_target = (registry.get(target) if isinstance(target, str)
+                    else target if target is not None else opts.spec(registry, using))
+    first_improver = registry.get(improver) if isinstance(improver, str) else improver
     registry.register(first_target)
     registry.register(first_improver)
     env_id = env_id_of(scenario.track)
@@ -58,23 +55,22 @@ def recurse(
     chains: list[dict[str, Any]] = []
     for seed in seeds:
         tgt, imp = first_target, first_improver
-        indices = [_official_index(tgt, opts, k).index]
+        indices = [_official_index(tgt, opts, k, using).index]
         ids = [tgt.id]
         for r in range(rounds):
             scen = scenario.model_copy(update={"world_options": opts.model_copy(update={
                 "target_spec": tgt.model_dump(mode="json")}).model_dump(mode="json")})
             env = gym.make(env_id, scenario=scen)
-            result = run_episode(env, build_researcher(imp), seed=seed * 1000 + r)
+            result = run_episode(env, using.build(imp), seed=seed * 1000 + r)
             sub = result.info["submitted"]
             files = env.unwrapped.harness_files(sub["harness"])
             env.close()
             if files == tgt.to_files():
                 improved = tgt
             else:
-                improved = AgentSpec.from_files(files).model_copy(update={"parent": tgt.id})
-                improved = AgentSpec.model_validate(improved.model_dump())  # re-validate (id from content)
+                improved = using.derived_from_files(files, parent=tgt.id)
             registry.register(improved, note=f"recurse: seed {seed} round {r + 1} from {tgt.id}")
-            before, after = indices[-1], _official_index(improved, opts, k).index
+            before, after = indices[-1], _official_index(improved, opts, k, using).index
             indices.append(after)
             ids.append(improved.id)
             row = {

@@ -26,7 +26,7 @@ with ``not_supported``. :mod:`rsigym_env.worlds` builds it for ``world: recursiv
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,9 +34,7 @@ from ...errors import ActionError
 from ...services import Billed, EvalRequest, EvalResult, Job, Quote, call_funding, resolved
 from ..sim.clock import SimClock
 from .measure import ALL_BENCHMARKS, MAX_K, Measurement, failure, measure, split_tasks
-
-if TYPE_CHECKING:
-    from ...agents import AgentRegistry, AgentSpec
+from .ports import Researchers, researchers
 
 
 class RecursiveOptions(BaseModel):
@@ -58,13 +56,10 @@ class RecursiveOptions(BaseModel):
     official_first_seed: int = Field(0, ge=0)
     ray: bool = Field(False, description="Run the measuring episodes as Ray tasks.")
 
-    def spec(self, registry: AgentRegistry | None = None) -> AgentSpec:
-        """The initial target: ``target_spec`` if given, else ``target`` looked up in ``registry``."""
-        from ...agents import AgentRegistry, AgentSpec
-
-        if self.target_spec is not None:
-            return AgentSpec.model_validate(self.target_spec)
-        return (registry or AgentRegistry()).get(self.target)
+    def spec(self, registry: Any = None, using: Researchers | None = None) -> Any:
+        """The initial target (an :class:`~rsigym_env.agents.AgentSpec`): ``target_spec`` if given, else
+        ``target`` looked up in ``registry`` (default: the agent registry)."""
+        return (using or researchers()).target(self.target, self.target_spec, registry)
 
 
 class _NotSupported:
@@ -86,14 +81,11 @@ class RecursiveEvaluation:
     def __init__(self, world: RecursiveWorld):
         self.world = world
 
-    def _spec(self, req: EvalRequest) -> AgentSpec:
-        from ...agents import AgentSpec, check_buildable
-
+    def _spec(self, req: EvalRequest) -> Any:
         if req.checkpoint != "base":
             raise ActionError("unknown_ref", "a researcher has no checkpoints; evaluate checkpoint 'base'")
         try:
-            spec = AgentSpec.from_files(req.harness_files)
-            check_buildable(spec)
+            spec = self.world.researchers.from_files(req.harness_files)
         except Exception as exc:
             raise ActionError("invalid_harness", f"the spec in harness {req.harness_version} is not a valid "
                                                  f"researcher: {exc}") from None
@@ -114,7 +106,7 @@ class RecursiveEvaluation:
         spec, w, k = self._spec(req), self.world, self._k(req)
         funding = call_funding() if billed else None
         m = measure(spec, w.opts, req.split, k, w.seed, None if req.split == "official" else req.n_tasks,
-                    funding=funding)
+                    funding=funding, using=w.researchers)
         rewards = [[float(r.reward) if r.ok else 0.0 for r in m.records[i * k:(i + 1) * k]] for i in range(len(m.tasks))]
         failures = [[failure(r) for r in m.records[i * k:(i + 1) * k]] for i in range(len(m.tasks))]
         modes: dict[str, int] = {}
@@ -142,16 +134,18 @@ class RecursiveEvaluation:
 
 
 class RecursiveWorld:
-    """A world whose target system is a researcher spec (see the module docstring)."""
+    """A world whose target system is a researcher spec (see the module docstring).
+
+    ``registry``: where ``target`` is looked up; ``using``: what parses specs and runs inner
+    episodes (:mod:`.ports`; default: the one ``import rsigym_env`` installs)."""
 
     name = "recursive"
 
-    def __init__(self, opts: RecursiveOptions, seed: int, registry: AgentRegistry | None = None):
-        from ...agents import check_buildable
-
+    def __init__(self, opts: RecursiveOptions, seed: int, registry: Any = None, using: Researchers | None = None):
+        self.researchers = using or researchers()  # injected: specs and inner episodes (ports)
         self.opts, self.seed = opts, seed
-        self.target = opts.spec(registry)
-        check_buildable(self.target)
+        self.target = opts.spec(registry, self.researchers)
+        self.researchers.check(self.target)
         self.clock = SimClock()
         self.rollout = _NotSupported("data generation")
         self.train = _NotSupported("training")

@@ -1,0 +1,67 @@
+"""What the recursive world needs from the layers above it, as a protocol it is handed.
+
+The recursive world parses researcher specs and runs inner episodes with researchers, but worlds sit
+below the researchers (the layering rule of :mod:`rsigym_env.worlds`): nothing here imports
+:mod:`rsigym_env.agents` or :mod:`rsigym_env.sweep`, not even lazily. The package root
+(:mod:`rsigym_env`) installs the implementation, :class:`rsigym_env.researchers.Researchers`, with
+:func:`use_researchers` when it is imported; a caller may pass its own to the world or to
+:func:`~.measure.measure`.
+
+>>> researchers() is not None  # installed by ``import rsigym_env``
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+
+class Researchers(Protocol):
+    """Researcher specs and inner episodes, for the recursive world."""
+
+    def target(self, name: str, inline: dict[str, Any] | None, registry: Any = None) -> Any:
+        """The spec ``inline`` describes, else the one ``name`` names (a registered id or prefix, or a bundled name)."""
+
+    def from_files(self, files: dict[str, str]) -> Any:
+        """The spec a harness's files describe; ``ValueError`` (or a validation error) if it is not buildable."""
+
+    def registry(self) -> Any:
+        """The agent registry (``get``, ``register``)."""
+
+    def build(self, spec: Any) -> Any:
+        """A fresh researcher that behaves as ``spec`` says."""
+
+    def derived_from_files(self, files: dict[str, str], parent: str) -> Any:
+        """The spec a harness's files describe, with ``parent`` (its id computed from that content)."""
+
+    def check(self, spec: Any) -> None:
+        """Raise if ``spec`` cannot be built into a researcher."""
+
+    def episode(self, spec: Any, benchmark: str, seed: int, track: str, budget_usd: float, world: str,
+                max_steps: int | None) -> Any:
+        """One inner episode: ``spec`` as the researcher of ``benchmark`` with ``seed`` (hashable fields
+        ``benchmark``, ``seed``, ``track``, ``budget_usd``, ``world``, ``max_steps``)."""
+
+    def scenario(self, episode: Any) -> Any:
+        """The scenario ``episode`` runs in (what a sub-key for it is bound to)."""
+
+    def run_on(self, episode: Any, platform: Any, key: Any) -> Any:
+        """Run ``episode`` here, every call billed to ``key`` of ``platform``; its record (never raises)."""
+
+    def run_elsewhere(self, episodes: Sequence[Any], *, ray: bool) -> list[Any]:
+        """Run ``episodes`` on platforms of their own (Ray tasks with ``ray``); their records."""
+
+
+_INSTALLED: list[Researchers] = []
+
+
+def use_researchers(impl: Researchers) -> None:
+    """Install the implementation the recursive world uses when it is given none."""
+    _INSTALLED[:] = [impl]
+
+
+def researchers() -> Researchers:
+    """The installed implementation (``RuntimeError`` if nothing installed one)."""
+    if not _INSTALLED:
+        raise RuntimeError("no researchers installed for the recursive world; import rsigym_env first")
+    return _INSTALLED[0]
