@@ -495,10 +495,10 @@ class _SlowSandbox:
 def test_one_key_cannot_tie_up_the_workers_every_run_shares(tmp_path: Path):
     """Many concurrent calls on one run: beyond the per-run limit they are refused at once (429), and
     another run keeps answering promptly meanwhile."""
-    from rsigym_env.worlds import WORLDS, register_world
+    from rsigym_env.worlds import WORLDS, register_world, world_factory
 
     def slow_world(scenario, seed, run_dir):
-        world = WORLDS["sim"](scenario, seed, run_dir)
+        world = world_factory("sim")(scenario, seed, run_dir)
         world.sandbox = _SlowSandbox(world.sandbox, 1.0)
         return world
 

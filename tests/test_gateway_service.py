@@ -20,7 +20,7 @@ from rsigym_env.gateway.service import RunRequest, SessionService, resolve_scena
 from rsigym_env.platform.audit import verify_audit
 from rsigym_env.platform.ledger import Ledger
 from rsigym_env.scenario import load_scenario
-from rsigym_env.worlds import WORLDS, register_world
+from rsigym_env.worlds import WORLDS, register_world, world_factory
 
 ADMIN = "rsa_test-admin-token-0123456789"
 BEFORE = [("evaluate", {"k": 1}), ("generate_data", {"teacher": "claude-opus-5", "n_examples": 100}),
@@ -280,7 +280,7 @@ class _WallishClock:
 
 def test_wait_is_capped_on_a_wall_clock_world_and_not_in_sim(tmp_path: Path):
     def wallish(scenario, seed, run_dir):
-        world = WORLDS["sim"](scenario, seed, run_dir)
+        world = world_factory("sim")(scenario, seed, run_dir)
         world.clock = _WallishClock(world.clock)
         return world
 

@@ -18,7 +18,8 @@ import pytest
 
 import rsigym_env.worlds
 
-FORBIDDEN = ("rsigym_env.agents", "rsigym_env.baselines", "baselines", "rsigym_env.sweep", "rsigym_env.env")
+FORBIDDEN = ("rsigym_env.agents", "rsigym_env.baselines", "baselines", "rsigym_env.wrappers", "wrappers",
+             "rsigym_env.sweep", "rsigym_env.env")
 WORLDS_DIR = Path(rsigym_env.worlds.__file__).parent
 
 

@@ -21,7 +21,7 @@ from rsigym_env.baselines import make_researcher
 from rsigym_env.cli import main
 from rsigym_env.replay import ReplayWorld, TapeWrapper, read_tape
 from rsigym_env.services import Job
-from rsigym_env.worlds import WORLDS, register_world
+from rsigym_env.worlds import WORLDS, register_world, world_factory
 
 WORLDS_UNDER_TEST = ["sim", "wallclock-test"]   # + "local" when world="local" is ready
 
@@ -59,7 +59,7 @@ class WallClock:
 
 def _wallclock_world(scenario, seed, run_dir):
     """The sim world's services, but on a wall clock with jobs that finish on a timer thread."""
-    world = WORLDS["sim"](scenario, seed, run_dir)
+    world = world_factory("sim")(scenario, seed, run_dir)
     world.name = "wallclock-test"
     world.clock = WallClock()
 

@@ -18,6 +18,7 @@ world that runs researchers itself - the recursive world's inner episodes - is h
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Callable
 
@@ -26,44 +27,34 @@ from ..services import World
 
 WorldFactory = Callable[[Scenario, int, "Path | None"], World]
 
-
-def _sim(scenario: Scenario, seed: int, run_dir: Path | None) -> World:
-    from .sim import SimWorld
-
-    sandbox = scenario.permissions.sandbox
-    return SimWorld(
-        scenario.benchmark, seed, vcpus=sandbox.vcpus, memory_gib=sandbox.memory_gib, options=scenario.world_options
-    )
-
-
-def _local(scenario: Scenario, seed: int, run_dir: Path | None) -> World:
-    from .local.world import LocalWorld
-
-    return LocalWorld(scenario, seed, run_dir)
+# name -> "module:function" of the world's factory, imported only when a scenario names the world (so
+# nothing that imports the registry — the env, the run — imports a concrete world; see pyproject's
+# import-linter contracts), or a factory registered at run time
+WORLDS: dict[str, WorldFactory | str] = {
+    "sim": "rsigym_env.worlds.sim.world:from_scenario",
+    "local": "rsigym_env.worlds.local.world:from_scenario",
+    "recursive": "rsigym_env.worlds.recursive.world:make_recursive_world",
+    "remote": "rsigym_env.worlds.remote.world:from_scenario",
+}
 
 
-def _remote(scenario: Scenario, seed: int, run_dir: Path | None) -> World:
-    from .remote.world import RemoteWorld
-
-    return RemoteWorld(scenario, seed, run_dir)
-
-
-def _recursive(scenario: Scenario, seed: int, run_dir: Path | None) -> World:
-    from .recursive.world import make_recursive_world
-
-    return make_recursive_world(scenario, seed, run_dir)
-
-
-WORLDS: dict[str, WorldFactory] = {"sim": _sim, "local": _local, "recursive": _recursive, "remote": _remote}
-
-
-def register_world(name: str, factory: WorldFactory) -> None:
-    """Make ``world=name`` available to scenarios and ``gymnasium.make``."""
+def register_world(name: str, factory: WorldFactory | str) -> None:
+    """Make ``world=name`` available to scenarios and ``gymnasium.make``: a factory, or the
+    ``"module:function"`` path of one (imported when a scenario first names the world)."""
     WORLDS[name] = factory
+
+
+def world_factory(name: str) -> WorldFactory:
+    """The factory registered as ``name`` (importing its module if it was registered by path)."""
+    entry = WORLDS[name]
+    if isinstance(entry, str):
+        module, _, attr = entry.partition(":")
+        entry = getattr(importlib.import_module(module), attr)
+    return entry
 
 
 def make_world(scenario: Scenario, seed: int, run_dir: Path | None = None) -> World:
     """Build the scenario's world for one episode."""
     if scenario.world not in WORLDS:
         raise ValueError(f"unknown world {scenario.world!r}; worlds: {', '.join(sorted(WORLDS))}")
-    return WORLDS[scenario.world](scenario, seed, run_dir)
+    return world_factory(scenario.world)(scenario, seed, run_dir)

@@ -488,3 +488,8 @@ class LocalInference:
                            finish_reason="length" if choice.finish_reason == "length" else "stop")
         cost = min(quote.usd, w.prices.sample_usd(usage.prompt_tokens, usage.completion_tokens))
         return Billed[Completion](value=value, cost_usd=cost, seconds=time.monotonic() - start)
+
+
+def from_scenario(scenario: Scenario, seed: int, run_dir: Path | None = None) -> LocalWorld:
+    """The registry's factory (``rsigym_env.worlds.WORLDS``)."""
+    return LocalWorld(scenario, seed, run_dir)

@@ -176,4 +176,10 @@ class RemoteWorld:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
-__all__ = ["RemoteWorld", "teacher_prices"]
+def from_scenario(scenario: Scenario, seed: int, run_dir: Path | None = None) -> RemoteWorld:
+    """The registry's factory (``rsigym_env.worlds.WORLDS``)."""
+    return RemoteWorld(scenario, seed, run_dir)
+
+
+__all__ = ["RemoteWorld", "from_scenario", "teacher_prices"]
+

@@ -585,3 +585,9 @@ class SimEvaluation:
         )
         return Billed[EvalResult](value=value, cost_usd=usd, seconds=seconds)
 
+
+def from_scenario(scenario: Any, seed: int, run_dir: Any = None) -> SimWorld:
+    """The registry's factory: the scenario's benchmark, sandbox size and world options."""
+    sandbox = scenario.permissions.sandbox
+    return SimWorld(scenario.benchmark, seed, vcpus=sandbox.vcpus, memory_gib=sandbox.memory_gib,
+                    options=scenario.world_options)
