@@ -13,7 +13,7 @@ export LITELLM_LOCAL_MODEL_COST_MAP=True
 export RAY_USAGE_STATS_ENABLED=0
 export RAY_AUTH_MODE=disabled
 
-.PHONY: help setup run test test-fast bench lock clean
+.PHONY: help setup run test test-fast lint bench lock clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -54,8 +54,12 @@ setup: $(STAMP)  ## create .venv and install the package with every extra the te
 run: $(STAMP)  ## one research episode on the offline default world, with progress and a summary
 	$(VENV)/bin/rsigym run $(RUN_ARGS)
 
-test: $(STAMP)  ## the whole test suite (what CI runs)
+test: $(STAMP) lint  ## lint, the layering rules, then the whole test suite (what CI runs)
 	$(PY) -m pytest -n 2 $(TEST_ARGS)
+
+lint: $(STAMP)  ## ruff (errors and likely bugs) and the layering rules (import-linter), from pyproject.toml
+	$(VENV)/bin/ruff check --quiet .
+	$(VENV)/bin/lint-imports --no-cache >/dev/null || $(VENV)/bin/lint-imports --no-cache
 
 test-fast: $(STAMP)  ## the suite without tests marked slow
 	$(PY) -m pytest -n 2 -m "not slow" $(TEST_ARGS)
