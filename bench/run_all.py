@@ -127,7 +127,7 @@ def main() -> None:
     if "local_sweep" in results:
         ls = results["local_sweep"]
         lines += ["", f"Local-world sweep (`bench_sweep.py --local-world`: scripted, terminal-bench-2 and aime × 2 seeds, "
-                      f"each pass from an empty official-evaluation cache). {loaded('local_sweep')}", "",
+                      f"each pass from an empty evaluation cache). {loaded('local_sweep')}", "",
                   "| run | seconds | speed-up |", "|---|---:|---:|",
                   f"| one process, one episode after another (reference) | {ls['sequential_s']:.1f} | 1.00 |",
                   f"| Ray, {ls['cpus']:.0f} CPUs, one episode per task (results equal) | {ls['ray_s']:.1f} | {ls['speedup']:.2f}× |"]

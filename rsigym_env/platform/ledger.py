@@ -512,6 +512,24 @@ class Ledger:
         if err is not None:
             raise err
 
+    @staticmethod
+    def _closable_subkey(cur: sqlite3.Cursor, child: str) -> tuple[str, int, int]:
+        """``child``'s parent, budget and spend (nano-dollars), if it is an open sub-key that can close
+        now: no open reservations or sub-keys of its own. Raises otherwise (nothing changed)."""
+        row = cur.execute(_SUBKEY, (child,)).fetchone()
+        if row is None:
+            raise ActionError("unknown_key", f"no account for key {child!r}")
+        parent, budget, spent, granted, closed = row
+        if parent is None:
+            raise ValueError(f"key {child!r} is not a sub-key")
+        if closed:
+            raise ActionError("key_closed", f"key {child!r} is already closed")
+        if granted:
+            raise ValueError(f"sub-key {child!r} still has open sub-keys of its own")
+        if cur.execute(_HAS_RESERVATIONS, (child,)).fetchone() is not None:
+            raise ValueError(f"sub-key {child!r} still has open reservations")
+        return parent, budget, spent
+
     def close_subkey(self, child: str, *, audit: dict[str, Any] | None = None) -> float:
         """Close ``child`` and give its unspent remainder back to its parent; return the remainder.
 
@@ -521,18 +539,7 @@ class Ledger:
         """
         with self._transaction() as logged:
             cur = self._cur
-            row = cur.execute(_SUBKEY, (child,)).fetchone()
-            if row is None:
-                raise ActionError("unknown_key", f"no account for key {child!r}")
-            parent, budget, spent, granted, closed = row
-            if parent is None:
-                raise ValueError(f"key {child!r} is not a sub-key")
-            if closed:
-                raise ActionError("key_closed", f"key {child!r} is already closed")
-            if granted:
-                raise ValueError(f"sub-key {child!r} still has open sub-keys of its own")
-            if cur.execute(_HAS_RESERVATIONS, (child,)).fetchone() is not None:
-                raise ValueError(f"sub-key {child!r} still has open reservations")
+            parent, budget, spent = self._closable_subkey(cur, child)
             cur.execute(_CLOSE, (child,))
             (available,) = cur.execute(_RETURN_GRANT, (budget, spent, parent)).fetchone()
             fields = {"op": "close", "child": child, "charged_usd": spent / NANO,
@@ -611,18 +618,7 @@ class Ledger:
         """
         with self._transaction() as logged:
             cur = self._cur
-            row = cur.execute(_SUBKEY, (child,)).fetchone()
-            if row is None:
-                raise ActionError("unknown_key", f"no account for key {child!r}")
-            parent, budget, spent, granted, closed = row
-            if parent is None:
-                raise ValueError(f"key {child!r} is not a sub-key")
-            if closed:
-                raise ActionError("key_closed", f"key {child!r} is already closed")
-            if granted:
-                raise ValueError(f"sub-key {child!r} still has open sub-keys of its own")
-            if cur.execute(_HAS_RESERVATIONS, (child,)).fetchone() is not None:
-                raise ValueError(f"sub-key {child!r} still has open reservations")
+            parent, budget, spent = self._closable_subkey(cur, child)
             back = cur.execute(_REFILL, (budget, spent, reservation.id, parent)).fetchone()
             if back is None:
                 raise ValueError(f"reservation {reservation.id} is not an open hold of {child!r}'s parent {parent!r}")
