@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Generator
 
 from rsigym_env.catalog import REMEDIES
+from rsigym_env.episode import PlanResearcher
 
 Action = dict[str, Any]
 Step = tuple[dict[str, Any], dict[str, Any]]
@@ -43,7 +44,7 @@ class ScriptedArgs:
     max_examples: int = 20_000
 
 
-class ScriptedResearcher:
+class ScriptedResearcher(PlanResearcher):
     """Diagnose, fix, distil, compare, submit. See the module docstring."""
 
     name = "scripted"
@@ -52,23 +53,10 @@ class ScriptedResearcher:
         self.args = args or ScriptedArgs()
         self._plan: Generator[Action, Step, None] | None = None
         self.events: dict[str, dict[str, Any]] = {}
+        self._first: Action | None = None
 
     def reset(self, observation: dict[str, Any], info: dict[str, Any], seed: int | None = None) -> None:
-        self.events = {}
-        self._plan = self.plan(observation, info)
-        self._first = next(self._plan)
-
-    def act(self, observation: dict[str, Any], info: dict[str, Any]) -> Action:
-        for event in info.get("events", []):
-            self.events[event["job"]] = event
-        if self._first is not None:
-            action, self._first = self._first, None
-            return action
-        assert self._plan is not None
-        try:
-            return self._plan.send((observation, info))
-        except StopIteration:
-            return {"tool": "submit", "args": {}}
+        self.start(self.plan(observation, info))
 
     # ------------------------------------------------------------------ the plan
 

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Generator, Protocol, runtime_checkable
 
 import gymnasium as gym
 
@@ -25,6 +25,46 @@ class Researcher(Protocol):
     def reset(self, observation: dict[str, Any], info: dict[str, Any], seed: int | None = None) -> None: ...
 
     def act(self, observation: dict[str, Any], info: dict[str, Any]) -> Any: ...
+
+
+Action = Any
+Plan = Generator[Action, "tuple[dict[str, Any], dict[str, Any]]", None]
+
+
+class PlanResearcher:
+    """A researcher written as one generator: it yields actions and receives each step's
+    ``(observation, info)``. Finished jobs' events are kept in ``events`` by job id; once the plan
+    ends, every further action is ``submit``.
+
+    >>> class Once(PlanResearcher):
+    ...     name = "once"
+    ...     def reset(self, observation, info, seed=None):
+    ...         self.start(self.plan())
+    ...     def plan(self):
+    ...         obs, info = yield {"tool": "read", "args": {"ref": "harness:latest/harness.toml"}}
+    >>> r = Once(); r.reset({}, {}); r.act({}, {})["tool"], r.act({}, {"events": [{"job": "job-1"}]})["tool"], list(r.events)
+    ('read', 'submit', ['job-1'])
+    """
+
+    name = "plan"
+
+    def start(self, plan: Plan) -> None:
+        """Begin a new episode with ``plan`` (its first action is computed now)."""
+        self.events: dict[str, dict[str, Any]] = {}
+        self._plan: Plan | None = plan
+        self._first: Action | None = next(plan)
+
+    def act(self, observation: dict[str, Any], info: dict[str, Any]) -> Action:
+        for event in info.get("events", []):
+            self.events[event["job"]] = event
+        if self._first is not None:
+            action, self._first = self._first, None
+            return action
+        assert self._plan is not None, "reset() first"
+        try:
+            return self._plan.send((observation, info))
+        except StopIteration:
+            return {"tool": "submit", "args": {}}
 
 
 @dataclass

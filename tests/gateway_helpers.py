@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import glob
+import os
+import shutil
+import subprocess
+import sys
 from typing import Any, Iterator
 
 from rsigym_env.serving.asgi import ThreadedASGIServer
@@ -17,3 +22,18 @@ def serve_in_thread(app: Any, *, timeout_s: float = 10.0) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+def oldest_python() -> str:
+    """The oldest Python >= 3.8 on this machine (the client promises 3.8), else this one."""
+    found = []
+    candidates = [shutil.which(n) for n in ("python3.8", "python3.9", "python3.10")]
+    candidates += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.*/bin/python3")))
+    for exe in filter(None, candidates):
+        done = subprocess.run([exe, "-c", "import sys; print(*sys.version_info[:2], sys.executable)"],
+                              capture_output=True, text=True)
+        if done.returncode == 0 and done.stdout.strip():
+            major, minor, path = done.stdout.split(maxsplit=2)
+            if (int(major), int(minor)) >= (3, 8):
+                found.append(((int(major), int(minor)), path.strip()))
+    return min(found)[1] if found else sys.executable

@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -22,6 +20,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from gateway_helpers import oldest_python
 from rsigym_env.gateway.backend import LocalRun, ToolReply
 from rsigym_env.gateway.host import research_env
 from rsigym_env.gateway.remote import RemoteRun
@@ -143,23 +142,6 @@ def test_a_whole_episode_runs_through_the_documented_curl_calls(gateway: Gateway
     books_balance(gateway.run_dir(created["run_id"]), sum(r.cost_usd for r in replies))
     listed = {r["run_id"]: r for r in gateway.http.get("/v1/runs", headers=auth(ADMIN)).json()["runs"]}
     assert listed[created["run_id"]]["state"] == "done" and listed[created["run_id"]]["reward"] == replies[-1].reward
-
-
-def oldest_python() -> str:
-    """The oldest Python >= 3.8 on this machine (the client promises 3.8), else this one."""
-    import glob
-
-    found = []
-    candidates = [shutil.which(n) for n in ("python3.8", "python3.9", "python3.10")]
-    candidates += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.*/bin/python3")))
-    for exe in filter(None, candidates):
-        done = subprocess.run([exe, "-c", "import sys; print(*sys.version_info[:2], sys.executable)"],
-                              capture_output=True, text=True)
-        if done.returncode == 0 and done.stdout.strip():
-            major, minor, path = done.stdout.split(maxsplit=2)
-            if (int(major), int(minor)) >= (3, 8):
-                found.append(((int(major), int(minor)), path.strip()))
-    return min(found)[1] if found else sys.executable
 
 
 def test_a_whole_episode_runs_through_the_standalone_rsigym_call(gateway: Gateway, tmp_path: Path):

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gateway_helpers import oldest_python
 from rsigym_env.errors import ActionError
 from rsigym_env.gateway import skills
 from rsigym_env.gateway.cli import main as gateway_main
@@ -86,23 +87,6 @@ def test_an_example_that_no_longer_fits_its_tool_cannot_be_rendered(monkeypatch:
     monkeypatch.setitem(skills.EXAMPLES, "evaluate", {"checkpoint": "it's"})
     with pytest.raises(ValueError, match="single quote"):
         skills.render_skills()
-
-
-def oldest_python() -> str:
-    """The oldest Python >= 3.8 on this machine (the client promises 3.8), else this one."""
-    import glob
-
-    found = []
-    candidates = [shutil.which(n) for n in ("python3.8", "python3.9", "python3.10")]
-    candidates += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.*/bin/python3")))
-    for exe in filter(None, candidates):
-        done = subprocess.run([exe, "-c", "import sys; print(*sys.version_info[:2], sys.executable)"],
-                              capture_output=True, text=True)
-        if done.returncode == 0 and done.stdout.strip():
-            major, minor, path = done.stdout.split(maxsplit=2)
-            if (int(major), int(minor)) >= (3, 8):
-                found.append(((int(major), int(minor)), path.strip()))
-    return min(found)[1] if found else sys.executable
 
 
 def test_the_standalone_client_is_the_package_client_and_runs_on_python_3_8_without_packages(tmp_path: Path):

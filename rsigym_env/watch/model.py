@@ -34,13 +34,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import orjson
 
 from ..owners import Owner, owner_status
 from ..rundir import RECORD_FILE, RESULT_FILE, RUN_FILE, STEPS_FILE
-from .record import iter_lines, normalize_action
+from .record import iter_lines, normalize_action, parse_line
 
 STALL_AFTER_S = 300.0
 """Default: a running run with no step for this long is shown as stalled."""
@@ -417,13 +417,8 @@ def backwards(f: Any, size: int, chunk: int = 16384) -> Iterator[dict[str, Any]]
             first = False
         carry = parts.pop(0) if pos > 0 else b""
         for line in reversed(parts):
-            if not line.strip():
-                continue
-            try:
-                value = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(value, dict):
+            value = parse_line(line)
+            if value is not None:
                 yield value
         chunk = min(chunk * 4, 16 << 20)
 
@@ -621,36 +616,5 @@ def is_run_dir(path: Path) -> bool:
     return any((path / name).is_file() for name in (RECORD_FILE, STEPS_FILE, RUN_FILE))
 
 
-def is_sweep_dir(path: Path) -> bool:
-    return (path / "results.json").is_file()
-
-
-def iter_dirs(roots: Iterable[Path], depth: int = 2) -> Iterable[tuple[str, Path]]:
-    """``("run" | "sweep", path)`` for every run or sweep directory at or under ``roots`` (``depth`` levels)."""
-    seen: set[Path] = set()
-
-    def walk(path: Path, left: int) -> Iterable[tuple[str, Path]]:
-        if path in seen:
-            return
-        seen.add(path)
-        if is_sweep_dir(path):
-            yield "sweep", path
-            return
-        if is_run_dir(path):
-            yield "run", path
-            return
-        if left <= 0:
-            return
-        try:
-            children = sorted((e for e in os.scandir(path) if e.is_dir(follow_symlinks=False)), key=lambda e: e.name)
-        except OSError:
-            return
-        for entry in children:
-            yield from walk(Path(entry.path), left - 1)
-
-    for root in roots:
-        yield from walk(Path(root), depth)
-
-
-__all__ = ["RunReader", "RunState", "STALL_AFTER_S", "diff_files", "duration", "iter_dirs", "quick_summary",
+__all__ = ["RunReader", "RunState", "STALL_AFTER_S", "diff_files", "duration", "quick_summary",
            "signature", "summary_of"]

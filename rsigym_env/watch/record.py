@@ -98,16 +98,22 @@ def dumps(record: dict[str, Any]) -> bytes:
         return (json.dumps(_clean(record), ensure_ascii=True, default=str) + "\n").encode()
 
 
+def parse_line(line: bytes) -> dict[str, Any] | None:
+    """One record line as a dict; None for a blank, torn or foreign line."""
+    if not line.strip():
+        return None
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def iter_lines(data: bytes) -> Iterator[dict[str, Any]]:
     """The complete JSON-object lines of ``data`` (a torn or foreign line is skipped)."""
     for line in data.split(b"\n"):
-        if not line.strip():
-            continue
-        try:
-            value = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(value, dict):
+        value = parse_line(line)
+        if value is not None:
             yield value
 
 
@@ -377,4 +383,4 @@ def _heal(fd: int, path: Path) -> None:
     os.truncate(path, size - len(tail) + cut + 1)
 
 
-__all__ = ["RECORD_FILE", "RunRecorder", "dumps", "iter_lines", "job_payload", "normalize_action", "read_record"]
+__all__ = ["RECORD_FILE", "RunRecorder", "dumps", "iter_lines", "job_payload", "normalize_action", "parse_line", "read_record"]

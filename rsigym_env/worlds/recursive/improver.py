@@ -24,6 +24,8 @@ from typing import Any, Generator
 
 import tomli_w
 
+from ...episode import PlanResearcher
+
 
 @dataclass
 class ImproverArgs:
@@ -55,7 +57,7 @@ def _neighbour(name: str, value: Any, up: bool, step: float) -> Any:
     return new
 
 
-class ScriptedImprover:
+class ScriptedImprover(PlanResearcher):
     """Coordinate search over the target spec's parameters, measured on dev (see the module docstring).
 
     >>> ScriptedImprover(ImproverArgs(max_evaluations=3)).args.max_evaluations
@@ -68,24 +70,12 @@ class ScriptedImprover:
         self.args = args or ImproverArgs()
         self._plan: Generator[dict[str, Any], tuple[dict, dict], None] | None = None
         self.events: dict[str, dict[str, Any]] = {}
+        self._first: dict[str, Any] | None = None
         self.log: list[dict[str, Any]] = []
 
     def reset(self, observation: dict[str, Any], info: dict[str, Any], seed: int | None = None) -> None:
-        self.events, self.log = {}, []
-        self._plan = self.plan()
-        self._first: dict[str, Any] | None = next(self._plan)
-
-    def act(self, observation: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
-        for event in info.get("events", []):
-            self.events[event["job"]] = event
-        if self._first is not None:
-            action, self._first = self._first, None
-            return action
-        assert self._plan is not None
-        try:
-            return self._plan.send((observation, info))
-        except StopIteration:
-            return {"tool": "submit", "args": {}}
+        self.log = []
+        self.start(self.plan())
 
     def plan(self) -> Generator[dict[str, Any], tuple[dict, dict], None]:
         obs, info = yield {"tool": "read", "args": {"ref": "harness:latest/params.toml"}}
