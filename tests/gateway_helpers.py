@@ -37,3 +37,17 @@ def oldest_python() -> str:
             if (int(major), int(minor)) >= (3, 8):
                 found.append(((int(major), int(minor)), path.strip()))
     return min(found)[1] if found else sys.executable
+
+
+def listening_url(proc: subprocess.Popen, timeout_s: float) -> str | None:
+    """The URL an ``rsigym serve`` child prints on its "listening on URL" line (None if it did not
+    say so before ``timeout_s`` or before its output ended)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    for line in proc.stdout:  # type: ignore[union-attr]
+        if "listening on" in line:
+            return line.rsplit(" ", 1)[1].strip()
+        if time.monotonic() > deadline:
+            return None
+    return None

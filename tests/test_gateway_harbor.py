@@ -19,13 +19,13 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from gateway_helpers import listening_url
 from rsigym_env.worlds.local import isolation
 
 pytestmark = pytest.mark.skipif(not isolation.bwrap_available(), reason="bubblewrap does not work here")
@@ -54,14 +54,7 @@ def service(tmp_path_factory) -> str:
     proc = subprocess.Popen([sys.executable, "-m", "rsigym_env.cli", "serve", "--port", "0", "--state-dir",
                              str(root / "state"), "--admin-token-file", str(token)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = None
-    deadline = time.monotonic() + 90
-    for line in proc.stdout:  # type: ignore[union-attr]
-        if "listening on" in line:
-            url = line.rsplit(" ", 1)[1].strip()
-            break
-        if time.monotonic() > deadline:
-            break
+    url = listening_url(proc, 90)
     try:
         assert url, "rsigym serve did not start"
         yield url

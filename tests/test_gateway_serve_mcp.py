@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import anyio
 import httpx
 import pytest
 
+from gateway_helpers import listening_url
 from test_gateway_mcp import assert_tool_listing, http_client
 
 ADMIN = "test-admin-token-0123456789abcdef"
@@ -25,14 +25,7 @@ def test_rsigym_serve_speaks_rest_and_mcp_with_the_same_run_key(tmp_path: Path):
                              str(tmp_path / "state"), "--admin-token-file", str(token_file), "--watch"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        url = None
-        deadline = time.monotonic() + 60
-        for line in proc.stdout:  # type: ignore[union-attr]
-            if "listening on" in line:
-                url = line.rsplit(" ", 1)[1].strip()
-                break
-            if time.monotonic() > deadline:
-                break
+        url = listening_url(proc, 60)
         assert url, "rsigym serve did not start"
         created = httpx.post(f"{url}/v1/runs", json={"world": "sim", "benchmark": "aime", "budget_usd": 50, "seed": 0},
                              headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60).json()
