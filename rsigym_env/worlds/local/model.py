@@ -277,6 +277,41 @@ def layernorm_forward(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float = 
     return xhat * g + b, (xhat, rstd)
 
 
+def layernorm_inference(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float = 1e-5) -> np.ndarray:
+    """``layernorm_forward``'s output, bit for bit, with fewer temporaries and calls (no cache kept).
+
+    ``x.mean`` is ``add.reduce`` then a division by the count (exact either way: one correctly
+    rounded division), and ``np.einsum`` without ``optimize`` is its C core, called directly.
+    """
+    n = x.shape[-1]
+    mu = np.add.reduce(x, -1, keepdims=True)
+    mu /= n
+    xc = x - mu
+    var = _c_einsum("ij,ij->i", xc, xc)[:, None]
+    var /= n
+    var += eps
+    np.sqrt(var, out=var)
+    np.true_divide(1.0, var, out=var)
+    xc *= var
+    xc *= g
+    xc += b
+    return xc
+
+
+def gelu_(x: np.ndarray) -> np.ndarray:
+    """``gelu_forward``'s output, bit for bit, computed into ``x``'s own buffer's twin (one temporary)."""
+    t = x * x
+    t *= 0.044715
+    t += 1.0
+    t *= x
+    t *= _GELU_C
+    np.tanh(t, out=t)
+    t += 1.0
+    t *= x
+    t *= 0.5
+    return t
+
+
 def layernorm_backward(dy: np.ndarray, cache: tuple, g: np.ndarray, need_params: bool = True) -> tuple:
     """→ (dx, dg, db); dg/db are None unless ``need_params``."""
     xhat, rstd = cache
@@ -291,6 +326,10 @@ def layernorm_backward(dy: np.ndarray, cache: tuple, g: np.ndarray, need_params:
 
 
 _GELU_C = math.sqrt(2.0 / math.pi)
+try:  # what np.einsum calls when not optimizing; skipping its Python wrapper saves ~3 µs a call
+    from numpy._core.multiarray import c_einsum as _c_einsum
+except ImportError:  # pragma: no cover - other NumPy layouts
+    _c_einsum = np.einsum
 
 
 def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, tuple]:
@@ -683,34 +722,40 @@ class Transformer:
         return logp.reshape(bsz, t), grads
 
     # --- inference with a KV cache ----------------------------------------------------------
-    def _infer(self, tokens: np.ndarray, positions: np.ndarray, cache: _Cache, bias: np.ndarray) -> np.ndarray:
+    def _infer(self, tokens: np.ndarray, positions: np.ndarray, cache: _Cache, bias: np.ndarray,
+               layers: list[tuple[np.ndarray, ...]]) -> np.ndarray:
         """Run ``tokens`` (B, T) at ``positions`` through the model, appending their keys and values
-        to ``cache``; ``bias`` (B, 1, T, L) masks keys. Returns the last position's logits (B, V)."""
-        _use_model_threads()
+        to ``cache``; ``bias`` (B, 1, T, L) masks keys; ``layers`` is ``_layer_weights()``. Returns the
+        last position's logits (B, V). The caller sets the BLAS thread count first (``_use_model_threads``)."""
         cfg, p = self.config, self.params
         bsz, t = tokens.shape
         d, h, hd = cfg.d_model, cfg.n_heads, cfg.head_dim
         start, end = cache.length, cache.length + t
         x = p["wte"][tokens] + p["wpe"][positions]
         x = x.reshape(bsz * t, d)
-        for i in range(cfg.n_layers):
-            pre = f"layers.{i}."
-            hh, _ = layernorm_forward(x, p[pre + "ln1.g"], p[pre + "ln1.b"], cfg.ln_eps)
-            qkv = (hh @ p[pre + "attn.qkv"]).reshape(bsz, t, 3, h, hd).transpose(2, 0, 3, 1, 4)
-            cache.k[i][:, :, start:end] = qkv[1]
-            cache.v[i][:, :, start:end] = qkv[2]
-            q = qkv[0] * (1.0 / math.sqrt(hd))
-            sc = q @ cache.k[i][:, :, :end].transpose(0, 1, 3, 2)
+        scale = 1.0 / math.sqrt(hd)
+        for i, (g1, b1, w_qkv, w_proj, g2, b2, w_fc, w_out) in enumerate(layers):
+            hh = layernorm_inference(x, g1, b1, cfg.ln_eps)
+            qkv = (hh @ w_qkv).reshape(bsz, t, 3, h, hd).transpose(2, 0, 3, 1, 4)
+            keys, values = cache.k[i], cache.v[i]
+            keys[:, :, start:end] = qkv[1]
+            values[:, :, start:end] = qkv[2]
+            q = qkv[0] * scale
+            sc = q @ keys[:, :, :end].transpose(0, 1, 3, 2)
             sc += bias
             softmax_(sc)
-            ctx = (sc @ cache.v[i][:, :, :end]).transpose(0, 2, 1, 3).reshape(bsz * t, d)
-            x = x + ctx @ p[pre + "attn.proj"]
-            hh, _ = layernorm_forward(x, p[pre + "ln2.g"], p[pre + "ln2.b"], cfg.ln_eps)
-            x = x + gelu_forward(hh @ p[pre + "mlp.fc"])[0] @ p[pre + "mlp.proj"]
+            ctx = (sc @ values[:, :, :end]).transpose(0, 2, 1, 3).reshape(bsz * t, d)
+            x += ctx @ w_proj
+            hh = layernorm_inference(x, g2, b2, cfg.ln_eps)
+            x += gelu_(hh @ w_fc) @ w_out
         cache.length = end
         last = x.reshape(bsz, t, d)[:, -1]
-        hf, _ = layernorm_forward(last, p["lnf.g"], p["lnf.b"], cfg.ln_eps)
-        return hf @ unembedding(cfg, p)
+        return layernorm_inference(last, p["lnf.g"], p["lnf.b"], cfg.ln_eps) @ unembedding(cfg, p)
+
+    def _layer_weights(self) -> list[tuple[np.ndarray, ...]]:
+        """Each layer's (ln1.g, ln1.b, attn.qkv, attn.proj, ln2.g, ln2.b, mlp.fc, mlp.proj)."""
+        names = ("ln1.g", "ln1.b", "attn.qkv", "attn.proj", "ln2.g", "ln2.b", "mlp.fc", "mlp.proj")
+        return [tuple(self.params[f"layers.{i}.{n}"] for n in names) for i in range(self.config.n_layers)]
 
     def _new_cache(self, bsz: int, capacity: int) -> _Cache:
         cfg = self.config
@@ -776,6 +821,11 @@ class Transformer:
             ok |= qs[None, :, None] == slots[None, None, :q1]  # pad rows attend to themselves
             return np.where(ok, 0.0, neg).astype(model.dtype)[:, None]
 
+        # a decoding step's query (slot ≥ lmax) sees every non-pad key up to itself: a slice of one mask
+        decode_bias = np.where(key_ok, 0.0, neg).astype(model.dtype)[:, None, None, :]
+        layers = model._layer_weights()
+        _use_model_threads()
+
         # prefill (once per distinct prompt, then copied to its samples)
         if use_cache:
             first = np.arange(0, rows, num_samples)
@@ -788,7 +838,8 @@ class Transformer:
                     cache.v[i][:, :, :lmax] = hit[1][i]
                 cache.length, logits = lmax, hit[2].copy()
             else:
-                logits = model._infer(seq[first, :lmax], positions[first, :lmax], cache, bias_for(0, lmax)[first])
+                logits = model._infer(seq[first, :lmax], positions[first, :lmax], cache, bias_for(0, lmax)[first],
+                                      layers)
                 if key is not None:
                     prefill_cache.put(key, [k[:, :, :lmax].copy() for k in cache.k],
                                       [v[:, :, :lmax].copy() for v in cache.v], logits.copy())
@@ -797,10 +848,12 @@ class Transformer:
                 cache.v = [np.repeat(v, num_samples, axis=0) for v in cache.v]
                 logits = np.repeat(logits, num_samples, axis=0)
         else:
-            logits = model._infer(seq[:, :lmax], positions[:, :lmax], model._new_cache(rows, lmax), bias_for(0, lmax))
+            logits = model._infer(seq[:, :lmax], positions[:, :lmax], model._new_cache(rows, lmax), bias_for(0, lmax),
+                                  layers)
 
         rng = np.random.default_rng(opts.seed)
-        stop_set = np.array(sorted(set(opts.stop_tokens)), np.int64)
+        is_stop = np.zeros(cfg.vocab_size, bool)
+        is_stop[[t for t in set(opts.stop_tokens) if 0 <= t < cfg.vocab_size]] = True
         out_logp = np.zeros((rows, capacity), np.float64)
         done = np.zeros(rows, bool)
         reason = np.array(["length"] * rows, dtype=object)
@@ -815,8 +868,8 @@ class Transformer:
             out_logp[:, slot] = lp
             live = ~done
             count[live] += 1
-            if stop_set.size:
-                hit = live & np.isin(tok, stop_set)
+            if opts.stop_tokens:
+                hit = live & is_stop[tok]
                 reason[hit] = "stop"
                 done |= hit
             if stops:
@@ -829,10 +882,10 @@ class Transformer:
                 break
             if use_cache:
                 logits = model._infer(seq[:, slot:slot + 1], positions[:, slot:slot + 1], cache,
-                                      bias_for(slot, slot + 1))
+                                      decode_bias[..., :slot + 1], layers)
             else:
                 logits = model._infer(seq[:, :slot + 1], positions[:, :slot + 1], model._new_cache(rows, slot + 1),
-                                      bias_for(0, slot + 1))
+                                      bias_for(0, slot + 1), layers)
         results = [Generation(seq[r, lmax:lmax + count[r]].tolist(), out_logp[r, lmax:lmax + count[r]].tolist(),
                               reason[r]) for r in range(rows)]
         return [results[j * num_samples:(j + 1) * num_samples] for j in range(len(prompts))]
@@ -845,11 +898,17 @@ def _sample(logits: np.ndarray, opts: SamplingOptions, rng: np.random.Generator)
         tok = logits.argmax(-1)
         return tok, log_softmax(logits)[np.arange(rows), tok]
     logp = log_softmax(logits / opts.temperature)
+    truncate_k, truncate_p = 0 < opts.top_k < v, opts.top_p < 1.0
+    if not (truncate_k or truncate_p):  # every token kept: the general path below, without its masks
+        cum = np.cumsum(np.exp(logp), -1)
+        u = rng.random(rows) * cum[:, -1]
+        tok = np.minimum((cum <= u[:, None]).sum(-1), v - 1)
+        return tok, logp[np.arange(rows), tok]
     keep = np.ones_like(logp, dtype=bool)
-    if 0 < opts.top_k < v:
+    if truncate_k:
         kth = np.partition(logp, v - opts.top_k, axis=-1)[:, v - opts.top_k][:, None]
         keep &= logp >= kth
-    if opts.top_p < 1.0:
+    if truncate_p:
         order = np.argsort(-logp, axis=-1, kind="stable")
         sorted_p = np.exp(np.take_along_axis(np.where(keep, logp, -np.inf), order, -1))
         sorted_p /= sorted_p.sum(-1, keepdims=True)
