@@ -539,3 +539,32 @@ def test_results_do_not_depend_on_concurrent_computations():
         t.join()
     for shape, out in results:
         assert np.array_equal(out, alone[0] if shape == big.shape else alone[1])
+
+
+def _shipped_base() -> tuple:
+    from rsigym_env.worlds.local.tinker_client import load_base_model
+    from rsigym_env.worlds.local.world import BASE_MODEL
+
+    base = load_base_model(BASE_MODEL)
+    return base, M.Transformer(base.config, base.params)
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    (dict(temperature=0.7, num_samples=1), "21540f680d9f25b1"),
+    (dict(temperature=1.2, top_k=20, top_p=0.8, num_samples=3), "853d7f5a4aee958e"),
+    (dict(temperature=0.0, use_cache=False), "c2ce2d75e3b8b5f8"),
+])
+def test_shipped_base_samples_are_pinned(kwargs, expected):
+    """Speed work on the sampler must not move a single sample: every recorded result (dev and
+    official scores, the cache of evaluations) depends on them. Pinned on this machine's OpenBLAS
+    (tokens exactly, log-probabilities to 4 decimals)."""
+    import hashlib
+
+    base, model = _shipped_base()
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(1, 250, size=n).tolist() for n in (180, 40)]
+    out = model.generate(prompts, 48, seed=3, stop_tokens=[257], stop_strings=["\n\n"],
+                         token_bytes=base.tokenizer.token_bytes, **kwargs)
+    digest = hashlib.sha256(repr([(g.tokens, [round(x, 4) for x in g.logprobs], g.stop_reason)
+                                  for row in out for g in row]).encode()).hexdigest()[:16]
+    assert digest == expected
