@@ -55,6 +55,7 @@ STREAMS = ("dev", "official", "synthetic", "pretrain")
 from ..harness.agent import observation, parse_action  # noqa: E402
 from ....canonical import sha256_hex  # noqa: E402
 from ....splits import OfficialSplit, official_split  # noqa: E402
+from ..isolation import DEFAULT_PATH  # noqa: E402
 
 PUBLIC_SPLIT = official_split("public")
 
@@ -70,7 +71,9 @@ def run_command(command: str, cwd: Path, timeout: float = 10.0) -> tuple[str, in
 
 
 def _clean_env(cwd: Path) -> dict[str, str]:
-    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(cwd), "LC_ALL": "C.UTF-8"}
+    """The sandbox's PATH, not the caller's: the same programs as in a trial (and no version-manager
+    shims on the way — a pyenv ``python3`` shim costs ~0.3 s a start)."""
+    return {"PATH": DEFAULT_PATH, "HOME": str(cwd), "LC_ALL": "C.UTF-8"}
 
 
 # --- problems ---------------------------------------------------------------------------------
