@@ -506,7 +506,7 @@ class RLResearcher:
 
     def __init__(self, args: RLResearcherArgs | None = None, params: dict[str, np.ndarray] | None = None):
         self.args = args or RLResearcherArgs()
-        self.params = params if params is not None else load_policy(self.args.policy or default_policy_path())
+        self.params = params if params is not None else shared_policy(self.args.policy or default_policy_path())
         self.adapter = MenuAdapter(blocking=self.args.blocking)
         self.rng = np.random.default_rng()
         self._plan: Any = None
@@ -543,6 +543,25 @@ def load_policy(path: str | Path) -> dict[str, np.ndarray]:
         if list(data["menu"]) != [m.name for m in MENU] or list(data["features"]) != list(FEATURES):
             raise ValueError(f"{path}: saved for another menu or feature layout; retrain it")
         return {k: data[k].astype(np.float64) for k in data.files if k not in ("menu", "features")}
+
+
+_SHARED: dict[tuple[str, int, int], dict[str, np.ndarray]] = {}
+
+
+def shared_policy(path: str | Path) -> dict[str, np.ndarray]:
+    """:func:`load_policy`, read once per file version (path, mtime, size) and shared read-only by every
+    researcher that plays it: unpacking the ``.npz`` took longer than a whole sim episode."""
+    stat = os.stat(path)
+    version = (os.path.realpath(path), stat.st_mtime_ns, stat.st_size)
+    params = _SHARED.get(version)
+    if params is None:
+        params = load_policy(path)
+        for array in params.values():
+            array.flags.writeable = False
+        if len(_SHARED) >= 8:
+            _SHARED.clear()
+        _SHARED[version] = params
+    return params
 
 
 # ------------------------------------------------------------------------------------------------
