@@ -239,14 +239,16 @@ def simulate_attempts(
     Outcomes are monotone in skill and in the defects fixed, for fixed draws.
     """
     n_defects = len(DEFECTS)
-    solved = draws[..., 0] < solve[:, None]
     triggered = exposed[:, None, :] & (draws[..., 1 : 1 + n_defects] < severity)
-    recalled = draws[..., 1 + n_defects] < memory
-    success = (solved & ~triggered.any(axis=-1)) | recalled
-    n_triggered = triggered.sum(axis=-1)
+    counted = np.cumsum(triggered, axis=-1)
+    n_triggered = counted[..., -1]
+    tripped = n_triggered > 0
+    success = (draws[..., 0] < solve[:, None]) & ~tripped
+    if memory > 0.0:  # uniforms are never below 0: nothing is recalled without memory
+        success |= draws[..., 1 + n_defects] < memory
     pick = np.floor(draws[..., 2 + n_defects] * n_triggered)
-    blamed = np.argmax(np.cumsum(triggered, axis=-1) > pick[..., None], axis=-1)
-    label = np.where(n_triggered > 0, blamed, FAILURE_MODES.index(WRONG_ANSWER))
+    blamed = np.argmax(counted > pick[..., None], axis=-1)
+    label = np.where(tripped, blamed, FAILURE_MODES.index(WRONG_ANSWER))
     return success, np.where(success, -1, label)
 
 
