@@ -222,38 +222,32 @@ def _flat_call(action: dict) -> bool:
     of at most ``_FLAT_MAX_ARGS`` of those (or of lists of at most ``_FLAT_MAX_ITEMS`` strings), with no
     more text than ``ACTION_MAX_BYTES``: within every bound of :func:`check_shape` without walking it (no
     cycle, depth at most 3, fewer than 1 + 4 + 64 * 18 parts)."""
-    if len(action) > 2:
-        return False
+    return len(action) <= 2 and 0 <= _flat_text(action, 0) <= ACTION_MAX_BYTES
+
+
+def _flat_text(entries: dict, depth: int) -> int:
+    """The characters of keys and strings in ``entries`` if it has the shape :func:`_flat_call` allows at
+    ``depth`` (0: the call, 1: its arguments), else -1."""
+    if len(entries) > _FLAT_MAX_ARGS:
+        return -1
     text = 0
-    for key, value in action.items():
+    for key, value in entries.items():
         if type(key) is not str:
-            return False
+            return -1
         text += len(key)
         kind = type(value)
         if kind is str:
             text += len(value)
-        elif kind is dict:
-            if len(value) > _FLAT_MAX_ARGS:
-                return False
-            for name, arg in value.items():
-                if type(name) is not str:
-                    return False
-                text += len(name)
-                kind = type(arg)
-                if kind is str:
-                    text += len(arg)
-                elif kind is list:
-                    if len(arg) > _FLAT_MAX_ITEMS:
-                        return False
-                    for item in arg:
-                        if type(item) is not str:
-                            return False
-                        text += len(item)
-                elif kind not in _PLAIN:
-                    return False
+        elif kind is dict and depth == 0:
+            inner = _flat_text(value, 1)
+            if inner < 0:
+                return -1
+            text += inner
+        elif kind is list and depth == 1 and len(value) <= _FLAT_MAX_ITEMS and all(type(v) is str for v in value):
+            text += sum(map(len, value))
         elif kind not in _PLAIN:
-            return False
-    return text <= ACTION_MAX_BYTES
+            return -1
+    return text
 
 
 def check_shape(action: Any) -> None:

@@ -5,7 +5,10 @@ Money is stored as integer nano-dollars; the API speaks float dollars. A call re
 nearest nano-dollar and clamped to the reservation) afterwards, so a reservation always covers its
 charge. Every change and its audit record (see :mod:`.audit`) are one ``BEGIN IMMEDIATE`` transaction,
 so concurrent writers - threads sharing a :class:`Ledger`, or processes each opening the same file -
-serialize, and an exception in the middle of a call leaves nothing behind.
+serialize, and an exception in the middle of a call leaves nothing behind. (An in-memory ledger has
+one writer, this object: its reserve, settle, release and progress apply the same guards to a Python
+copy of the rows under its lock and reach the tables, with their audit rows, in one transaction before
+anything reads or writes them otherwise - the ``CHECK`` constraints then check them again.)
 
 Invariants, checked by the ``WHERE`` guards and again by ``CHECK`` constraints on ``accounts``:
 ``spent >= 0``, ``reserved >= 0``, ``granted >= 0`` and ``spent + reserved + granted <= budget``;
@@ -932,13 +935,7 @@ class Ledger:
             charged = min(actual, reserved)
             (available,) = cur.execute(_CHARGE, (reserved, charged, res.key)).fetchone()
             if audit is not None:
-                fields = {"op": op, "reservation": res.id, "reserved_usd": reserved / NANO,
-                          "charged_usd": charged / NANO, "available_usd": available / NANO}
-                if actual > reserved:
-                    fields["overrun_usd"] = (actual - reserved) / NANO
-                if used:
-                    fields["progress_usd"] = used / NANO
-                logged.append(self._log(res.key, audit, fields))
+                logged.append(self._log(res.key, audit, _finish_fields(op, res, reserved, charged, available, actual, used)))
         return charged / NANO
 
     def _finish_in_memory(self, res: Reservation, actual: int, op: str, audit: dict[str, Any] | None) -> float:
@@ -956,13 +953,7 @@ class Ledger:
             logged = None
             if audit is not None:
                 available = account[0] - (account[1] + charged) - (account[2] - reserved) - account[3]
-                fields = {"op": op, "reservation": res.id, "reserved_usd": reserved / NANO,
-                          "charged_usd": charged / NANO, "available_usd": available / NANO}
-                if actual > reserved:
-                    fields["overrun_usd"] = (actual - reserved) / NANO
-                if used:
-                    fields["progress_usd"] = used / NANO
-                logged = self._log(res.key, audit, fields)
+                logged = self._log(res.key, audit, _finish_fields(op, res, reserved, charged, available, actual, used))
             account[2] -= reserved
             account[1] += charged
             del self._holds[res.id]
@@ -1134,6 +1125,18 @@ class _Inconsistent(Exception):
 def _balance(budget: int, spent: int, reserved: int, granted: int, closed: int) -> Balance:
     available = 0 if closed else budget - spent - reserved - granted
     return Balance(budget / NANO, spent / NANO, reserved / NANO, granted / NANO, available / NANO, bool(closed))
+
+
+def _finish_fields(op: str, res: Reservation, reserved: int, charged: int, available: int, actual: int,
+                   used: int) -> dict[str, Any]:
+    """The audit fields of a settle or release (nano-dollar amounts in, dollars out)."""
+    fields = {"op": op, "reservation": res.id, "reserved_usd": reserved / NANO, "charged_usd": charged / NANO,
+              "available_usd": available / NANO}
+    if actual > reserved:
+        fields["overrun_usd"] = (actual - reserved) / NANO
+    if used:
+        fields["progress_usd"] = used / NANO
+    return fields
 
 
 def _usd(nano: int) -> str:
