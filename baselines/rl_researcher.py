@@ -176,14 +176,22 @@ def masked_log_softmax(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
 def policy_step(p: dict[str, np.ndarray], obs: np.ndarray, mask: np.ndarray, rng: np.random.Generator | None,
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Actions (sampled with ``rng``, greedy without), their log-probabilities and the values."""
+    actions, logp = policy_actions(p, obs, mask, rng)
+    values, _ = mlp_forward(p, "v", obs)
+    return actions, logp[np.arange(len(actions)), actions], values[:, 0]
+
+
+def policy_actions(p: dict[str, np.ndarray], obs: np.ndarray, mask: np.ndarray, rng: np.random.Generator | None,
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The actor alone (what playing a policy needs): actions, as :func:`policy_step` draws them, and the
+    log-probabilities of every entry."""
     logits, _ = mlp_forward(p, "pi", obs)
     logp = masked_log_softmax(logits, mask)
     if rng is None:
         actions = np.argmax(logp, axis=-1)
     else:  # Gumbel-max sampling: -inf stays -inf, so masked entries are never drawn
         actions = np.argmax(logp - np.log(-np.log(rng.random(logp.shape))), axis=-1)
-    values, _ = mlp_forward(p, "v", obs)
-    return actions, logp[np.arange(len(actions)), actions], values[:, 0]
+    return actions, logp
 
 
 def ppo_loss(p: dict[str, np.ndarray], b: dict[str, np.ndarray], args: Args) -> tuple[float, dict[str, np.ndarray], dict]:
@@ -506,7 +514,7 @@ class RLResearcher:
 
     def __init__(self, args: RLResearcherArgs | None = None, params: dict[str, np.ndarray] | None = None):
         self.args = args or RLResearcherArgs()
-        self.params = params if params is not None else load_policy(self.args.policy or default_policy_path())
+        self.params = params if params is not None else shared_policy(self.args.policy or default_policy_path())
         self.adapter = MenuAdapter(blocking=self.args.blocking)
         self.rng = np.random.default_rng()
         self._plan: Any = None
@@ -530,7 +538,7 @@ class RLResearcher:
         if action is None:
             x = self.adapter.features()[None].astype(np.float64)
             m = self.adapter.mask()[None]
-            index = int(policy_step(self.params, x, m, self.rng if self.args.sample else None)[0][0])
+            index = int(policy_actions(self.params, x, m, self.rng if self.args.sample else None)[0][0])
             self.macros.append(MENU[index].name)
             self._plan = self.adapter.plan(index)
             action = next(self._plan)
@@ -543,6 +551,25 @@ def load_policy(path: str | Path) -> dict[str, np.ndarray]:
         if list(data["menu"]) != [m.name for m in MENU] or list(data["features"]) != list(FEATURES):
             raise ValueError(f"{path}: saved for another menu or feature layout; retrain it")
         return {k: data[k].astype(np.float64) for k in data.files if k not in ("menu", "features")}
+
+
+_SHARED: dict[tuple[str, int, int], dict[str, np.ndarray]] = {}
+
+
+def shared_policy(path: str | Path) -> dict[str, np.ndarray]:
+    """:func:`load_policy`, read once per file version (path, mtime, size) and shared read-only by every
+    researcher that plays it: unpacking the ``.npz`` took longer than a whole sim episode."""
+    stat = os.stat(path)
+    version = (os.path.realpath(path), stat.st_mtime_ns, stat.st_size)
+    params = _SHARED.get(version)
+    if params is None:
+        params = load_policy(path)
+        for array in params.values():
+            array.flags.writeable = False
+        if len(_SHARED) >= 8:
+            _SHARED.clear()
+        _SHARED[version] = params
+    return params
 
 
 # ------------------------------------------------------------------------------------------------

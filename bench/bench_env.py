@@ -129,5 +129,9 @@ def measure(seconds: float = 3.0) -> dict[str, float]:
 
 
 if __name__ == "__main__":
+    import os
+
+    before = os.getloadavg()[0]
     for key, value in measure().items():
         print(f"{key:28s} {value:12,.3f}")
+    print(f"{'load_1min':28s} {before:12,.2f} -> {os.getloadavg()[0]:,.2f}")

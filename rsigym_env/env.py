@@ -252,12 +252,17 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         def score(value: float | None) -> float:
             return -1.0 if value is None else value
         allowed = tuple(run.allowed_tools()) if run.end_info is None else ()
+        max_steps = self.scenario.max_steps
+        # two arrays cut into the entries (one array each costs more than the rest of the observation)
+        floats = np.array([min(run.budget_left, self.scenario.budget_usd), run.time_left / 3600.0,
+                           score(run.initial_dev), score(run.best_dev), score(run.last_dev)], dtype=np.float64)
+        ints = np.array([min(run.steps, max_steps), min(len(run.running), max_steps)], dtype=np.int64)
         return {
             "log": printable(self._log),
-            "budget_left_usd": np.array([min(run.budget_left, self.scenario.budget_usd)], dtype=np.float64),
-            "time_left_h": np.array([run.time_left / 3600.0], dtype=np.float64),
-            "step": np.array([min(run.steps, self.scenario.max_steps)], dtype=np.int64),
-            "dev_scores": np.array([score(run.initial_dev), score(run.best_dev), score(run.last_dev)], dtype=np.float64),
-            "running_jobs": np.array([min(len(run.running), self.scenario.max_steps)], dtype=np.int64),
+            "budget_left_usd": floats[0:1],
+            "time_left_h": floats[1:2],
+            "step": ints[0:1],
+            "dev_scores": floats[2:5],
+            "running_jobs": ints[1:2],
             "action_mask": _action_mask(allowed).copy(),
         }

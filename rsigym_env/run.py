@@ -140,7 +140,7 @@ class ResearchRun:
     @property
     def submitting(self) -> bool:
         """True while a submission's official evaluation runs as a job (``async_jobs``)."""
-        return any(r.job.kind == "submit" for r in self.running.values())
+        return bool(self.running) and any(r.job.kind == "submit" for r in self.running.values())
 
     def allowed_tools(self) -> list[str]:
         """Tools worth offering now: allowed by the key, ``wait`` only with jobs running, only ``read``

@@ -212,6 +212,44 @@ ACTION_MAX_BYTES = 1 << 20    # JSON text, and the sum of string lengths, of one
 _SCALARS = frozenset({int, float, bool, type(None), np.int64, np.float64, np.int8})
 
 
+_PLAIN = frozenset({int, float, bool, type(None)})
+_FLAT_MAX_ARGS = 64
+_FLAT_MAX_ITEMS = 16
+
+
+def _flat_call(action: dict) -> bool:
+    """True for a dict of at most two str-keyed entries whose values are plain scalars, strings or a dict
+    of at most ``_FLAT_MAX_ARGS`` of those (or of lists of at most ``_FLAT_MAX_ITEMS`` strings), with no
+    more text than ``ACTION_MAX_BYTES``: within every bound of :func:`check_shape` without walking it (no
+    cycle, depth at most 3, fewer than 1 + 4 + 64 * 18 parts)."""
+    return len(action) <= 2 and 0 <= _flat_text(action, 0) <= ACTION_MAX_BYTES
+
+
+def _flat_text(entries: dict, depth: int) -> int:
+    """The characters of keys and strings in ``entries`` if it has the shape :func:`_flat_call` allows at
+    ``depth`` (0: the call, 1: its arguments), else -1."""
+    if len(entries) > _FLAT_MAX_ARGS:
+        return -1
+    text = 0
+    for key, value in entries.items():
+        if type(key) is not str:
+            return -1
+        text += len(key)
+        kind = type(value)
+        if kind is str:
+            text += len(value)
+        elif kind is dict and depth == 0:
+            inner = _flat_text(value, 1)
+            if inner < 0:
+                return -1
+            text += inner
+        elif kind is list and depth == 1 and len(value) <= _FLAT_MAX_ITEMS and all(type(v) is str for v in value):
+            text += sum(map(len, value))
+        elif kind not in _PLAIN:
+            return -1
+    return text
+
+
 def check_shape(action: Any) -> None:
     """Refuse (``malformed_action``) an action nested deeper than ``ACTION_MAX_DEPTH``, with more than
     ``ACTION_MAX_NODES`` parts or ``ACTION_MAX_BYTES`` of text, or a self-referencing container —
@@ -224,6 +262,8 @@ def check_shape(action: Any) -> None:
     ...
     rsigym_env.errors.ActionError: the action is nested deeper than 8 levels
     """
+    if type(action) is dict and _flat_call(action):  # the common case of researchers: one flat call
+        return
     if type(action) is tuple and len(action) == 2 and type(action[1]) is dict:  # the common case: a space sample
         text = 0
         for value in action[1].values():

@@ -83,6 +83,7 @@ Observation (``FEATURES``, float32, all in [-1, 1]; -1 marks "not measured")
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -318,13 +319,7 @@ class MenuAdapter:
     def _fix_state(self, defect: str) -> str:
         """``unknown`` (harness not read yet), ``missing`` (no such option), ``fixed`` or ``unfixed``."""
         text = self.s.harness_text
-        if text is None:
-            return "unknown"
-        key, fixed, _ = FIXES[defect]
-        line = _option_line(text, key)
-        if line is None:
-            return "missing"
-        return "fixed" if line.group(1).strip() == fixed else "unfixed"
+        return "unknown" if text is None else _fix_state(text, defect)
 
     def _unfixed(self, defect: str) -> bool:
         return self._fix_state(defect) != "fixed"
@@ -542,9 +537,25 @@ def _as_dict(action: Any) -> dict[str, Any]:
     return {}
 
 
+@functools.cache
+def _option_pattern(key: str) -> re.Pattern[str]:
+    return re.compile(rf"^{re.escape(key)}\s*=\s*([^#\n]*?)(?=\s*(?:#|$))", re.M)
+
+
 def _option_line(text: str, key: str) -> re.Match[str] | None:
     """``key = value`` in harness.toml (group 1: the value without its comment)."""
-    return re.search(rf"^{re.escape(key)}\s*=\s*([^#\n]*?)(?=\s*(?:#|$))", text, re.M)
+    return _option_pattern(key).search(text)
+
+
+@functools.lru_cache(maxsize=256)
+def _fix_state(text: str, defect: str) -> str:
+    """``missing``, ``fixed`` or ``unfixed``: ``defect``'s option in the harness.toml ``text`` (the mask and the
+    features ask for every defect at every step, of the same few texts)."""
+    key, fixed, _ = FIXES[defect]
+    line = _option_line(text, key)
+    if line is None:
+        return "missing"
+    return "fixed" if line.group(1).strip() == fixed else "unfixed"
 
 
 class DiscreteMenu(gym.Wrapper[np.ndarray, np.int64, dict[str, Any], Any], gym.utils.RecordConstructorArgs):

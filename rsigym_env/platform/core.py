@@ -23,10 +23,12 @@ from typing import Any, Iterator
 
 from ..errors import ActionError
 from ..scenario import Scenario
-from ..tools import Tool
+from ..tools import TOOLS, Tool
 from .audit import AUDIT_TEXT_MAX, short_text, summarize
 from .ledger import Balance, Ledger, Reservation
 from .permissions import authorize
+
+_FLAT_TOOLS = frozenset(TOOLS)
 
 __all__ = ["AUDIT_TEXT_MAX", "Bill", "Platform", "PlatformKey", "audit_args", "tool_label"]
 
@@ -59,14 +61,16 @@ def audit_args(tool: Tool | Any) -> dict[str, Any]:
     try:
         if isinstance(tool, Tool):  # validated fields, a handful of them: scalars as they are, the rest bounded
             out = {}
-            for name, value in tool.model_dump().items():
+            # the ten tools' fields are scalars and lists of strings: their __dict__ is model_dump's dict
+            fields = tool.__dict__ if type(tool) in _FLAT_TOOLS else tool.model_dump()
+            for name, value in fields.items():
                 t = type(value)
                 if t is str:
                     out[name] = value if len(value) <= AUDIT_TEXT_MAX else _short(value)
                 elif value is None or t is bool or t is float or (t is int and -(2**63) <= value < 2**63):
                     out[name] = value
                 else:
-                    out[name] = summarize(value)
+                    out[name] = summarize(list(value) if t is list else value)
             return out
         raw = tool
         if isinstance(raw, str):

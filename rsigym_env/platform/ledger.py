@@ -5,7 +5,10 @@ Money is stored as integer nano-dollars; the API speaks float dollars. A call re
 nearest nano-dollar and clamped to the reservation) afterwards, so a reservation always covers its
 charge. Every change and its audit record (see :mod:`.audit`) are one ``BEGIN IMMEDIATE`` transaction,
 so concurrent writers - threads sharing a :class:`Ledger`, or processes each opening the same file -
-serialize, and an exception in the middle of a call leaves nothing behind.
+serialize, and an exception in the middle of a call leaves nothing behind. (An in-memory ledger has
+one writer, this object: its reserve, settle, release and progress apply the same guards to a Python
+copy of the rows under its lock and reach the tables, with their audit rows, in one transaction before
+anything reads or writes them otherwise - the ``CHECK`` constraints then check them again.)
 
 Invariants, checked by the ``WHERE`` guards and again by ``CHECK`` constraints on ``accounts``:
 ``spent >= 0``, ``reserved >= 0``, ``granted >= 0`` and ``spent + reserved + granted <= budget``;
@@ -109,6 +112,10 @@ _GRANT = f"UPDATE accounts SET granted = granted + ? {_FITS} RETURNING {_AVAILAB
 _INSERT_RESERVATION = (
     "INSERT INTO reservations (key, nano, label, created, owner_pid, owner_start, owner_boot, owner_host, owner_pidns)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_INSERT_HOLD = (  # an in-memory ledger's reservation, written at a flush with the id it was given
+    "INSERT INTO reservations (id, key, nano, label, created, used, owner_pid, owner_start, owner_boot, owner_host,"
+    " owner_pidns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _TAKE_RESERVATION = "DELETE FROM reservations WHERE id = ? AND key = ? RETURNING nano, used"
 _PROGRESS = "UPDATE reservations SET used = max(used, min(nano, ?)) WHERE id = ? AND key = ? RETURNING used"
@@ -326,6 +333,16 @@ def _nano_near(usd: float) -> int:
     return round(usd * NANO)
 
 
+class _Hold:
+    """An open reservation in an in-memory ledger's mirror; ``row`` is its table row while it is not
+    in the table yet (made since the last flush), else ``None``."""
+
+    __slots__ = ("key", "nano", "used", "row", "progressed")
+
+    def __init__(self, key: str, nano: int, used: int, row: tuple[Any, ...] | None) -> None:
+        self.key, self.nano, self.used, self.row, self.progressed = key, nano, used, row, False
+
+
 class Ledger:
     """Budget accounts for platform keys, with reservations, sub-keys and a hash-chained audit log.
 
@@ -379,6 +396,16 @@ class Ledger:
         self._head: tuple[int, str] | None = None
         self._pending: list[_audit.Row] = []
         self._balances: dict[str, Balance] = {}
+        # In memory, reserve / settle / release / progress also run on a Python mirror of the rows they
+        # touch (the same guards, in the same order), and their writes reach the tables with the queued
+        # audit rows (:meth:`_flush`) - before any other write transaction and before anything reads the
+        # tables. Between flushes the mirror is the truth; afterwards it equals the tables.
+        self._accts: dict[str, list[int]] = {}  # key -> [budget, spent, reserved, granted, closed]
+        self._holds: dict[int, _Hold] = {}
+        self._dirty: set[str] = set()  # accounts changed since the last flush
+        self._dropped: set[int] = set()  # reservations in the table closed since the last flush
+        self._next_rid: int | None = None  # the last reservation id handed out (AUTOINCREMENT's)
+        self._rid_flushed = 0
         self.recovery = Recovery()
         self._connect(create=True)
         _LEDGERS.add(self)
@@ -499,7 +526,8 @@ class Ledger:
             cur = self._cur
             row = cur.execute(_GRANT, (nano, parent, nano)).fetchone()
             if row is None:
-                err, entry = self._refuse(parent, nano, audit, {"request": "mint", "child": child})
+                err, entry = self._refuse(parent, nano, audit, {"request": "mint", "child": child},
+                                          cur.execute(_STATE, (parent,)).fetchone())
                 logged.append(entry)
             else:
                 err = None
@@ -644,11 +672,13 @@ class Ledger:
         """
         nano = _nano_up(_checked(usd))
         owner = current_owner()
+        if self._head is not None:
+            return self._reserve_in_memory(key, nano, audit, label, owner)
         with self._transaction() as logged:
             cur = self._cur
             row = cur.execute(_RESERVE, (nano, key, nano)).fetchone()
             if row is None:
-                err, entry = self._refuse(key, nano, audit, {"request": "reserve"})
+                err, entry = self._refuse(key, nano, audit, {"request": "reserve"}, cur.execute(_STATE, (key,)).fetchone())
                 logged.append(entry)
             else:
                 err = None
@@ -660,6 +690,31 @@ class Ledger:
                 logged.append(self._log(key, audit, fields))
         if err is not None:
             raise err
+        return Reservation(rid, key, nano / NANO)
+
+    def _reserve_in_memory(
+        self, key: str, nano: int, audit: dict[str, Any] | None, label: str | None, owner: Owner
+    ) -> Reservation:
+        """:meth:`reserve` on the mirror: ``_RESERVE``'s guard, then the row ``_INSERT_RESERVATION`` writes."""
+        self._live()
+        with self._lock:
+            account = self._account(key)
+            if account is None or account[4] or account[1] + account[2] + account[3] + nano > account[0]:
+                state = None if account is None else (account[0] - account[1] - account[2] - account[3], account[4])
+                err, entry = self._refuse(key, nano, audit, {"request": "reserve"}, state)
+                self._advance(entry)
+                raise err
+            rid = self._last_rid() + 1
+            available = account[0] - account[1] - account[2] - nano - account[3]
+            row = (rid, key, nano, _label(label, audit), round(time.time(), 3), owner.pid, owner.start, owner.boot_id,
+                   owner.host, owner.pid_ns)
+            logged = self._log(key, audit, {"op": "reserve", "reservation": rid, "reserved_usd": nano / NANO,
+                                            "available_usd": available / NANO})
+            account[2] += nano
+            self._next_rid = rid
+            self._holds[rid] = _Hold(key, nano, 0, row)
+            self._touched(key)
+            self._advance(logged)
         return Reservation(rid, key, nano / NANO)
 
     def settle(self, res: Reservation, usd: float, *, audit: dict[str, Any] | None = None) -> float:
@@ -687,7 +742,15 @@ class Ledger:
         self._live()
         with self._lock:
             self._writable()
-            row = self._cur.execute(_PROGRESS, (used, res.id, res.key)).fetchone()
+            if self._head is not None:
+                hold = self._hold(res)
+                if hold is not None:
+                    hold.used = max(hold.used, min(hold.nano, used))
+                    hold.progressed = True
+                    return hold.used / NANO
+                row = None
+            else:
+                row = self._cur.execute(_PROGRESS, (used, res.id, res.key)).fetchone()
         if row is None:
             raise ValueError(f"reservation {res.id} on key {res.key!r} is not open (settled or released)")
         return row[0] / NANO
@@ -698,6 +761,7 @@ class Ledger:
         cols = self._columns
         pick = ", ".join(c if c in cols else ("0" if c == "used" else "NULL") for c, _ in _RESERVATION_COLUMNS)
         with self._lock:
+            self._flush()
             rows = self._cur.execute(f"SELECT id, key, nano, {pick} FROM reservations ORDER BY id").fetchall()
         out = []
         for rid, key, nano, label, created, used, *owner_row in rows:
@@ -792,13 +856,14 @@ class Ledger:
         balance = self._balances.get(key)
         if balance is not None:
             return balance
-        row = self._cur.execute(_BALANCE, (key,)).fetchone()
-        if row is None:
-            return None
-        balance = _balance(*row)
         if self._head is not None:
-            self._balances[key] = balance
-        return balance
+            account = self._account(key)
+            if account is None:
+                return None
+            balance = self._balances[key] = _balance(*account)
+            return balance
+        row = self._cur.execute(_BALANCE, (key,)).fetchone()
+        return None if row is None else _balance(*row)
 
     def audit_head(self) -> tuple[int, str]:
         """``(seq, hash)`` of the last audit record (``(0, GENESIS)`` if none): anchor it elsewhere to
@@ -818,6 +883,7 @@ class Ledger:
         """Every account, sorted by key."""
         self._live()
         with self._lock:
+            self._flush()
             rows = self._cur.execute(_ACCOUNTS).fetchall()
         return [Account(key, parent, _balance(budget, spent, reserved, granted, closed))
                 for key, parent, budget, spent, reserved, granted, closed in rows]
@@ -833,6 +899,7 @@ class Ledger:
         self._live()
         used = "used" if "used" in self._columns else "0"
         with self._lock:
+            self._flush()
             self._cur.execute("BEGIN")
             try:
                 accounts = self._cur.execute(_ACCOUNTS).fetchall()
@@ -857,6 +924,8 @@ class Ledger:
 
     def _finish(self, res: Reservation, actual: int, op: str, audit: dict[str, Any] | None) -> float:
         """Close reservation ``res``, charging ``min(actual, reserved)`` nano-dollars; return dollars charged."""
+        if self._head is not None:
+            return self._finish_in_memory(res, actual, op, audit)
         with self._transaction() as logged:
             cur = self._cur
             row = cur.execute(_TAKE_RESERVATION, (res.id, res.key)).fetchone()
@@ -866,20 +935,81 @@ class Ledger:
             charged = min(actual, reserved)
             (available,) = cur.execute(_CHARGE, (reserved, charged, res.key)).fetchone()
             if audit is not None:
-                fields = {"op": op, "reservation": res.id, "reserved_usd": reserved / NANO,
-                          "charged_usd": charged / NANO, "available_usd": available / NANO}
-                if actual > reserved:
-                    fields["overrun_usd"] = (actual - reserved) / NANO
-                if used:
-                    fields["progress_usd"] = used / NANO
-                logged.append(self._log(res.key, audit, fields))
+                logged.append(self._log(res.key, audit, _finish_fields(op, res, reserved, charged, available, actual, used)))
         return charged / NANO
 
+    def _finish_in_memory(self, res: Reservation, actual: int, op: str, audit: dict[str, Any] | None) -> float:
+        """:meth:`_finish` on the mirror (``_TAKE_RESERVATION``, then ``_CHARGE``)."""
+        self._live()
+        with self._lock:
+            hold = self._hold(res)
+            if hold is None:
+                raise ValueError(f"reservation {res.id} on key {res.key!r} is not open (settled or released)")
+            account = self._account(res.key)
+            if account is None:
+                raise ValueError(f"reservation {res.id} is on {res.key!r}, which has no account")
+            reserved, used = hold.nano, hold.used
+            charged = min(actual, reserved)
+            logged = None
+            if audit is not None:
+                available = account[0] - (account[1] + charged) - (account[2] - reserved) - account[3]
+                logged = self._log(res.key, audit, _finish_fields(op, res, reserved, charged, available, actual, used))
+            account[2] -= reserved
+            account[1] += charged
+            del self._holds[res.id]
+            if hold.row is None:  # in the table: delete it there at the next flush
+                self._dropped.add(res.id)
+            self._touched(res.key)
+            self._advance(logged)
+        return charged / NANO
+
+    # --- the in-memory mirror (lock held) ----------------------------------------------------------
+
+    def _account(self, key: str) -> list[int] | None:
+        """The mirror's row of ``key`` (read from the table the first time), ``None`` if it has no account."""
+        account = self._accts.get(key)
+        if account is None:
+            row = self._cur.execute(_BALANCE, (key,)).fetchone()
+            if row is None:
+                return None
+            account = self._accts[key] = list(row)
+        return account
+
+    def _hold(self, res: Reservation) -> _Hold | None:
+        """The mirror's open reservation ``res`` (read from the table the first time), ``None`` if it is not open."""
+        hold = self._holds.get(res.id)
+        if hold is None:
+            if res.id in self._dropped:  # closed, still in the table until the next flush
+                return None
+            row = self._cur.execute(_HOLD, (res.id, res.key)).fetchone()
+            if row is None:
+                return None
+            hold = self._holds[res.id] = _Hold(res.key, row[0], row[1], None)
+        return hold if hold.key == res.key else None
+
+    def _last_rid(self) -> int:
+        if self._next_rid is None:
+            row = self._cur.execute("SELECT seq FROM sqlite_sequence WHERE name = 'reservations'").fetchone()
+            self._next_rid = self._rid_flushed = row[0] if row else 0
+        return self._next_rid
+
+    def _touched(self, key: str) -> None:
+        self._dirty.add(key)
+        self._balances.pop(key, None)
+
+    def _forget(self) -> None:
+        """Drop the mirror (it has been flushed): a write transaction is about to change the tables."""
+        self._accts.clear()
+        self._holds.clear()
+        self._balances.clear()
+        self._next_rid = None
+
     def _refuse(
-        self, key: str, nano: int, audit: dict[str, Any] | None, fields: dict[str, Any]
+        self, key: str, nano: int, audit: dict[str, Any] | None, fields: dict[str, Any],
+        row: tuple[int, int] | None,
     ) -> tuple[ActionError, tuple[int, str] | None]:
-        """Explain why a guarded update on ``key`` matched nothing; log the refusal if ``audit`` is given."""
-        row = self._cur.execute(_STATE, (key,)).fetchone()
+        """Explain why a guarded update on ``key`` matched nothing, from its ``(available, closed)`` state
+        (``None``: no account); log the refusal if ``audit`` is given."""
         if row is None:
             err = ActionError("unknown_key", f"no account for key {key!r}")
         elif row[1]:
@@ -917,16 +1047,44 @@ class Ledger:
                 self._flush()
 
     def _flush(self) -> None:
-        """Insert the queued audit rows (called with the lock held)."""
-        if self._pending:
-            self._cur.execute("BEGIN IMMEDIATE")
-            try:
-                _audit.insert_rows(self._cur, self._pending)
-                self._cur.execute("COMMIT")
-            except BaseException:
-                self._rollback()
-                raise
-            self._pending.clear()
+        """Write what an in-memory ledger holds back - the mirror's changes and the queued audit rows - in
+        one transaction (called with the lock held; nothing to do for a file ledger)."""
+        new_rid = self._next_rid is not None and self._next_rid > self._rid_flushed
+        if not (self._pending or self._dirty or self._dropped or new_rid
+                or any(h.row is not None or h.progressed for h in self._holds.values())):
+            return
+        cur = self._cur
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            if self._dropped:
+                cur.executemany("DELETE FROM reservations WHERE id = ?", [(rid,) for rid in sorted(self._dropped)])
+            holds = list(self._holds.values())
+            new = [h.row[:5] + (h.used,) + h.row[5:] for h in holds if h.row is not None]
+            if new:
+                cur.executemany(_INSERT_HOLD, new)
+            moved = [(h.used, rid) for rid, h in self._holds.items() if h.progressed and h.row is None]
+            if moved:
+                cur.executemany("UPDATE reservations SET used = ? WHERE id = ?", moved)
+            if self._dirty:
+                cur.executemany("UPDATE accounts SET spent = ?, reserved = ? WHERE key = ?",
+                                [(self._accts[k][1], self._accts[k][2], k) for k in self._dirty])
+            if new_rid:
+                cur.execute("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'reservations'", (self._next_rid,))
+                if cur.rowcount == 0:
+                    cur.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('reservations', ?)", (self._next_rid,))
+            if self._pending:
+                _audit.insert_rows(cur, self._pending)
+            cur.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+        self._pending.clear()
+        self._dirty.clear()
+        self._dropped.clear()
+        for h in holds:
+            h.row, h.progressed = None, False
+        if self._next_rid is not None:
+            self._rid_flushed = self._next_rid
 
     @contextmanager
     def _transaction(self) -> Iterator[list[_Logged]]:
@@ -935,6 +1093,9 @@ class Ledger:
         self._live()
         with self._lock:
             self._writable()
+            if self._head is not None:  # in memory: the mirror's changes go first, then the tables are the truth
+                self._flush()
+                self._forget()
             self._cur.execute("BEGIN IMMEDIATE")
             logged: list[_Logged] = []
             try:
@@ -964,6 +1125,18 @@ class _Inconsistent(Exception):
 def _balance(budget: int, spent: int, reserved: int, granted: int, closed: int) -> Balance:
     available = 0 if closed else budget - spent - reserved - granted
     return Balance(budget / NANO, spent / NANO, reserved / NANO, granted / NANO, available / NANO, bool(closed))
+
+
+def _finish_fields(op: str, res: Reservation, reserved: int, charged: int, available: int, actual: int,
+                   used: int) -> dict[str, Any]:
+    """The audit fields of a settle or release (nano-dollar amounts in, dollars out)."""
+    fields = {"op": op, "reservation": res.id, "reserved_usd": reserved / NANO, "charged_usd": charged / NANO,
+              "available_usd": available / NANO}
+    if actual > reserved:
+        fields["overrun_usd"] = (actual - reserved) / NANO
+    if used:
+        fields["progress_usd"] = used / NANO
+    return fields
 
 
 def _usd(nano: int) -> str:

@@ -177,7 +177,8 @@ class TaskSet:
 
 def stratified_normal(rng: np.random.Generator, n: int) -> np.ndarray:
     """``n`` standard normal draws, one from each of ``n`` equal-probability strata, in random order."""
-    return np.array([STANDARD_NORMAL.inv_cdf(u) for u in (rng.permutation(n) + rng.random(n)) / n])
+    inv_cdf = STANDARD_NORMAL.inv_cdf
+    return np.array([inv_cdf(u) for u in ((rng.permutation(n) + rng.random(n)) / n).tolist()])
 
 
 def draw_tasks(rng: np.random.Generator, domain: Domain, n: int) -> TaskSet:
@@ -206,16 +207,19 @@ def success_prob(
 
 def calibrate_skill(difficulty: np.ndarray, factor: np.ndarray, target: float) -> float:
     """The skill ``s`` with ``mean(sigmoid(s - d) * factor) == target`` (safeguarded Newton)."""
-    if not 0.0 < target < float(np.mean(factor)):
+    n, total = len(difficulty), np.add.reduce  # float(total(x)) / n is np.mean(x), bit for bit, minus its overhead
+    if not 0.0 < target < float(total(factor)) / n:
         raise ValueError(f"target {target} is not reachable (ceiling {np.mean(factor):.4f})")
+    ones = bool((factor == 1.0).all())  # x * 1.0 is x: skip those products
     low, high, s = -60.0, 60.0, 0.0
     for _ in range(200):
-        q = sigmoid(s - difficulty)
-        gap = float(np.mean(q * factor)) - target
+        q = 1.0 / (1.0 + np.exp(-(s - difficulty)))  # sigmoid
+        gap = float(total(q if ones else q * factor)) / n - target
         if abs(gap) < 1e-13:
             break
         low, high = (low, s) if gap > 0 else (s, high)
-        slope = float(np.mean(q * (1.0 - q) * factor))
+        spread = q * (1.0 - q)
+        slope = float(total(spread if ones else spread * factor)) / n
         step = s - gap / slope if slope > 0 else math.nan
         s = step if low < step < high else 0.5 * (low + high)
     return s
@@ -235,14 +239,16 @@ def simulate_attempts(
     Outcomes are monotone in skill and in the defects fixed, for fixed draws.
     """
     n_defects = len(DEFECTS)
-    solved = draws[..., 0] < solve[:, None]
     triggered = exposed[:, None, :] & (draws[..., 1 : 1 + n_defects] < severity)
-    recalled = draws[..., 1 + n_defects] < memory
-    success = (solved & ~triggered.any(axis=-1)) | recalled
-    n_triggered = triggered.sum(axis=-1)
+    counted = np.cumsum(triggered, axis=-1)
+    n_triggered = counted[..., -1]
+    tripped = n_triggered > 0
+    success = (draws[..., 0] < solve[:, None]) & ~tripped
+    if memory > 0.0:  # uniforms are never below 0: nothing is recalled without memory
+        success |= draws[..., 1 + n_defects] < memory
     pick = np.floor(draws[..., 2 + n_defects] * n_triggered)
-    blamed = np.argmax(np.cumsum(triggered, axis=-1) > pick[..., None], axis=-1)
-    label = np.where(n_triggered > 0, blamed, FAILURE_MODES.index(WRONG_ANSWER))
+    blamed = np.argmax(counted > pick[..., None], axis=-1)
+    label = np.where(tripped, blamed, FAILURE_MODES.index(WRONG_ANSWER))
     return success, np.where(success, -1, label)
 
 

@@ -109,6 +109,21 @@ TASK_PROMPT = re.compile(r"task:dev/(\d+)")
 SANDBOX_NOT_MODELLED = "sim sandbox: command not modelled; the sim world runs no code (use world='local')\n"
 
 
+class _Streams(dict):
+    """The world's random streams by name, each seeded by ``(seed, benchmark key, its index in STREAMS)``
+    and made on first use (seeding one costs more than most calls that draw from it)."""
+
+    def __init__(self, seed: int, key: int):
+        super().__init__()
+        self.seed, self.key = seed, key
+
+    def __missing__(self, name: str) -> np.random.Generator:
+        if name not in STREAMS:
+            raise KeyError(name)
+        rng = self[name] = np.random.default_rng([self.seed, self.key, STREAMS.index(name)])
+        return rng
+
+
 class SimWorld:
     """A seeded surrogate of one RSIGym research run: benchmark, target system and five services.
 
@@ -145,8 +160,7 @@ class SimWorld:
         self.memory_gib = memory_gib
         self.options = {**DEFAULT_OPTIONS, **(options or {})}
         self.clock = SimClock()
-        key = zlib.crc32(benchmark.encode())
-        self._rng = {name: np.random.default_rng([seed, key, i]) for i, name in enumerate(STREAMS)}
+        self._rng = _Streams(seed, zlib.crc32(benchmark.encode()))
         self.severity = np.asarray(self.domain.severity)
 
         n, target = self.benchmark.n_tasks, self.benchmark.initial_score
@@ -511,6 +525,7 @@ class SimEvaluation:
 
     def __init__(self, world: SimWorld):
         self.world = world
+        self._bills: dict[tuple[bool, int, Harness | None, int], tuple[float, float, int, float]] = {}
 
     def _plan(self, req: EvalRequest, official: bool) -> tuple[ModelState, TaskSet, Harness | HarnessError]:
         w = self.world
@@ -524,8 +539,17 @@ class SimEvaluation:
             harness = exc
         return state, tasks, harness
 
-    def _bill(self, tasks: TaskSet, harness: Harness | HarnessError, k: int) -> tuple[float, float, int, float]:
-        """(usd, seconds, tokens, sandbox seconds) of evaluating ``tasks`` k times."""
+    def _bill(self, tasks: TaskSet, harness: Harness | HarnessError, k: int, official: bool) -> tuple[float, float, int, float]:
+        """(usd, seconds, tokens, sandbox seconds) of evaluating ``tasks`` k times. A world's splits never
+        change, so the bill of (split, first n tasks, harness, k) is computed once (a call is quoted, then run)."""
+        key = (official, len(tasks),
+               harness if isinstance(harness, Harness) else None, k)
+        bill = self._bills.get(key)
+        if bill is None:
+            bill = self._bills[key] = self._compute_bill(tasks, harness, k)
+        return bill
+
+    def _compute_bill(self, tasks: TaskSet, harness: Harness | HarnessError, k: int) -> tuple[float, float, int, float]:
         w = self.world
         attempts = len(tasks) * k
         rounds = math.ceil(attempts / w.options["eval_concurrency"])
@@ -540,7 +564,7 @@ class SimEvaluation:
 
     def quote(self, req: EvalRequest) -> Quote:
         _, tasks, harness = self._plan(req, req.split == "official")
-        usd, seconds, *_ = self._bill(tasks, harness, req.k)
+        usd, seconds, *_ = self._bill(tasks, harness, req.k, req.split == "official")
         return Quote(usd=usd, seconds=seconds)
 
     def start(self, req: EvalRequest, job_id: str) -> Job:
@@ -559,10 +583,10 @@ class SimEvaluation:
     def _run(self, req: EvalRequest, official: bool) -> Billed[EvalResult]:
         w = self.world
         state, tasks, harness = self._plan(req, official)
-        usd, seconds, tokens, sandbox_s = self._bill(tasks, harness, req.k)
+        usd, seconds, tokens, sandbox_s = self._bill(tasks, harness, req.k, official)
         n, k = len(tasks), req.k
         split = "official" if official else "dev"
-        names = [f"{split}/{i}" for i in range(n)]
+        names = list(_task_names(split, n))
         if isinstance(harness, HarnessError):
             failure = f"{HARNESS_ERROR}: {harness}"
             rewards, labels = [[0.0] * k for _ in names], [[failure] * k for _ in names]
@@ -572,7 +596,7 @@ class SimEvaluation:
             solve = sigmoid(state.skill - tasks.difficulty)
             memory = 0.0 if official else state.dev_memory
             success, label = simulate_attempts(draws, solve, tasks.exposed(harness), w.severity, memory)
-            labels = [[FAILURE_MODES[j] if j >= 0 else "" for j in row] for row in label.tolist()]
+            labels = _LABELS[label].tolist()  # a failure mode per attempt, "" (index -1) where it succeeded
             rewards = success.astype(float).tolist()
             counts = np.bincount(label[label >= 0], minlength=len(FAILURE_MODES))
             modes = {FAILURE_MODES[j]: int(c) for j, c in enumerate(counts) if c}
@@ -584,6 +608,14 @@ class SimEvaluation:
             sandbox_seconds=sandbox_s,
         )
         return Billed[EvalResult](value=value, cost_usd=usd, seconds=seconds)
+
+
+_LABELS = np.array([*FAILURE_MODES, ""], dtype=object)
+
+
+@functools.lru_cache(maxsize=64)
+def _task_names(split: str, n: int) -> tuple[str, ...]:
+    return tuple(f"{split}/{i}" for i in range(n))
 
 
 def from_scenario(scenario: Any, seed: int, run_dir: Any = None) -> SimWorld:

@@ -1,0 +1,243 @@
+"""Pinned sim trajectories: the full ``(observation, reward, terminated, truncated, info)`` of every
+step of a few episodes, and each episode's audit log and books, hashed and compared with a digest
+recorded before the sim was made faster (issue 15, goal 4). A speed-up must not move a single value.
+
+Wall times and key ids (a random secret's hash) are the only things left out of the audit log: the
+ids are replaced by their order of appearance.
+
+If a change is *meant* to alter episodes, recompute the digests with
+``python tests/test_trajectory_pin.py`` and say why in the commit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import rsigym_env  # noqa: F401  (registers the ids)
+from rsigym_env.baselines import make_researcher
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as exact, hashable JSON: arrays keep their dtype, floats their repr."""
+    if isinstance(value, np.ndarray):
+        return {"ndarray": str(value.dtype), "shape": list(value.shape), "values": _plain(value.tolist())}
+    if isinstance(value, np.generic):
+        return {"np": str(value.dtype), "value": _plain(value.item())}
+    if isinstance(value, float):
+        return {"float": repr(value)}
+    if isinstance(value, dict):
+        return {"dict": [[_plain(k), _plain(v)] for k, v in value.items()]}  # insertion order counts too
+    if isinstance(value, (list, tuple)):
+        return {type(value).__name__: [_plain(v) for v in value]}
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if hasattr(value, "model_dump"):
+        return {type(value).__name__: _plain(value.model_dump())}
+    return {type(value).__name__: repr(value)}
+
+
+class _Digest:
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+        self.steps = 0
+
+    def add(self, item: Any) -> None:
+        self._h.update(json.dumps(_plain(item), sort_keys=True).encode())
+        self._h.update(b"\n")
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def _audit(env: gym.Env, digest: _Digest) -> None:
+    """The episode's audit log (wall times dropped, key ids by order of appearance) and books."""
+    ledger = env.unwrapped.platform.ledger
+    ids: dict[str, str] = {}
+
+    def key(k: Any) -> Any:
+        return ids.setdefault(k, f"key-{len(ids)}") if isinstance(k, str) else k
+
+    for record in ledger.audit_records():
+        event = {k: v for k, v in record.event.items() if k != "wall_time"}
+        event["key"] = key(event.get("key"))
+        digest.add(["audit", record.seq, key(record.key), event])
+    books = ledger.books()
+    lines = sorted((key(line.key), line.spent_usd, line.reserved_usd, line.available_usd) for line in books.lines)
+    digest.add(["books", books.ok, lines])  # accounts come sorted by their random ids: sort by appearance
+
+
+def _researcher_episodes(env_id: str, agent: str, seeds: tuple[int, ...], **kwargs: Any) -> Callable[[], _Digest]:
+    def run() -> _Digest:
+        digest = _Digest()
+        env = gym.make(env_id, **kwargs)
+        try:
+            for seed in seeds:
+                researcher = make_researcher(agent)
+                obs, info = env.reset(seed=seed)
+                digest.add(["reset", obs, info])
+                researcher.reset(obs, info, seed=seed)
+                done = False
+                while not done:
+                    action = researcher.act(obs, info)
+                    obs, reward, terminated, truncated, info = env.step(action)
+                    digest.add(["step", _plain(action), obs, reward, terminated, truncated, info])
+                    digest.steps += 1
+                    done = terminated or truncated
+                env.unwrapped.render_mode = "ansi"
+                digest.add(["render", env.unwrapped.render()])
+            _audit(env, digest)
+        finally:
+            env.close()
+        return digest
+
+    return run
+
+
+def _on_disk(env_id: str, agent: str, seeds: tuple[int, ...], **kwargs: Any) -> Callable[[], _Digest]:
+    """The same as :func:`_researcher_episodes` with the ledger and audit log in an SQLite file."""
+    def run() -> _Digest:
+        with tempfile.TemporaryDirectory() as tmp:
+            return _researcher_episodes(env_id, agent, seeds, ledger_path=Path(tmp) / "ledger.db", **kwargs)()
+
+    return run
+
+
+def _sampled(n: int, seed: int, **kwargs: Any) -> Callable[[], _Digest]:
+    def run() -> _Digest:
+        digest = _Digest()
+        env = gym.make("RSIGym/Joint-v0", max_steps=120, **kwargs)
+        try:
+            obs, info = env.reset(seed=seed)
+            env.action_space.seed(seed)
+            digest.add(["reset", obs, info])
+            for _ in range(n):
+                action = env.action_space.sample()
+                obs, reward, terminated, truncated, info = env.step(action)
+                digest.add(["step", obs, reward, terminated, truncated, info])
+                digest.steps += 1
+                if terminated or truncated:
+                    obs, info = env.reset()
+                    digest.add(["reset", obs, info])
+            _audit(env, digest)
+        finally:
+            env.close()
+        return digest
+
+    return run
+
+
+def _scripted_actions() -> _Digest:
+    """Hand-written actions over every tool and the usual refusals (forms: dict, JSON text, tool object)."""
+    from rsigym_env.tools import Evaluate
+
+    actions: list[Any] = [
+        {"tool": "read", "args": {"ref": "harness:latest/harness.toml"}},
+        {"tool": "read", "args": {"ref": "budget"}},
+        {"tool": "read", "args": {"ref": "scenario"}},
+        {"tool": "read", "args": {"ref": "nothing"}},
+        {"tool": "fly"},
+        "not json",
+        '{"tool": "wait", "args": {}}',
+        {"tool": "evaluate", "args": {"k": 1, "n_tasks": 10}},
+        {"tool": "read", "args": {"ref": "job-1"}},
+        {"tool": "wait", "args": {"timeout_s": 5.0}},
+        {"tool": "wait", "args": {}},
+        {"tool": "read", "args": {"ref": "job-1"}},
+        {"tool": "generate_data", "args": {"teacher": "claude-opus-5", "n_examples": 50}},
+        {"tool": "generate_data", "args": {"teacher": "nobody", "n_examples": 50}},
+        {"tool": "generate_data", "args": {"teacher": "claude-opus-5", "n_examples": 20_000,
+                                           "max_tokens_per_example": 32_768}},
+        {"tool": "wait", "args": {}},  # async_jobs: the dataset is a job
+        {"tool": "transform_data", "args": {"operation": "filter", "datasets": ["ds-1"]}},
+        {"tool": "transform_data", "args": {"operation": "dedupe", "datasets": ["ds-2"]}},
+        {"tool": "transform_data", "args": {"operation": "script", "datasets": ["ds-2"], "script": "true"}},
+        {"tool": "read", "args": {"ref": "ds-3"}},
+        {"tool": "sandbox_exec", "args": {"command": "ls /data"}},
+        {"tool": "sandbox_exec", "args": {"command": "head -n 2 /data/ds-1.jsonl"}},
+        {"tool": "sandbox_exec", "args": {"command": "wc -l /data/ds-3.jsonl"}},
+        {"tool": "sandbox_exec", "args": {"command": "rm -rf /"}},
+        {"tool": "infer", "args": {"prompt": "task:dev/3"}},
+        {"tool": "infer", "args": {"prompt": "hello", "max_tokens": 5}},
+        {"tool": "edit_harness", "args": {"path": "harness.toml", "old": "persistent = false", "new": "persistent = true"}},
+        {"tool": "edit_harness", "args": {"path": "harness.toml", "old": "detect = false", "new": "detect = true"}},
+        {"tool": "edit_harness", "args": {"path": "prompt.md", "content": "Solve it."}},
+        {"tool": "train", "args": {"dataset": "ds-3"}},
+        {"tool": "train", "args": {"dataset": "ds-3", "num_epochs": 2, "learning_rate": 1e-4}},
+        {"tool": "evaluate", "args": {"checkpoint": "ckpt-1"}},
+        {"tool": "wait", "args": {"job": "job-2"}},
+        {"tool": "read", "args": {"ref": "jobs"}},
+        {"tool": "read", "args": {"ref": "artifacts"}},
+        Evaluate(checkpoint="ckpt-1", k=2),
+        {"tool": "wait", "args": {}},
+        {"tool": "wait", "args": {}},
+        {"tool": "read", "args": {"ref": "ckpt-1"}},
+        {"tool": "evaluate", "args": {"checkpoint": "ckpt-2", "harness": "latest", "k": 1}},
+        {"tool": "wait", "args": {}},
+        {"tool": "wait", "args": {}},
+        {"tool": "read", "args": {"ref": "harness:latest"}},
+        {"tool": "submit", "args": {"checkpoint": "ckpt-1"}},
+        {"tool": "read", "args": {"ref": "budget"}},
+    ]
+    digest = _Digest()
+    for env_id, kwargs in (("RSIGym/Joint-v0", {"benchmark": "aime"}),
+                           ("RSIGym/Joint-v0", {"benchmark": "terminal-bench-2", "async_jobs": True}),
+                           ("RSIGym/Data-v0", {"benchmark": "skillsbench", "budget_usd": 40})):
+        env = gym.make(env_id, **kwargs)
+        try:
+            obs, info = env.reset(seed=11)
+            digest.add(["reset", obs, info])
+            for action in actions:
+                obs, reward, terminated, truncated, info = env.step(action)
+                digest.add(["step", obs, reward, terminated, truncated, info])
+                digest.steps += 1
+            _audit(env, digest)
+        finally:
+            env.close()
+    return digest
+
+
+EPISODES: dict[str, Callable[[], _Digest]] = {
+    "scripted-joint": _researcher_episodes("RSIGym/Joint-v0", "scripted", (0, 1, 2), benchmark="swe-bench-verified"),
+    "scripted-data": _researcher_episodes("RSIGym/Data-v0", "scripted", (3,), benchmark="aime"),
+    "scripted-harness": _researcher_episodes("RSIGym/Harness-v0", "scripted", (4,), benchmark="gpqa-diamond",
+                                             budget_usd=50),
+    "scripted-async": _researcher_episodes("RSIGym/Joint-v0", "scripted", (5,), benchmark="skillsbench",
+                                           async_jobs=True),
+    "rl-joint": _researcher_episodes("RSIGym/Joint-v0", "rl", (0, 1), benchmark="terminal-bench-2"),
+    "random-joint": _researcher_episodes("RSIGym/Joint-v0", "random", (0, 1, 2), benchmark="aime"),
+    "scripted-disk": _on_disk("RSIGym/Joint-v0", "scripted", (6, 7), benchmark="aime"),
+    "sampled": _sampled(400, seed=7, benchmark="swe-bench-verified"),
+    "actions": _scripted_actions,
+}
+
+PINNED: dict[str, tuple[int, str]] = {  # name -> (steps, sha256), computed on main before issue 15's sim work
+    'actions': (135, 'b04b7291376f15e897f305693623b1718d177c2da3797c01d268ba444649e05a'),
+    'random-joint': (51, '922304f938edf416e322f53971e4eeee776404498e73e85b1fe0dca3d3c872fa'),
+    'rl-joint': (68, 'b48c868b624224e3c83535ad1e65bf9d1832c420ec7f1120c8a8fdb58e61aa38'),
+    'sampled': (400, '55eccdc0bfe800ff4d436b333c327fb942666bb1d50e60d0b03ab60ff63991cf'),
+    'scripted-async': (27, '01c17af84c6c83142df1cb6dce3b939507663745d7eb4793068bae151692e417'),
+    'scripted-data': (15, '24839b4c1b7f6a0b34f37441e5a76c52043fdfda0af5a3037678cc3bf644a002'),
+    'scripted-disk': (35, '9fe66668ee8f7e13791ae3f713e7cdda1a7c741d3c808baa8d3d325016d25af7'),
+    'scripted-harness': (7, 'd8b733a627a3e92283e41eb25918746899397e10edbcc773202c98e09bfd3ee5'),
+    'scripted-joint': (63, '9756f72a9853097617fb93f70cd9ba92d21b1cb490b05673dd6bb0074e0d4594'),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EPISODES))
+def test_trajectories_match_the_pin(name):
+    digest = EPISODES[name]()
+    assert (digest.steps, digest.hexdigest()) == PINNED[name]
+
+
+if __name__ == "__main__":
+    for name in sorted(EPISODES):
+        d = EPISODES[name]()
+        print(f"    {name!r}: ({d.steps}, {d.hexdigest()!r}),")
