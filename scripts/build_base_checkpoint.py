@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from rsigym_env.worlds.local.benchmarks import MIXTURES, GENERATOR_VERSION, pretraining_conversations
-from rsigym_env.worlds.local.model import Adam, AdamHyper, ModelConfig, Transformer, init_params, save_npz
+from rsigym_env.worlds.local.lm.model import Adam, AdamHyper, ModelConfig, Transformer, init_params, save_npz
 from rsigym_env.worlds.local.tokenizer import ChatRenderer, Tokenizer, TrainOnWhat
 
 CONFIG = ModelConfig(vocab_size=272, d_model=192, n_layers=4, n_heads=4, d_ff=768, max_seq_len=512)

@@ -12,7 +12,7 @@ from tinker import types  # noqa: E402
 
 from rsigym_env.worlds.local.chat import chat_model  # noqa: E402
 from rsigym_env.worlds.local.inference_pool import InferencePool  # noqa: E402
-from rsigym_env.worlds.local.model import ContextOverflowError  # noqa: E402
+from rsigym_env.worlds.local.lm.model import ContextOverflowError  # noqa: E402
 from rsigym_env.worlds.local.tinker_client import CheckpointNotFoundError, LocalServiceClient  # noqa: E402
 from rsigym_env.worlds.local.training import SupervisedConfig, run_supervised  # noqa: E402
 from rsigym_env.serving import ChatRequest  # noqa: E402

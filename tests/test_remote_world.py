@@ -51,7 +51,7 @@ def tasks(tmp_path):
 def local_tinker(tmp_path):
     """Tinker's interface offline: the local client, a tiny random base registered as the scenario's base model."""
     from rsigym_env.worlds.local import tinker_client
-    from rsigym_env.worlds.local.model import ModelConfig
+    from rsigym_env.worlds.local.lm.model import ModelConfig
 
     tinker_client.register_base_model("Qwen/Qwen3.5-35B-A3B-Base", tinker_client.make_random_base(
         tmp_path / "base", ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, max_seq_len=256)))

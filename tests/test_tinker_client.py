@@ -13,7 +13,7 @@ tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
 from rsigym_env.errors import ActionError  # noqa: E402
-from rsigym_env.worlds.local.model import ContextOverflowError, ModelConfig, load_npz  # noqa: E402
+from rsigym_env.worlds.local.lm.model import ContextOverflowError, ModelConfig, load_npz  # noqa: E402
 from rsigym_env.worlds.local.tinker_client import (  # noqa: E402
     CheckpointNotFoundError,
     LocalSamplingClient,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .model import (
+from .lm.model import (
     Adam,
     AdamHyper,
     ContextOverflowError,

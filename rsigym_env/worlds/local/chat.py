@@ -15,7 +15,7 @@ can be called while the server runs:
 >>> import tempfile
 >>> from openai import OpenAI
 >>> from rsigym_env.serving import ModelRegistry, OpenAIServer
->>> from rsigym_env.worlds.local.model import ModelConfig
+>>> from rsigym_env.worlds.local.lm.model import ModelConfig
 >>> from rsigym_env.worlds.local.tinker_client import LocalServiceClient, make_random_base, register_base_model
 >>> from rsigym_env.worlds.local.training import SupervisedConfig, run_supervised
 >>> root = tempfile.mkdtemp()
@@ -48,7 +48,7 @@ from typing import Any, Callable, Sequence
 from tinker import types
 
 from ...serving.models import ChatChoice, ChatRequest, InvalidParam, ModelRegistry, ModelRequestError, ToolCall
-from .model import ContextOverflowError
+from .lm.model import ContextOverflowError
 from .tinker_client import CheckpointNotFoundError, UnknownModelError, parse_tinker_path
 from .tokenizer import ChatRenderer, MessageError, RoleColonRenderer, Tokenizer
 

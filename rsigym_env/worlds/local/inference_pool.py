@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from . import tinker_client
-from .model import PrefillCache
+from .lm.model import PrefillCache
 
 # in each worker: the service clients (one per run directory) and the sampling clients they made
 _SERVICES: dict[str, Any] = {}
@@ -80,7 +80,7 @@ def _sample(root: str, bases: dict[str, str], model_path: str | None, base_model
 
 
 def _raise(kind: str, message: str) -> None:
-    from .model import ContextOverflowError
+    from .lm.model import ContextOverflowError
 
     known = {"ContextOverflowError": ContextOverflowError,
              "CheckpointNotFoundError": tinker_client.CheckpointNotFoundError,

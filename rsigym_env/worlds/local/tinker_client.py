@@ -52,7 +52,7 @@ from tinker import types
 from tinker.lib.public_interfaces.api_future import APIFuture, AwaitableConcurrentFuture
 
 from ...errors import ActionError
-from .model import (
+from .lm.model import (
     Adam,
     BaseModel,
     ContextOverflowError,

@@ -10,7 +10,7 @@ and a constant / linear / cosine learning-rate schedule.
 
 >>> import tempfile
 >>> from rsigym_env.worlds.local.tinker_client import LocalServiceClient, make_random_base, register_base_model
->>> from rsigym_env.worlds.local.model import ModelConfig
+>>> from rsigym_env.worlds.local.lm.model import ModelConfig
 >>> root = tempfile.mkdtemp()
 >>> register_base_model("doc-sft", make_random_base(root + "/base", ModelConfig(d_model=32, n_layers=1,
 ...     n_heads=2, d_ff=64, max_seq_len=64)))

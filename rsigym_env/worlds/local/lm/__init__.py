@@ -1,0 +1,1 @@
+"""The local world's language model stack: the NumPy transformer (:mod:`.model`)."""
