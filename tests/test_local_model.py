@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from rsigym_env.errors import ActionError
 from rsigym_env.worlds.local.lm import model as M
-from rsigym_env.worlds.local.tokenizer import (
+from rsigym_env.worlds.common.tokenizer import (
     ChatRenderer,
     MessageError,
     RoleColonRenderer,
@@ -542,7 +542,7 @@ def test_results_do_not_depend_on_concurrent_computations():
 
 
 def _shipped_base() -> tuple:
-    from rsigym_env.worlds.local.tinker_client import load_base_model
+    from rsigym_env.worlds.local.lm.tinker_client import load_base_model
     from rsigym_env.worlds.local.world import BASE_MODEL
 
     base = load_base_model(BASE_MODEL)

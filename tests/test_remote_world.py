@@ -50,7 +50,7 @@ def tasks(tmp_path):
 @pytest.fixture()
 def local_tinker(tmp_path):
     """Tinker's interface offline: the local client, a tiny random base registered as the scenario's base model."""
-    from rsigym_env.worlds.local import tinker_client
+    from rsigym_env.worlds.local.lm import tinker_client
     from rsigym_env.worlds.local.lm.model import ModelConfig
 
     tinker_client.register_base_model("Qwen/Qwen3.5-35B-A3B-Base", tinker_client.make_random_base(

@@ -40,31 +40,31 @@ from .lm.model import (
     save_model,
     set_blas_threads,
 )
-from .tokenizer import ChatRenderer, MessageError, RoleColonRenderer, Tokenizer, TrainOnWhat, get_renderer
+from ..common.tokenizer import ChatRenderer, MessageError, RoleColonRenderer, Tokenizer, TrainOnWhat, get_renderer
 
 _LAZY = {
-    "LocalServiceClient": "tinker_client",
-    "LocalTrainingClient": "tinker_client",
-    "LocalSamplingClient": "tinker_client",
-    "register_base_model": "tinker_client",
-    "make_random_base": "tinker_client",
-    "parse_tinker_path": "tinker_client",
-    "UnknownModelError": "tinker_client",
-    "CheckpointNotFoundError": "tinker_client",
-    "DEFAULT_BASE_MODEL": "tinker_client",
-    "SupervisedConfig": "training",
-    "SupervisedResult": "training",
-    "StepMetrics": "training",
-    "run_supervised": "training",
-    "load_chat_jsonl": "training",
-    "TrainingConfigError": "training",
-    "DatasetError": "training",
-    "LocalChatModel": "chat",
-    "chat_model": "chat",
-    "register_base": "chat",
-    "register_checkpoint": "chat",
-    "serve_checkpoints": "chat",
-    "sampler_checkpoints": "chat",
+    "LocalServiceClient": ".lm.tinker_client",
+    "LocalTrainingClient": ".lm.tinker_client",
+    "LocalSamplingClient": ".lm.tinker_client",
+    "register_base_model": ".lm.tinker_client",
+    "make_random_base": ".lm.tinker_client",
+    "parse_tinker_path": ".lm.tinker_client",
+    "UnknownModelError": ".lm.tinker_client",
+    "CheckpointNotFoundError": ".lm.tinker_client",
+    "DEFAULT_BASE_MODEL": ".lm.tinker_client",
+    "SupervisedConfig": "..common.training",
+    "SupervisedResult": "..common.training",
+    "StepMetrics": "..common.training",
+    "run_supervised": "..common.training",
+    "load_chat_jsonl": "..common.training",
+    "TrainingConfigError": "..common.training",
+    "DatasetError": "..common.training",
+    "LocalChatModel": ".lm.chat",
+    "chat_model": ".lm.chat",
+    "register_base": ".lm.chat",
+    "register_checkpoint": ".lm.chat",
+    "serve_checkpoints": ".lm.chat",
+    "sampler_checkpoints": ".lm.chat",
 }
 
 __all__ = [
@@ -79,6 +79,6 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        module = importlib.import_module(f".{_LAZY[name]}", __name__)
+        module = importlib.import_module(_LAZY[name], __name__)
         return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,8 +35,8 @@ from rsigym_env.splits import official_split
 from rsigym_env.services import Billed, Completion, DatasetInfo, Job, Quote, TrainResult, progress_reporter
 from rsigym_env.tools import GenerateData, Infer, Train, TransformData
 
-from .datasets import DatasetStore, count_tokens
-from .inference_pool import InferencePool
+from ..common.datasets import DatasetStore, count_tokens
+from .lm.inference_pool import InferencePool
 
 BASE_MODEL = "rsigym-base"
 CONTEXT_TOKENS = 512
@@ -97,9 +97,9 @@ class LocalWorld:
 
     def __init__(self, scenario: Scenario, seed: int, run_dir: Path | None = None):
         from . import benchmarks, teachers
-        from .evaluation import LocalEvalService
-        from .sandbox import LocalSandboxService
-        from .tinker_client import LocalServiceClient
+        from .harbor.evaluation import LocalEvalService
+        from .sandbox.service import LocalSandboxService
+        from .lm.tinker_client import LocalServiceClient
 
         self.scenario = scenario
         self.seed = seed
@@ -151,7 +151,7 @@ class LocalWorld:
     # ---- models ---------------------------------------------------------------------------------
 
     def _register(self, checkpoint: str, sampler_path: str | None) -> None:
-        from .chat import register_base, register_checkpoint
+        from .lm.chat import register_base, register_checkpoint
 
         pool = self.sampling
         if sampler_path is None:
@@ -165,7 +165,7 @@ class LocalWorld:
         arrays (test models and anything unreadable: None, evaluated every time)."""
         if self.base_model != BASE_MODEL:
             return None
-        from .base import manifest
+        from .lm.base import manifest
 
         base = f"{BASE_MODEL}:{manifest()['sha256']['weights.npz']}"
         if checkpoint == "base":
@@ -174,7 +174,7 @@ class LocalWorld:
         if path is None:
             return None
         if checkpoint not in self._identities:
-            from .tinker_client import weights_identity
+            from .lm.tinker_client import weights_identity
 
             self._identities[checkpoint] = weights_identity(self.tinker.checkpoint_dir(path), base)
         return self._identities[checkpoint]
@@ -189,7 +189,7 @@ class LocalWorld:
     # ---- the initial system -----------------------------------------------------------------------
 
     def initial_harness(self) -> dict[str, str]:
-        from .harness import minimal_harness
+        from ..common.harness import minimal_harness
 
         return minimal_harness()
 
@@ -417,7 +417,7 @@ class LocalTrain:
         return Quote(usd=self.world.prices.train_usd(tokens), seconds=tokens / TRAIN_TOKENS_PER_SECOND + 2.0)
 
     def start(self, call: Train, job_id: str, checkpoint_id: str) -> Job:
-        from .training import SupervisedConfig, run_supervised
+        from ..common.training import SupervisedConfig, run_supervised
 
         w = self.world
         self._tokens(call)

@@ -1,6 +1,6 @@
 """E2B's cloud sandboxes for ``sandbox_exec`` and ``transform_data``: the local sandbox service, a cloud factory.
 
-:class:`RemoteSandboxService` is :class:`~..local.sandbox.LocalSandboxService` given a factory that calls
+:class:`RemoteSandboxService` is :class:`~..local.sandbox.service.LocalSandboxService` given a factory that calls
 ``e2b.Sandbox.create`` (``E2B_API_KEY``, ``E2B_DOMAIN``) with the scenario's template, lifetime and
 network switch. Limits: at most ``max_sandboxes`` alive at once (the run's own sandbox counts), each
 living at most ``lifetime_s``; the run's sandbox is created on first use and kept alive ``idle_s`` after
@@ -23,7 +23,7 @@ from ...errors import ActionError
 from ...prices import PriceList
 from ...services import Billed, CommandResult, Quote
 from ...tools import SandboxExec
-from ..local.sandbox import LocalSandboxService
+from ..local.sandbox.service import LocalSandboxService
 from .config import SandboxOptions
 from .errors import call_with_retries, translate
 

@@ -1,7 +1,7 @@
 """The remote world's rollout, training and inference services: the local world's classes, remote endpoints.
 
 * :class:`RemoteTrain` is :class:`~..local.world.LocalTrain` (same token count and quote, same
-  :func:`~..local.training.run_supervised` loop) with the scenario's base model and LoRA rank, the
+  :func:`~..common.training.run_supervised` loop) with the scenario's base model and LoRA rank, the
   model's own chat template, and ``tinker://`` checkpoints registered for inference by their sampler path.
 * :class:`RemoteRollout` keeps the local transforms (a script in the sandbox, now E2B's) and asks a
   catalog teacher over its OpenAI-compatible endpoint: first for a new problem in the benchmark's domain,
@@ -97,7 +97,7 @@ class RemoteTrain(LocalTrain):
         return opts.lora_rank
 
     def start(self, call: Train, job_id: str, checkpoint_id: str) -> Job:
-        from ..local.training import SupervisedConfig, run_supervised
+        from ..common.training import SupervisedConfig, run_supervised
         from .renderer import remote_renderer
 
         w = self.world

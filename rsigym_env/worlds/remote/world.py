@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping
 from ...errors import ActionError
 from ...prices import TeacherPrice
 from ...scenario import Scenario
-from ..local.datasets import DatasetStore
+from ..common.datasets import DatasetStore
 from ..local.world import LocalWorld, WallClock
 from .clients import ForwardingChatModel, Route, RoutedClient, openai_completions
 from .config import BENCHMARKS, RemoteBenchmark, RemoteOptions, required_credentials
@@ -152,7 +152,7 @@ class RemoteWorld:
     # ---- the initial system ---------------------------------------------------------------------
 
     def initial_harness(self) -> dict[str, str]:
-        from ..local.harness import minimal_harness
+        from ..common.harness import minimal_harness
 
         return minimal_harness()
 

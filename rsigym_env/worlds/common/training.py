@@ -9,7 +9,7 @@ conversations per optimizer step, ``num_epochs`` passes (reshuffled with ``seed`
 and a constant / linear / cosine learning-rate schedule.
 
 >>> import tempfile
->>> from rsigym_env.worlds.local.tinker_client import LocalServiceClient, make_random_base, register_base_model
+>>> from rsigym_env.worlds.local.lm.tinker_client import LocalServiceClient, make_random_base, register_base_model
 >>> from rsigym_env.worlds.local.lm.model import ModelConfig
 >>> root = tempfile.mkdtemp()
 >>> register_base_model("doc-sft", make_random_base(root + "/base", ModelConfig(d_model=32, n_layers=1,
@@ -24,7 +24,7 @@ True
 >>> SupervisedConfig(base_model="x", learning_rate=0).validate()
 Traceback (most recent call last):
 ...
-rsigym_env.worlds.local.training.TrainingConfigError: learning_rate must be a finite number > 0, got 0
+rsigym_env.worlds.common.training.TrainingConfigError: learning_rate must be a finite number > 0, got 0
 """
 
 from __future__ import annotations

@@ -51,8 +51,8 @@ import numpy as np
 from tinker import types
 from tinker.lib.public_interfaces.api_future import APIFuture, AwaitableConcurrentFuture
 
-from ...errors import ActionError
-from .lm.model import (
+from ....errors import ActionError
+from .model import (
     Adam,
     BaseModel,
     ContextOverflowError,
@@ -68,7 +68,7 @@ from .lm.model import (
     save_model,
     save_npz,
 )
-from .tokenizer import Tokenizer
+from ...common.tokenizer import Tokenizer
 
 T = TypeVar("T")
 

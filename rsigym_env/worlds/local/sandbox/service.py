@@ -30,9 +30,9 @@ from e2b import Sandbox
 from e2b.exceptions import TimeoutException
 from e2b.sandbox.commands.command_handle import CommandExitException
 
-from ...prices import DEFAULT_PRICES, PriceList
-from ...services import Billed, CommandResult, Quote
-from ...tools import SandboxExec
+from ....prices import DEFAULT_PRICES, PriceList
+from ....services import Billed, CommandResult, Quote
+from ....tools import SandboxExec
 from .envd import EnvdServer
 from .isolation import INSTALL_HINT, WALL_EXIT, IsolationUnavailable, Limits, Mount, SandboxGroup, bwrap_available
 

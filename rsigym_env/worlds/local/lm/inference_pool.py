@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from . import tinker_client
-from .lm.model import PrefillCache
+from .model import PrefillCache
 
 # in each worker: the service clients (one per run directory) and the sampling clients they made
 _SERVICES: dict[str, Any] = {}
@@ -80,7 +80,7 @@ def _sample(root: str, bases: dict[str, str], model_path: str | None, base_model
 
 
 def _raise(kind: str, message: str) -> None:
-    from .lm.model import ContextOverflowError
+    from .model import ContextOverflowError
 
     known = {"ContextOverflowError": ContextOverflowError,
              "CheckpointNotFoundError": tinker_client.CheckpointNotFoundError,
@@ -126,7 +126,7 @@ class PooledSamplingClient:
 
 
 class _Worker:
-    """One worker process (``python -m rsigym_env.worlds.local.inference_pool``) and the thread that
+    """One worker process (``python -m rsigym_env.worlds.local.lm.inference_pool``) and the thread that
     feeds it requests from the pool's queue: pickled frames over its stdin and stdout."""
 
     def __init__(self, pool: "InferencePool", index: int):
@@ -137,7 +137,7 @@ class _Worker:
 
     def _start(self) -> subprocess.Popen:
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-        return subprocess.Popen([sys.executable, "-m", "rsigym_env.worlds.local.inference_pool"],
+        return subprocess.Popen([sys.executable, "-m", "rsigym_env.worlds.local.lm.inference_pool"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
     def _serve(self) -> None:

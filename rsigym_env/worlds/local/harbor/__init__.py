@@ -1,0 +1,1 @@
+"""The local world's Harbor pieces: trials in bubblewrap sandboxes (:mod:`.environment`)."""
