@@ -285,9 +285,9 @@ def test_sandbox_is_lazy_limited_and_bills_idle_time(tmp_path, tasks, local_tink
         assert e2b.kwargs[0]["timeout"] == world.options.sandbox.lifetime_s and e2b.kwargs[0]["api_key"] == "e2b_test"
         assert 0 < billed.cost_usd <= world.sandbox.quote(call).usd
         for _ in range(world.sandbox.max_sandboxes - 1):
-            world.sandbox._new_sandbox()
+            world.sandbox.backend._new_sandbox()
         with pytest.raises(ActionError) as err:
-            world.sandbox._new_sandbox()
+            world.sandbox.backend._new_sandbox()
         assert err.value.code == "sandbox_limit"
     finally:
         world.close()

@@ -264,12 +264,15 @@ def build_data(conversations: Sequence[Sequence[Mapping[str, Any]]], renderer: A
 
 
 def run_supervised(service_client: Any, config: SupervisedConfig, dataset: str | Path | Iterable[Any], *,
-                   renderer: Any = None, on_step: Callable[[StepMetrics], None] | None = None) -> SupervisedResult:
+                   renderer: Any = None, on_step: Callable[[StepMetrics], None] | None = None,
+                   make_renderer: Callable[[Any], Any] | None = None) -> SupervisedResult:
     """Fine-tune ``config.base_model`` (or ``config.load_checkpoint_path``) on ``dataset``.
 
     Everything that can be checked before training (hyperparameters, every line of the
     dataset, example lengths) is checked first, so a bad call costs nothing. ``on_step`` is
-    called after every optimizer step. Returns the ``tinker://…/sampler_weights/…`` path.
+    called after every optimizer step. The renderer is ``renderer``, else ``make_renderer`` of the
+    training client's tokenizer, else ``config.renderer`` over it. Returns the
+    ``tinker://…/sampler_weights/…`` path.
     """
     start = time.perf_counter()
     config.validate()
@@ -282,7 +285,8 @@ def run_supervised(service_client: Any, config: SupervisedConfig, dataset: str |
             base_model=config.base_model, rank=config.lora_rank, seed=config.seed, train_mlp=config.train_mlp,
             train_attn=config.train_attn, train_unembed=config.train_unembed).result()
     if renderer is None:
-        renderer = get_renderer(config.renderer, tc.get_tokenizer())
+        tokenizer = tc.get_tokenizer()
+        renderer = make_renderer(tokenizer) if make_renderer is not None else get_renderer(config.renderer, tokenizer)
     context = getattr(tc, "max_seq_len", None)  # the local client knows its context; Tinker checks server-side
     data = build_data(conversations, renderer, config.train_on_what, config.max_length, context)
 
