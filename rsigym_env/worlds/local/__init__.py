@@ -1,19 +1,22 @@
 """The offline **local** world: a real tiny language model behind a Tinker-shaped client.
 
-Model stack (issue 3, part 1):
+By subsystem: ``world`` (``LocalWorld``: the shared services of :mod:`rsigym_env.worlds.common` wired to this
+machine), ``lm/`` (the model stack), ``sandbox/`` (bubblewrap + envd), ``harbor/`` (trials in bubblewrap),
+``benchmarks/``, ``teachers``. The model stack's names are re-exported here:
 
-* ``tokenizer``: byte-level tokenizer (optional BPE merges) and chat renderers (messages → tokens
-  and per-token training weights, ``TrainOnWhat``).
-* ``model``: the NumPy transformer — forward, hand-written backward, LoRA, AdamW, KV-cached
+* ``lm.model``: the NumPy transformer — forward, hand-written backward, LoRA, AdamW, KV-cached
   batched sampling.
-* ``tinker_client``: ``LocalServiceClient`` with tinker 0.38's signatures, returning real
+* ``lm.tinker_client``: ``LocalServiceClient`` with tinker 0.38's signatures, returning real
   ``tinker.types`` objects and ``tinker.APIFuture`` futures; checkpoints on disk.
-* ``training``: the supervised loop over chat JSONL, written against the Tinker client interface
-  only (it runs unchanged against ``tinker.ServiceClient``).
+* ``lm.chat``: checkpoints as servable chat models.
+* shared with the remote world: ``common.tokenizer`` (byte-level tokenizer, optional BPE merges, and chat
+  renderers: messages → tokens and per-token training weights, ``TrainOnWhat``) and ``common.training`` (the
+  supervised loop over chat JSONL, written against the Tinker client interface only: it runs unchanged against
+  ``tinker.ServiceClient``).
 
-``tinker_client`` and ``training`` need the ``tinker`` package (the ``services`` extra); they are
+``lm.tinker_client`` and ``common.training`` need the ``tinker`` package (the ``services`` extra); they are
 imported on first use. Model work runs its matrix products on one OpenBLAS thread, set
-process-wide (``set_blas_threads(n)`` to change it before computing; see ``model.set_blas_threads``).
+process-wide (``set_blas_threads(n)`` to change it before computing; see ``lm.model.set_blas_threads``).
 
 >>> from rsigym_env.worlds.local import Tokenizer, ChatRenderer, ModelConfig
 >>> ChatRenderer(Tokenizer()).get_stop_sequences()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ...errors import ActionError
@@ -134,7 +133,7 @@ class E2BCloud:
 class RemoteSandboxService(E2BSandboxService):
     """The :class:`~rsigym_env.services.SandboxService` of the remote world (E2B's cloud)."""
 
-    def __init__(self, run_dir: Path, *, options: SandboxOptions, prices: PriceList, vcpus: float, memory_gib: float,
+    def __init__(self, *, options: SandboxOptions, prices: PriceList, vcpus: float, memory_gib: float,
                  network: bool, max_sandboxes: int, api_key: str | None = None, domain: str | None = None,
                  create: Callable[..., Any] | None = None):
         if create is None:

@@ -123,7 +123,7 @@ class RemoteWorld(ServiceWorld):
         self.inference = ChatInferenceService(client=self.client, model_for=self.chat_model, prices=self.prices,
                                               seed=seed, context_tokens=self.context_tokens,
                                               prompt_overhead=PROMPT_OVERHEAD, tokens_per_second=50.0, latency_s=5.0)
-        self.sandbox = RemoteSandboxService(self.run_dir, options=self.options.sandbox, prices=self.prices,
+        self.sandbox = RemoteSandboxService(options=self.options.sandbox, prices=self.prices,
                                             vcpus=sandbox.vcpus, memory_gib=sandbox.memory_gib, network=sandbox.network,
                                             max_sandboxes=sandbox.max_sandboxes, api_key=env.get("E2B_API_KEY"),
                                             domain=env.get("E2B_DOMAIN"), create=sandbox_create)
