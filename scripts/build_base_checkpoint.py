@@ -50,7 +50,7 @@ RECIPE = {"batch_size": 16, "min_lr_ratio": 0.1, "warmup": 60, "weight_decay": 0
                      {"steps": 1000, "lr": 1e-3, "data_seed": 2, "mixture": 3},
                      {"steps": 700, "lr": 7e-4, "data_seed": 3, "mixture": 3},
                      {"steps": 500, "lr": 7e-4, "data_seed": 4, "mixture": 4}]}
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "rsigym_env" / "worlds" / "local" / "base"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "rsigym_env" / "worlds" / "local" / "lm" / "base"
 
 
 def batches(recipe: dict, renderer: ChatRenderer):
