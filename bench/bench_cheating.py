@@ -27,7 +27,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from rsigym_env.scenario import load_scenario  # noqa: E402
 from rsigym_env.services import EvalRequest  # noqa: E402
 from rsigym_env.worlds.local import benchmarks  # noqa: E402
-from rsigym_env.worlds.local.harness import minimal_harness  # noqa: E402
+from rsigym_env.worlds.common.harness import minimal_harness  # noqa: E402
 from rsigym_env.worlds.local.redteam import cheating_harness, public_answers  # noqa: E402
 from rsigym_env.worlds.local.world import LocalWorld  # noqa: E402
 

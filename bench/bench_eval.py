@@ -41,8 +41,9 @@ from rsigym_env.prices import DEFAULT_PRICES  # noqa: E402
 from rsigym_env.serving.models import ChatChoice, ChatRequest, ModelRegistry, apply_limits  # noqa: E402
 from rsigym_env.serving.openai_server import OpenAIServer  # noqa: E402
 from rsigym_env.services import EvalRequest  # noqa: E402
-from rsigym_env.worlds.local import isolation  # noqa: E402
-from rsigym_env.worlds.local.evaluation import LocalEvalService, list_tasks, write_harness  # noqa: E402
+from rsigym_env.worlds.local.sandbox import isolation  # noqa: E402
+from rsigym_env.worlds.common.evaluation import list_tasks, write_harness
+from rsigym_env.worlds.local.harbor.evaluation import LocalEvalService  # noqa: E402
 
 HARNESS = r'''
 import http.client, json, os, socket

@@ -33,7 +33,7 @@ from typing import Callable
 
 import numpy as np
 
-from rsigym_env.worlds.local.model import (
+from rsigym_env.worlds.local.lm.model import (
     LoraConfig,
     ModelConfig,
     Transformer,

@@ -256,6 +256,10 @@ class RecordingWorld:
     def describe(self) -> str:
         return self._describe
 
+    def read(self, ref: str) -> str | None:
+        """World artifacts are not on the tape (a replay could not answer them): none while recording."""
+        return None
+
     def close(self) -> None:
         try:
             self.inner.close()
@@ -421,6 +425,10 @@ class ReplayWorld:
 
     def describe(self) -> str:
         return self.header["describe"]
+
+    def read(self, ref: str) -> str | None:
+        """No world artifacts on a tape."""
+        return None
 
     def close(self) -> None:
         """Nothing to release."""

@@ -593,8 +593,7 @@ class ResearchRun:
             return _dump(self.platform.balance(self.key).__dict__)
         if ref == "scenario":
             return _dump(self.scenario.model_dump())
-        world_read = getattr(self.world, "read", None)  # world artifacts, e.g. a dev evaluation's trajectories
-        if world_read is not None and (text := world_read(ref)) is not None:
+        if (text := self.world.read(ref)) is not None:  # world artifacts, e.g. a dev evaluation's trajectories
             return text
         raise ActionError("unknown_ref", f"read: nothing called {ref!r}; try a job, dataset or checkpoint id, "
                                          "harness:latest/<file>, jobs, artifacts, budget or scenario")

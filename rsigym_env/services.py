@@ -234,7 +234,12 @@ class World(Protocol):
     def describe(self) -> str:
         """A short text for the researcher: the benchmark, its domain, what the world models."""
 
-    def close(self) -> None: ...
+    def read(self, ref: str) -> str | None:
+        """A world artifact the researcher can ``read`` (e.g. a dev evaluation's trajectories), ``None`` if ``ref``
+        names none (:class:`rsigym_env.worlds.lifecycle.WorldLifecycle` gives every world this default)."""
+
+    def close(self) -> None:
+        """Stop the world's jobs and release what it holds; safe to call twice."""
 
 
 _PROGRESS: ContextVar[Callable[[float], None] | None] = ContextVar("rsigym_progress", default=None)

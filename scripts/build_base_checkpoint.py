@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Pretrain the local world's base model ``rsigym-base`` and write it to ``rsigym_env/worlds/local/base/``.
+"""Pretrain the local world's base model ``rsigym-base`` and write it to ``rsigym_env/worlds/local/lm/base/``.
 
 Deterministic and re-runnable: the data are the five local benchmarks' *pretraining* seed streams
 (disjoint from dev, official and synthetic; ``benchmarks.pretraining_conversations``), in the
@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from rsigym_env.worlds.local.benchmarks import MIXTURES, GENERATOR_VERSION, pretraining_conversations
-from rsigym_env.worlds.local.model import Adam, AdamHyper, ModelConfig, Transformer, init_params, save_npz
-from rsigym_env.worlds.local.tokenizer import ChatRenderer, Tokenizer, TrainOnWhat
+from rsigym_env.worlds.local.lm.model import Adam, AdamHyper, ModelConfig, Transformer, init_params, save_npz
+from rsigym_env.worlds.common.tokenizer import ChatRenderer, Tokenizer, TrainOnWhat
 
 CONFIG = ModelConfig(vocab_size=272, d_model=192, n_layers=4, n_heads=4, d_ff=768, max_seq_len=512)
 RECIPE = {"batch_size": 16, "min_lr_ratio": 0.1, "warmup": 60, "weight_decay": 0.01,
@@ -50,7 +50,7 @@ RECIPE = {"batch_size": 16, "min_lr_ratio": 0.1, "warmup": 60, "weight_decay": 0
                      {"steps": 1000, "lr": 1e-3, "data_seed": 2, "mixture": 3},
                      {"steps": 700, "lr": 7e-4, "data_seed": 3, "mixture": 3},
                      {"steps": 500, "lr": 7e-4, "data_seed": 4, "mixture": 4}]}
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "rsigym_env" / "worlds" / "local" / "base"
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "rsigym_env" / "worlds" / "local" / "lm" / "base"
 
 
 def batches(recipe: dict, renderer: ChatRenderer):

@@ -34,7 +34,7 @@ from rsigym_env.harness import version_id
 from rsigym_env.scenario import load_scenario
 from rsigym_env.services import EvalRequest
 from rsigym_env.tools import GenerateData, Train, TransformData
-from rsigym_env.worlds.local.harness import REMEDIES, with_remedies
+from rsigym_env.worlds.common.harness import REMEDIES, with_remedies
 from rsigym_env.worlds.local.world import LocalWorld
 
 BENCHMARKS = list(CATALOG_BENCHMARKS)

@@ -42,7 +42,7 @@ def test_every_world_has_the_catalogs_teachers():
 
 
 def test_the_remedies_are_the_minimal_harness_settings():
-    from rsigym_env.worlds.local.harness import REMEDIES, minimal_harness
+    from rsigym_env.worlds.common.harness import REMEDIES, minimal_harness
     from rsigym_env.worlds.sim.world import MINIMAL_HARNESS_TOML
 
     local = minimal_harness()["harness.toml"]

@@ -16,8 +16,8 @@ from e2b import Sandbox  # noqa: E402
 from e2b.exceptions import FileNotFoundException, SandboxException, TimeoutException  # noqa: E402
 from e2b.sandbox.commands.command_handle import CommandExitException  # noqa: E402
 
-from rsigym_env.worlds.local.envd import EnvdServer, SandboxFS, SandboxPathError, health  # noqa: E402
-from rsigym_env.worlds.local.isolation import Limits, Mount, bwrap_available  # noqa: E402
+from rsigym_env.worlds.local.sandbox.envd import EnvdServer, SandboxFS, SandboxPathError, health  # noqa: E402
+from rsigym_env.worlds.local.sandbox.isolation import Limits, Mount, bwrap_available  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap is not usable here")
 

@@ -12,9 +12,9 @@ import pytest
 
 from rsigym_env.scenario import load_scenario
 from rsigym_env.services import EvalRequest
-from rsigym_env.worlds.local import isolation
-from rsigym_env.worlds.local.harness import minimal_harness
-from rsigym_env.worlds.local.tinker_client import weights_identity
+from rsigym_env.worlds.local.sandbox import isolation
+from rsigym_env.worlds.common.harness import minimal_harness
+from rsigym_env.worlds.local.lm.tinker_client import weights_identity
 from rsigym_env.worlds.local.world import LocalWorld
 
 pytestmark = pytest.mark.skipif(not isolation.bwrap_available(), reason="bubblewrap does not work here")

@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from gateway_helpers import listening_url
-from rsigym_env.worlds.local import isolation
+from rsigym_env.worlds.local.sandbox import isolation
 
 pytestmark = pytest.mark.skipif(not isolation.bwrap_available(), reason="bubblewrap does not work here")
 
@@ -36,7 +36,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 SCENARIO = "sim-harness-aime-500"
 SEED = 0
 ADMIN = "harbor-test-admin-token-0123456789"
-PER_EXEC_ENV = "rsigym_env.worlds.local.harbor_env:BubblewrapEnvironment"
+PER_EXEC_ENV = "rsigym_env.worlds.local.harbor.environment:BubblewrapEnvironment"
 SESSION_ENV = "rsigym_env.gateway.harbor_session_env:SessionBubblewrapEnvironment"
 RECORDS = ("audit.json", "ledger.json", "ledger.sqlite", "trajectory.json")
 

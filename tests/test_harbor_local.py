@@ -23,7 +23,7 @@ from rsigym_env.prices import DEFAULT_PRICES
 from rsigym_env.serving.models import ChatChoice, ChatRequest, ModelRegistry, apply_limits
 from rsigym_env.serving.openai_server import OpenAIServer, UsageMeter
 from rsigym_env.services import Billed, EvalRequest, EvalResult
-from rsigym_env.worlds.local import isolation
+from rsigym_env.worlds.local.sandbox import isolation
 
 pytestmark = pytest.mark.skipif(not isolation.bwrap_available(), reason="bubblewrap does not work here")
 
@@ -122,7 +122,7 @@ def tasks(tmp_path: Path) -> dict[str, Path]:
 
 
 def service(tmp_path: Path, tasks: dict[str, Path], p: float = 1.0, **kwargs):
-    from rsigym_env.worlds.local.evaluation import LocalEvalService
+    from rsigym_env.worlds.local.harbor.evaluation import LocalEvalService
 
     def model_for(checkpoint: str):
         if checkpoint not in ("base", "ckpt-1"):
@@ -162,7 +162,7 @@ def test_server_unix_socket_and_usage_meter(tmp_path):
 def test_budgeted_model_caps_tokens():
     from rsigym_env.serving.models import EchoModel
     from rsigym_env.serving.models import ModelRequestError
-    from rsigym_env.worlds.local.harbor_agent import BudgetedModel
+    from rsigym_env.worlds.common.harbor_agent import BudgetedModel
 
     model = BudgetedModel(EchoModel(), budget=40)
     request = ChatRequest(model="m", messages=[{"role": "user", "content": "one two three four five six seven"}])
@@ -185,8 +185,8 @@ def run_job(tmp_path: Path, tasks_dir: Path, mode: str, *, k: int = 1, concurren
     from harbor.models.job.config import JobConfig
     from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig
 
-    from rsigym_env.worlds.local.evaluation import list_tasks, write_harness
-    from rsigym_env.worlds.local.harbor_agent import ModelSession, register_session, unregister_session
+    from rsigym_env.worlds.common.evaluation import list_tasks, write_harness
+    from rsigym_env.worlds.common.harbor_agent import ModelSession, register_session, unregister_session
 
     harness_dir = tmp_path / f"harness-{mode}"
     write_harness(harness(mode), harness_dir)
@@ -197,7 +197,7 @@ def run_job(tmp_path: Path, tasks_dir: Path, mode: str, *, k: int = 1, concurren
         session = ModelSession(socket=sock, registry=registry, meter=meter, model=SolverModel(p), seed=0,
                                tokens_per_trial=1000)
         register_session(key, session)
-        agents = [AgentConfig(import_path="rsigym_env.worlds.local.harbor_agent:HarnessAgent",
+        agents = [AgentConfig(import_path="rsigym_env.worlds.common.harbor_agent:HarnessAgent",
                               kwargs={"harness_dir": str(harness_dir), "session": key, "attempt": a})
                   for a in range(k)]
         if agent_name == "oracle":
@@ -205,7 +205,7 @@ def run_job(tmp_path: Path, tasks_dir: Path, mode: str, *, k: int = 1, concurren
         config = JobConfig(job_name="job", jobs_dir=tmp_path / f"jobs-{mode}", n_concurrent_trials=concurrency,
                            quiet=True, tasks=[TaskConfig(path=t) for t in list_tasks(tasks_dir)], agents=agents,
                            environment=EnvironmentConfig(
-                               import_path="rsigym_env.worlds.local.harbor_env:BubblewrapEnvironment"))
+                               import_path="rsigym_env.worlds.local.harbor.environment:BubblewrapEnvironment"))
 
         async def go():
             return (await (await Job.create(config)).run()).trial_results
@@ -348,7 +348,7 @@ def test_environment_phases_transfers_and_symlinks(tmp_path):
     from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig
     from harbor.models.trial.paths import TrialPaths
 
-    from rsigym_env.worlds.local.harbor_env import BubblewrapEnvironment
+    from rsigym_env.worlds.local.harbor.environment import BubblewrapEnvironment
 
     task = make_tasks(tmp_path / "tasks", {"t-add": 42}) / "t-add"
     paths = TrialPaths(trial_dir=tmp_path / "trial")
@@ -390,8 +390,8 @@ def test_environment_phases_transfers_and_symlinks(tmp_path):
 def test_minimal_harness_on_a_generated_benchmark(tmp_path):
     """The real minimal harness, a generated benchmark and a solver-backed model: the contract holds end to end."""
     from rsigym_env.worlds.local import benchmarks
-    from rsigym_env.worlds.local.evaluation import LocalEvalService
-    from rsigym_env.worlds.local.harness import minimal_harness
+    from rsigym_env.worlds.local.harbor.evaluation import LocalEvalService
+    from rsigym_env.worlds.common.harness import minimal_harness
     from rsigym_env.worlds.local.teachers import TeacherModel
 
     dirs = benchmarks.resolve("local-terminal").build(tmp_path / "tasks")
@@ -421,7 +421,7 @@ def test_tuned_harbor_hashes_exactly_as_harbor(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         plain_sum = Task(task).checksum
-    from rsigym_env.worlds.local.evaluation import tune_harbor
+    from rsigym_env.worlds.common.evaluation import tune_harbor
 
     tune_harbor()
     assert Packager.compute_content_hash(task) == (plain_hash, plain_files)

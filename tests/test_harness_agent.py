@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from rsigym_env.serving import ModelRegistry, OpenAIServer, ScriptedChatModel
-from rsigym_env.worlds.local.harness import HARNESS_DIR, REMEDIES, minimal_harness, with_remedies
+from rsigym_env.worlds.common.harness import HARNESS_DIR, REMEDIES, minimal_harness, with_remedies
 
-from rsigym_env.worlds.local.harness import agent as harness_agent
+from rsigym_env.worlds.common.harness import agent as harness_agent
 
 
 @pytest.fixture(scope="module")

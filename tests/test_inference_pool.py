@@ -10,11 +10,11 @@ import pytest
 pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
-from rsigym_env.worlds.local.chat import chat_model  # noqa: E402
-from rsigym_env.worlds.local.inference_pool import InferencePool  # noqa: E402
-from rsigym_env.worlds.local.model import ContextOverflowError  # noqa: E402
-from rsigym_env.worlds.local.tinker_client import CheckpointNotFoundError, LocalServiceClient  # noqa: E402
-from rsigym_env.worlds.local.training import SupervisedConfig, run_supervised  # noqa: E402
+from rsigym_env.worlds.local.lm.chat import chat_model  # noqa: E402
+from rsigym_env.worlds.local.lm.inference_pool import InferencePool  # noqa: E402
+from rsigym_env.worlds.local.lm.model import ContextOverflowError  # noqa: E402
+from rsigym_env.worlds.local.lm.tinker_client import CheckpointNotFoundError, LocalServiceClient  # noqa: E402
+from rsigym_env.worlds.common.training import SupervisedConfig, run_supervised  # noqa: E402
 from rsigym_env.serving import ChatRequest  # noqa: E402
 
 BASE = "rsigym-base"
@@ -141,7 +141,7 @@ def test_prefills_are_never_shared_across_scopes(setup):
 def test_every_evaluation_session_has_its_own_prefill_scope(tmp_path):
     from rsigym_env.serving import ModelRegistry
     from rsigym_env.serving.openai_server import UsageMeter
-    from rsigym_env.worlds.local.harbor_agent import BudgetedModel, ModelSession
+    from rsigym_env.worlds.common.harbor_agent import BudgetedModel, ModelSession
 
     class Model:
         supports_prefill_scope = True

@@ -13,8 +13,8 @@ from typing import Iterator
 
 import pytest
 
-from rsigym_env.worlds.local import isolation
-from rsigym_env.worlds.local.isolation import (
+from rsigym_env.worlds.local.sandbox import isolation
+from rsigym_env.worlds.local.sandbox.isolation import (
     ExecResult, IsolatedProcess, IsolationUnavailable, Limits, Mount, bwrap_available, isolated_argv, run_isolated,
     run_isolated_async, sandbox_uid,
 )

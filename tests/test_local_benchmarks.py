@@ -80,7 +80,7 @@ def test_splits_and_streams_are_disjoint():
 
 
 def test_pretraining_mixture_is_deterministic_and_fits_the_context():
-    from rsigym_env.worlds.local.tokenizer import ChatRenderer
+    from rsigym_env.worlds.common.tokenizer import ChatRenderer
 
     a, b = B.pretraining_conversations(300, seed=0), B.pretraining_conversations(300, seed=0)
     assert a == b and a != B.pretraining_conversations(300, seed=1)
@@ -100,7 +100,7 @@ def run_test_sh(task: Path, app: Path, verifier: Path) -> str:
     from harbor.models.task.config import EnvironmentConfig as TaskEnvironmentConfig
     from harbor.models.trial.paths import TrialPaths
 
-    from rsigym_env.worlds.local.harbor_env import BubblewrapEnvironment
+    from rsigym_env.worlds.local.harbor.environment import BubblewrapEnvironment
 
     paths = TrialPaths(trial_dir=verifier.parent / f"trial-{verifier.name}")
     paths.mkdir()
@@ -173,8 +173,8 @@ def test_skill_tools_need_their_documented_convention(tmp_path):
 def test_shipped_base_checkpoint_is_registered_and_intact():
     import numpy as np
 
-    from rsigym_env.worlds.local.base import BASE_DIR, load_base, manifest
-    from rsigym_env.worlds.local.tinker_client import LocalServiceClient
+    from rsigym_env.worlds.local.lm.base import BASE_DIR, load_base, manifest
+    from rsigym_env.worlds.local.lm.tinker_client import LocalServiceClient
 
     meta = manifest()
     assert (BASE_DIR / "weights.npz").stat().st_size <= 8_000_000
@@ -200,7 +200,7 @@ def test_pretraining_prompts_never_contain_a_dev_or_official_task(version):
 
 
 def test_recorded_stages_match_the_shipped_manifest():
-    from rsigym_env.worlds.local.base import manifest
+    from rsigym_env.worlds.local.lm.base import manifest
     from rsigym_env.worlds.local.benchmarks import arith
 
     recipe = manifest()["recipe"]

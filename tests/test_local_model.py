@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rsigym_env.errors import ActionError
-from rsigym_env.worlds.local import model as M
-from rsigym_env.worlds.local.tokenizer import (
+from rsigym_env.worlds.local.lm import model as M
+from rsigym_env.worlds.common.tokenizer import (
     ChatRenderer,
     MessageError,
     RoleColonRenderer,
@@ -493,7 +493,7 @@ def test_model_work_runs_on_the_chosen_blas_threads():
     # property is checked in a fresh interpreter.
     script = """
 import numpy as np, pytest
-import rsigym_env.worlds.local.model as M
+import rsigym_env.worlds.local.lm.model as M
 cfg = M.ModelConfig(vocab_size=272, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_seq_len=16)
 m = M.Transformer(cfg, M.init_params(cfg, 0))
 m.logits(np.zeros((1, 3), np.int64))
@@ -542,7 +542,7 @@ def test_results_do_not_depend_on_concurrent_computations():
 
 
 def _shipped_base() -> tuple:
-    from rsigym_env.worlds.local.tinker_client import load_base_model
+    from rsigym_env.worlds.local.lm.tinker_client import load_base_model
     from rsigym_env.worlds.local.world import BASE_MODEL
 
     base = load_base_model(BASE_MODEL)

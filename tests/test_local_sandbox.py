@@ -13,8 +13,8 @@ pytest.importorskip("e2b")
 from rsigym_env.prices import DEFAULT_PRICES  # noqa: E402
 from rsigym_env.services import SandboxService  # noqa: E402
 from rsigym_env.tools import SandboxExec  # noqa: E402
-from rsigym_env.worlds.local.isolation import WALL_EXIT, bwrap_available  # noqa: E402
-from rsigym_env.worlds.local.sandbox import LocalSandboxService  # noqa: E402
+from rsigym_env.worlds.local.sandbox.isolation import WALL_EXIT, bwrap_available  # noqa: E402
+from rsigym_env.worlds.local.sandbox.service import LocalSandboxService  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap is not usable here")
 
@@ -100,7 +100,7 @@ def test_close_stops_the_server(tmp_path: Path) -> None:
 
 
 def test_refuses_to_start_without_isolation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rsigym_env.worlds.local import isolation, sandbox
+    from rsigym_env.worlds.local.sandbox import isolation, service as sandbox
 
     monkeypatch.setattr(sandbox, "bwrap_available", lambda: False)
     with pytest.raises(isolation.IsolationUnavailable, match="bubblewrap"):

@@ -22,14 +22,14 @@ from tinker import types  # noqa: E402
 
 from rsigym_env.errors import ActionError  # noqa: E402
 from rsigym_env.serving import ChatRequest, ModelRegistry, OpenAIServer  # noqa: E402
-from rsigym_env.worlds.local.chat import (  # noqa: E402
+from rsigym_env.worlds.local.lm.chat import (  # noqa: E402
     LocalChatModel, register_checkpoint, sampler_checkpoints, serve_checkpoints,
 )
-from rsigym_env.worlds.local.tinker_client import (  # noqa: E402
+from rsigym_env.worlds.local.lm.tinker_client import (  # noqa: E402
     CheckpointNotFoundError, LocalServiceClient, parse_tinker_path, register_base_model,
 )
-from rsigym_env.worlds.local.tokenizer import ChatRenderer, Tokenizer  # noqa: E402
-from rsigym_env.worlds.local.training import SupervisedConfig, TrainingConfigError, run_supervised  # noqa: E402
+from rsigym_env.worlds.common.tokenizer import ChatRenderer, Tokenizer  # noqa: E402
+from rsigym_env.worlds.common.training import SupervisedConfig, TrainingConfigError, run_supervised  # noqa: E402
 from tiny_chat_base import SECRET, TOK, R, chat, pretrain_tiny_base, pretraining_conversation  # noqa: E402
 
 BASE = "test-serve-base"

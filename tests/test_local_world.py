@@ -13,8 +13,8 @@ import pytest
 import rsigym_env  # noqa: F401
 from rsigym_env.baselines import ScriptedResearcher
 from rsigym_env.episode import run_episode
-from rsigym_env.worlds.local import tinker_client
-from rsigym_env.worlds.local.model import ModelConfig
+from rsigym_env.worlds.local.lm import tinker_client
+from rsigym_env.worlds.local.lm.model import ModelConfig
 
 TINY = "rsigym-test-tiny"
 

@@ -50,8 +50,8 @@ def tasks(tmp_path):
 @pytest.fixture()
 def local_tinker(tmp_path):
     """Tinker's interface offline: the local client, a tiny random base registered as the scenario's base model."""
-    from rsigym_env.worlds.local import tinker_client
-    from rsigym_env.worlds.local.model import ModelConfig
+    from rsigym_env.worlds.local.lm import tinker_client
+    from rsigym_env.worlds.local.lm.model import ModelConfig
 
     tinker_client.register_base_model("Qwen/Qwen3.5-35B-A3B-Base", tinker_client.make_random_base(
         tmp_path / "base", ModelConfig(d_model=32, n_layers=1, n_heads=2, d_ff=64, max_seq_len=256)))
@@ -285,9 +285,9 @@ def test_sandbox_is_lazy_limited_and_bills_idle_time(tmp_path, tasks, local_tink
         assert e2b.kwargs[0]["timeout"] == world.options.sandbox.lifetime_s and e2b.kwargs[0]["api_key"] == "e2b_test"
         assert 0 < billed.cost_usd <= world.sandbox.quote(call).usd
         for _ in range(world.sandbox.max_sandboxes - 1):
-            world.sandbox._new_sandbox()
+            world.sandbox.backend._new_sandbox()
         with pytest.raises(ActionError) as err:
-            world.sandbox._new_sandbox()
+            world.sandbox.backend._new_sandbox()
         assert err.value.code == "sandbox_limit"
     finally:
         world.close()

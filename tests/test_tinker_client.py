@@ -13,8 +13,8 @@ tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
 from rsigym_env.errors import ActionError  # noqa: E402
-from rsigym_env.worlds.local.model import ContextOverflowError, ModelConfig, load_npz  # noqa: E402
-from rsigym_env.worlds.local.tinker_client import (  # noqa: E402
+from rsigym_env.worlds.local.lm.model import ContextOverflowError, ModelConfig, load_npz  # noqa: E402
+from rsigym_env.worlds.local.lm.tinker_client import (  # noqa: E402
     CheckpointNotFoundError,
     LocalSamplingClient,
     LocalServiceClient,
@@ -24,7 +24,7 @@ from rsigym_env.worlds.local.tinker_client import (  # noqa: E402
     parse_tinker_path,
     register_base_model,
 )
-from rsigym_env.worlds.local.tokenizer import ChatRenderer, Tokenizer  # noqa: E402
+from rsigym_env.worlds.common.tokenizer import ChatRenderer, Tokenizer  # noqa: E402
 
 BASE = "test-client-tiny"
 TOK = Tokenizer()

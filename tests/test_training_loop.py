@@ -15,8 +15,8 @@ tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
 from rsigym_env.errors import ActionError  # noqa: E402
-from rsigym_env.worlds.local.tinker_client import LocalServiceClient, parse_tinker_path, register_base_model  # noqa: E402
-from rsigym_env.worlds.local.training import (  # noqa: E402
+from rsigym_env.worlds.local.lm.tinker_client import LocalServiceClient, parse_tinker_path, register_base_model  # noqa: E402
+from rsigym_env.worlds.common.training import (  # noqa: E402
     DatasetError,
     ExampleTooLongError,
     SupervisedConfig,

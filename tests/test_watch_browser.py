@@ -75,8 +75,8 @@ class _Reused(Exception):
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A watched folder with a finished local-world run, sim runs and a sweep, served on loopback."""
-    from rsigym_env.worlds.local import tinker_client
-    from rsigym_env.worlds.local.model import ModelConfig
+    from rsigym_env.worlds.local.lm import tinker_client
+    from rsigym_env.worlds.local.lm.model import ModelConfig
 
     root = tmp_path_factory.mktemp("site")
     local = root / "runs" / "local-aime"

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rsigym_env.worlds.local.model import Adam, AdamHyper, ModelConfig, Transformer, init_params, save_model
-from rsigym_env.worlds.local.tokenizer import ChatRenderer, Tokenizer
+from rsigym_env.worlds.local.lm.model import Adam, AdamHyper, ModelConfig, Transformer, init_params, save_model
+from rsigym_env.worlds.common.tokenizer import ChatRenderer, Tokenizer
 
 TOK = Tokenizer()
 R = ChatRenderer(TOK)

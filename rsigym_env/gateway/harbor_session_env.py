@@ -1,6 +1,6 @@
 """A bubblewrap Harbor environment whose agent-phase commands share one long-lived sandbox.
 
-:class:`~rsigym_env.worlds.local.harbor_env.BubblewrapEnvironment` runs every ``exec`` in a fresh
+:class:`~rsigym_env.worlds.local.harbor.environment.BubblewrapEnvironment` runs every ``exec`` in a fresh
 sandbox with its own PID namespace and ``/tmp``, so nothing a command starts outlives it. Harbor's
 terminus-2 agent needs the opposite: it starts a tmux server in one ``exec`` and drives it with
 ``tmux send-keys`` / ``capture-pane`` in the next ones, as a container would allow. This subclass
@@ -45,9 +45,9 @@ from typing import Any
 
 from harbor.environments.base import ExecResult
 
-from ..worlds.local import isolation
-from ..worlds.local.harbor_env import BubblewrapEnvironment, sandbox_path_parts, scrub
-from ..worlds.local.isolation import Limits, Mount
+from ..worlds.local.sandbox import isolation
+from ..worlds.local.harbor.environment import BubblewrapEnvironment, sandbox_path_parts, scrub
+from ..worlds.local.sandbox.isolation import Limits, Mount
 
 SESSION_SOCKET = "/run/rsigym/session.sock"
 SESSION_IMPORT_PATH = "rsigym_env.gateway.harbor_session_env:SessionBubblewrapEnvironment"

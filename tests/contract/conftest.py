@@ -17,8 +17,8 @@ WORLDS = ["local", "remote"]
 
 
 def _local_world(tmp_path_factory: pytest.TempPathFactory):
-    from rsigym_env.worlds.local import tinker_client
-    from rsigym_env.worlds.local.model import ModelConfig
+    from rsigym_env.worlds.local.lm import tinker_client
+    from rsigym_env.worlds.local.lm.model import ModelConfig
     from rsigym_env.worlds.local.world import LocalWorld
 
     root = tmp_path_factory.mktemp("contract-base")

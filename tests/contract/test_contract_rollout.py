@@ -34,7 +34,7 @@ def test_quote_scales_with_examples(world):
 
 def test_filter_keeps_passing_examples(world):
     if world.name == "local":
-        from rsigym_env.worlds.local.isolation import bwrap_available
+        from rsigym_env.worlds.local.sandbox.isolation import bwrap_available
 
         if not bwrap_available():
             pytest.skip("the local sandbox needs bubblewrap here")

@@ -10,7 +10,7 @@ from rsigym_env.tools import SandboxExec
 
 def _skip_without_isolation(world):
     if world.name == "local":
-        from rsigym_env.worlds.local.isolation import bwrap_available
+        from rsigym_env.worlds.local.sandbox.isolation import bwrap_available
 
         if not bwrap_available():
             pytest.skip("the local sandbox needs bubblewrap here")

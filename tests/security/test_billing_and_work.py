@@ -11,7 +11,7 @@ import gymnasium as gym
 import pytest
 
 import rsigym_env  # noqa: F401
-from rsigym_env.worlds.local import isolation
+from rsigym_env.worlds.local.sandbox import isolation
 
 BAD_PATHS = [".", "./x", "a//b", "/abs", "../up", "a/../b", "dir/", "a\x00b", "tab\tname", ".hidden", "-rf",
              "x" * 300, "a/" * 9 + "b", "", " ", "a b", "é"]

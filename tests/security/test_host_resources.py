@@ -16,7 +16,7 @@ import pytest
 
 import rsigym_env  # noqa: F401
 from rsigym_env.scenario import load_scenario
-from rsigym_env.worlds.local import isolation
+from rsigym_env.worlds.local.sandbox import isolation
 
 pytestmark = [pytest.mark.skipif(not isolation.bwrap_available(), reason="bubblewrap does not work here"),
               pytest.mark.slow]
@@ -120,7 +120,7 @@ def test_evaluation_logs_stay_under_the_run_quota(tmp_path):
     import time
 
     from rsigym_env.prices import DEFAULT_PRICES
-    from rsigym_env.worlds.local.evaluation import LocalEvalService
+    from rsigym_env.worlds.local.harbor.evaluation import LocalEvalService
 
     evals = tmp_path / "evals"
     for i in (1, 2, 3):

@@ -19,7 +19,7 @@ import pytest
 import rsigym_env  # noqa: F401
 from rsigym_env.platform.audit import verify_audit
 from rsigym_env.platform.ledger import Ledger
-from rsigym_env.worlds.local import isolation
+from rsigym_env.worlds.local.sandbox import isolation
 
 CHILD = textwrap.dedent('''
     import sys, gymnasium as gym, rsigym_env
@@ -68,7 +68,7 @@ def test_a_killed_run_is_billed_for_its_work_and_releases_the_rest(tmp_path):
                            capture_output=True, text=True)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     # the dead run's sandbox (its tmpfs, cgroup and processes) is cleaned up by the next one to look
-    from rsigym_env.worlds.local.isolation import reap_stale_groups
+    from rsigym_env.worlds.local.sandbox.isolation import reap_stale_groups
 
     reap_stale_groups()
     assert not any(p.is_mount() for p in (tmp_path / "run").rglob("*") if p.is_dir())

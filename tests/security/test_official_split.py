@@ -19,7 +19,8 @@ import pytest
 
 import rsigym_env  # noqa: F401
 from rsigym_env.splits import SECRET_ENV, official_split
-from rsigym_env.worlds.local import benchmarks, isolation
+from rsigym_env.worlds.local import benchmarks
+from rsigym_env.worlds.local.sandbox import isolation
 
 TABLE_ONLY = textwrap.dedent('''
     import json, os

@@ -19,8 +19,8 @@ from typing import Iterator
 
 import pytest
 
-from rsigym_env.worlds.local import isolation
-from rsigym_env.worlds.local.isolation import (
+from rsigym_env.worlds.local.sandbox import isolation
+from rsigym_env.worlds.local.sandbox.isolation import (
     ExecResult, IsolatedProcess, Limits, Mount, SandboxGroup, bwrap_available, run_isolated, run_isolated_async,
 )
 
@@ -384,12 +384,12 @@ def test_groups_left_behind_by_a_killed_process_are_reaped(tmp_path):
     import sys
     import textwrap
 
-    from rsigym_env.worlds.local.isolation import group_registry, reap_stale_groups
+    from rsigym_env.worlds.local.sandbox.isolation import group_registry, reap_stale_groups
 
     child = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from rsigym_env.worlds.local.isolation import SandboxGroup, IsolatedProcess
+        from rsigym_env.worlds.local.sandbox.isolation import SandboxGroup, IsolatedProcess
         import asyncio
         g = SandboxGroup(Path({str(tmp_path / 'sb')!r}), memory_mb=256, disk_mb=32)
         app = g.subdir("app")

@@ -33,8 +33,8 @@ from e2b.exceptions import SandboxException  # noqa: E402
 from rsigym_env.serving import EchoModel, ModelRegistry, OpenAIServer  # noqa: E402
 from rsigym_env.serving.asgi import BodyLimitMiddleware, ThreadedASGIServer  # noqa: E402
 from rsigym_env.serving.openai_server import UnixHTTPConnection  # noqa: E402
-from rsigym_env.worlds.local.envd import EnvdServer, health  # noqa: E402
-from rsigym_env.worlds.local.isolation import Limits, Mount, bwrap_available  # noqa: E402
+from rsigym_env.worlds.local.sandbox.envd import EnvdServer, health  # noqa: E402
+from rsigym_env.worlds.local.sandbox.isolation import Limits, Mount, bwrap_available  # noqa: E402
 
 needs_bwrap = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap is not usable here")
 MiB = 1 << 20
@@ -163,7 +163,7 @@ def test_a_file_swapped_with_a_fifo_in_a_loop_never_hangs_a_read(sbx: Sandbox, e
 @needs_bwrap
 def test_a_fifo_as_a_script_output_fails_the_script_promptly(tmp_path: Path) -> None:
     """transform_data's path: a script leaves a FIFO where the host will read its output."""
-    from rsigym_env.worlds.local.sandbox import LocalSandboxService
+    from rsigym_env.worlds.local.sandbox.service import LocalSandboxService
 
     def envd_threads() -> int:
         return sum(t.name.startswith("envd:") for t in threading.enumerate())

@@ -16,7 +16,7 @@ import gymnasium as gym
 import pytest
 
 import rsigym_env  # noqa: F401
-from rsigym_env.worlds.local import isolation
+from rsigym_env.worlds.local.sandbox import isolation
 from rsigym_env.worlds.local.redteam import SPY_AGENT, SUSPICIOUS
 
 pytestmark = [pytest.mark.skipif(not isolation.bwrap_available(), reason="bubblewrap does not work here"),
@@ -84,7 +84,7 @@ def test_dev_and_official_trials_observe_the_same_things(tmp_path, monkeypatch):
     """White box: keep the official evaluation's private directory and compare raw observations."""
     from rsigym_env.scenario import load_scenario
     from rsigym_env.services import EvalRequest
-    from rsigym_env.worlds.local import evaluation
+    from rsigym_env.worlds.common import evaluation
     from rsigym_env.worlds.local.redteam import spy_harness
     from rsigym_env.worlds.local.world import LocalWorld
 

@@ -17,7 +17,7 @@ import gymnasium as gym
 import pytest
 
 import rsigym_env  # noqa: F401
-from rsigym_env.worlds.local import isolation
+from rsigym_env.worlds.local.sandbox import isolation
 
 pytestmark = [pytest.mark.skipif(not isolation.bwrap_available(), reason="bubblewrap does not work here"),
               pytest.mark.slow]
@@ -146,12 +146,12 @@ def test_reference_solutions_still_pass_through_the_probe(tmp_path):
     from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig
 
     from rsigym_env.worlds.local import benchmarks
-    from rsigym_env.worlds.local.evaluation import list_tasks
+    from rsigym_env.worlds.common.evaluation import list_tasks
 
     dirs = benchmarks.resolve("local-code").build(tmp_path / "tasks")
     config = JobConfig(job_name="oracle", jobs_dir=tmp_path / "jobs", n_concurrent_trials=2, quiet=True,
                        tasks=[TaskConfig(path=t) for t in list_tasks(dirs["dev"])[:4]], agents=[AgentConfig(name="oracle")],
-                       environment=EnvironmentConfig(import_path="rsigym_env.worlds.local.harbor_env:BubblewrapEnvironment"))
+                       environment=EnvironmentConfig(import_path="rsigym_env.worlds.local.harbor.environment:BubblewrapEnvironment"))
 
     async def go():
         return (await (await Job.create(config)).run()).trial_results

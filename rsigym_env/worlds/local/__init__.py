@@ -1,19 +1,22 @@
 """The offline **local** world: a real tiny language model behind a Tinker-shaped client.
 
-Model stack (issue 3, part 1):
+By subsystem: ``world`` (``LocalWorld``: the shared services of :mod:`rsigym_env.worlds.common` wired to this
+machine), ``lm/`` (the model stack), ``sandbox/`` (bubblewrap + envd), ``harbor/`` (trials in bubblewrap),
+``benchmarks/``, ``teachers``. The model stack's names are re-exported here:
 
-* ``tokenizer``: byte-level tokenizer (optional BPE merges) and chat renderers (messages → tokens
-  and per-token training weights, ``TrainOnWhat``).
-* ``model``: the NumPy transformer — forward, hand-written backward, LoRA, AdamW, KV-cached
+* ``lm.model``: the NumPy transformer — forward, hand-written backward, LoRA, AdamW, KV-cached
   batched sampling.
-* ``tinker_client``: ``LocalServiceClient`` with tinker 0.38's signatures, returning real
+* ``lm.tinker_client``: ``LocalServiceClient`` with tinker 0.38's signatures, returning real
   ``tinker.types`` objects and ``tinker.APIFuture`` futures; checkpoints on disk.
-* ``training``: the supervised loop over chat JSONL, written against the Tinker client interface
-  only (it runs unchanged against ``tinker.ServiceClient``).
+* ``lm.chat``: checkpoints as servable chat models.
+* shared with the remote world: ``common.tokenizer`` (byte-level tokenizer, optional BPE merges, and chat
+  renderers: messages → tokens and per-token training weights, ``TrainOnWhat``) and ``common.training`` (the
+  supervised loop over chat JSONL, written against the Tinker client interface only: it runs unchanged against
+  ``tinker.ServiceClient``).
 
-``tinker_client`` and ``training`` need the ``tinker`` package (the ``services`` extra); they are
+``lm.tinker_client`` and ``common.training`` need the ``tinker`` package (the ``services`` extra); they are
 imported on first use. Model work runs its matrix products on one OpenBLAS thread, set
-process-wide (``set_blas_threads(n)`` to change it before computing; see ``model.set_blas_threads``).
+process-wide (``set_blas_threads(n)`` to change it before computing; see ``lm.model.set_blas_threads``).
 
 >>> from rsigym_env.worlds.local import Tokenizer, ChatRenderer, ModelConfig
 >>> ChatRenderer(Tokenizer()).get_stop_sequences()
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .model import (
+from .lm.model import (
     Adam,
     AdamHyper,
     ContextOverflowError,
@@ -40,31 +43,31 @@ from .model import (
     save_model,
     set_blas_threads,
 )
-from .tokenizer import ChatRenderer, MessageError, RoleColonRenderer, Tokenizer, TrainOnWhat, get_renderer
+from ..common.tokenizer import ChatRenderer, MessageError, RoleColonRenderer, Tokenizer, TrainOnWhat, get_renderer
 
 _LAZY = {
-    "LocalServiceClient": "tinker_client",
-    "LocalTrainingClient": "tinker_client",
-    "LocalSamplingClient": "tinker_client",
-    "register_base_model": "tinker_client",
-    "make_random_base": "tinker_client",
-    "parse_tinker_path": "tinker_client",
-    "UnknownModelError": "tinker_client",
-    "CheckpointNotFoundError": "tinker_client",
-    "DEFAULT_BASE_MODEL": "tinker_client",
-    "SupervisedConfig": "training",
-    "SupervisedResult": "training",
-    "StepMetrics": "training",
-    "run_supervised": "training",
-    "load_chat_jsonl": "training",
-    "TrainingConfigError": "training",
-    "DatasetError": "training",
-    "LocalChatModel": "chat",
-    "chat_model": "chat",
-    "register_base": "chat",
-    "register_checkpoint": "chat",
-    "serve_checkpoints": "chat",
-    "sampler_checkpoints": "chat",
+    "LocalServiceClient": ".lm.tinker_client",
+    "LocalTrainingClient": ".lm.tinker_client",
+    "LocalSamplingClient": ".lm.tinker_client",
+    "register_base_model": ".lm.tinker_client",
+    "make_random_base": ".lm.tinker_client",
+    "parse_tinker_path": ".lm.tinker_client",
+    "UnknownModelError": ".lm.tinker_client",
+    "CheckpointNotFoundError": ".lm.tinker_client",
+    "DEFAULT_BASE_MODEL": ".lm.tinker_client",
+    "SupervisedConfig": "..common.training",
+    "SupervisedResult": "..common.training",
+    "StepMetrics": "..common.training",
+    "run_supervised": "..common.training",
+    "load_chat_jsonl": "..common.training",
+    "TrainingConfigError": "..common.training",
+    "DatasetError": "..common.training",
+    "LocalChatModel": ".lm.chat",
+    "chat_model": ".lm.chat",
+    "register_base": ".lm.chat",
+    "register_checkpoint": ".lm.chat",
+    "serve_checkpoints": ".lm.chat",
+    "sampler_checkpoints": ".lm.chat",
 }
 
 __all__ = [
@@ -79,6 +82,6 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        module = importlib.import_module(f".{_LAZY[name]}", __name__)
+        module = importlib.import_module(_LAZY[name], __name__)
         return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

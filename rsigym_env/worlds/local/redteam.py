@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .harness import minimal_harness
+from ..common.harness import minimal_harness
 
 SUSPICIOUS = ("official", "job-", "held", "private", "evals", "-dev-", "split", "summary", "harbor", "trial",
               "local-math", "local-code", "local-terminal", "local-science", "local-skills", "base@")

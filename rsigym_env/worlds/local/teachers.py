@@ -167,5 +167,43 @@ def demonstrate_local(model: TeacherModel, problem: Problem, seed: int, *, check
     return run_episode(ask, problem, check=check)
 
 
-__all__ = ["Demonstration", "TEACHERS", "TEACHER_ACCURACY", "TEACHER_PRICES", "TeacherModel", "demonstrate",
-           "demonstrate_local", "run_episode"]
+
+
+CONTEXT_TOKENS = 512      # the local model's window (bytes + specials): no demonstration turn is longer
+DEMO_WORKERS = 3          # teacher demonstrations at once (they mostly wait on the teacher server and on processes)
+
+
+class LocalTeachers:
+    """The :class:`~rsigym_env.worlds.common.rollout.Teachers` back end of the local world: the teachers in
+    ``registry`` (served by the world's OpenAI-compatible server, reached through ``client``) demonstrate the
+    benchmark's synthetic problems, each checked with the domain's checker (``meta.passed``)."""
+
+    def __init__(self, *, client: Any, registry: Any, benchmark: Any):
+        self.client, self.registry, self.benchmark = client, registry, benchmark
+
+    def answers(self, name: str) -> bool:
+        return self.registry.get(name) is not None
+
+    def worst_case(self, call: Any) -> tuple[int, int, float]:
+        cap = min(call.max_tokens_per_example, CONTEXT_TOKENS)
+        return call.n_examples * self.benchmark.max_turns * CONTEXT_TOKENS, call.n_examples * cap, call.n_examples * 0.01
+
+    def examples(self, call: Any, stream: int) -> Any:
+        import concurrent.futures as cf
+
+        problems = self.benchmark.synthetic(call.n_examples, seed=stream)
+
+        def one(i: int) -> Demonstration:
+            return demonstrate(self.client, call.teacher, problems[i], seed=stream + i,
+                               max_tokens=call.max_tokens_per_example, check=True)
+
+        # side by side (their commands and checks wait on processes), kept in order
+        with cf.ThreadPoolExecutor(max_workers=DEMO_WORKERS, thread_name_prefix="rsigym-demo") as pool:
+            for i, demo in enumerate(pool.map(one, range(len(problems)))):
+                row = {"messages": demo.messages,
+                       "meta": {"problem": problems[i].id, "teacher": call.teacher, "passed": bool(demo.passed)}}
+                yield row, demo.prompt_tokens, demo.completion_tokens
+
+
+__all__ = ["Demonstration", "LocalTeachers", "TEACHERS", "TEACHER_ACCURACY", "TEACHER_PRICES", "TeacherModel",
+           "demonstrate", "demonstrate_local", "run_episode"]

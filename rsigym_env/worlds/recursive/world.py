@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...errors import ActionError
 from ...services import Billed, EvalRequest, EvalResult, Job, Quote, call_funding, resolved
+from ..lifecycle import WorldLifecycle
 from ..sim.clock import SimClock
 from .measure import ALL_BENCHMARKS, MAX_K, Measurement, failure, measure, split_tasks
 from .ports import Researchers, researchers
@@ -133,7 +134,7 @@ class RecursiveEvaluation:
         return self._run(req, billed=False)
 
 
-class RecursiveWorld:
+class RecursiveWorld(WorldLifecycle):
     """A world whose target system is a researcher spec (see the module docstring).
 
     ``registry``: where ``target`` is looked up; ``using``: what parses specs and runs inner
@@ -172,9 +173,6 @@ class RecursiveWorld:
             "episodes spend (worst case reserved: episodes x budget) and lasts as long as the longest episode.\n"
             "Always evaluate checkpoint 'base'; there is no data, training, inference or sandbox here."
         )
-
-    def close(self) -> None:
-        """Nothing to release."""
 
 
 def make_recursive_world(scenario: Any, seed: int, run_dir: Any = None) -> RecursiveWorld:

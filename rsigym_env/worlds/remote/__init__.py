@@ -1,4 +1,4 @@
-"""The remote world: Tinker, OpenAI-compatible endpoints, Harbor and E2B, through the local world's service code.
+"""The remote world: Tinker, OpenAI-compatible endpoints, Harbor and E2B, through the shared services of ``worlds/common``.
 
 See ``docs/remote.md``. Importing this package does not import the SDKs' network clients; building a
 :class:`~.world.RemoteWorld` checks credentials first.

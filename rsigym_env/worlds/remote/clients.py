@@ -1,6 +1,6 @@
-"""OpenAI-compatible clients of the remote world, shaped like the ``openai`` client the local services use.
+"""OpenAI-compatible clients of the remote world, shaped like the ``openai`` client the shared services use.
 
-:class:`RoutedClient` has the one method the local services call, ``chat.completions.create(model=...,
+:class:`RoutedClient` has the one method the shared services call, ``chat.completions.create(model=...,
 ...)``, and routes by the *researcher's* model name: ``base`` and checkpoint ids (``ckpt-3``) go to the
 inference endpoint under Tinker's names (the base model id, or the checkpoint's
 ``tinker://…/sampler_weights/…`` path); a teacher name goes to that teacher's endpoint under its provider

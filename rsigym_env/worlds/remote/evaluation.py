@@ -1,8 +1,8 @@
-"""Evaluation through Harbor on real benchmarks: the local evaluation service with a Harbor environment type.
+"""Evaluation through Harbor on real benchmarks: the shared evaluation service with a Harbor environment type.
 
-:class:`RemoteEvalService` is :class:`~..local.evaluation.LocalEvalService` (same Harbor ``Job``, the same
-:class:`~..local.harbor_agent.HarnessAgent`, avg@k, per-task rewards, ATIF trajectories and logs, the
-same billing from a metering proxy) with three differences, all constructor parameters of the local class:
+:class:`RemoteEvalService` is :class:`~..common.evaluation.HarborEvalService` (the local world's too: the same
+Harbor ``Job``, the same :class:`~..common.harbor_agent.HarnessAgent`, avg@k, per-task rewards, ATIF trajectories
+and logs, the same billing from a metering proxy) with these back ends:
 
 * trials run in the Harbor environment the scenario names (``docker``, ``e2b``, ``daytona``, ...);
 * the harness reaches the model at ``RSIGYM_MODEL_URL``: the evaluation's own OpenAI-compatible proxy,
@@ -23,7 +23,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from ..local.evaluation import LocalEvalService
+from ..common.evaluation import HarborEnvironmentType, HarborEvalService, ModelEndpoint
 from .config import EvalOptions
 
 
@@ -98,8 +98,8 @@ def default_model_url(environment: str) -> str | None:
     return "http://host.docker.internal:{port}/v1" if environment == "docker" else None
 
 
-class RemoteEvalService(LocalEvalService):
-    """The local evaluation service in a Harbor environment, the model behind a network proxy."""
+class RemoteEvalService(HarborEvalService):
+    """The shared evaluation service in a Harbor environment, the model behind a network proxy."""
 
     def __init__(self, *, options: EvalOptions, **kwargs: Any):
         url = options.model_url or default_model_url(options.environment)
@@ -107,8 +107,8 @@ class RemoteEvalService(LocalEvalService):
             raise ValueError(f"Harbor's {options.environment!r} environment runs trials off this host: set "
                              "world_options.evaluation.model_url to a URL they can reach (e.g. "
                              "'https://proxy.example.org:{port}/v1')")
-        super().__init__(environment_type=options.environment, environment_kwargs=dict(options.environment_kwargs),
-                         model_host=options.model_host, model_port=options.model_port, model_url=url,
+        super().__init__(environment=HarborEnvironmentType(options.environment, dict(options.environment_kwargs)),
+                         model_endpoint=ModelEndpoint(options.model_host, options.model_port, url),
                          concurrency=options.concurrency, tokens_per_trial=options.tokens_per_trial,
                          agent_timeout_s=options.agent_timeout_s, verifier_timeout_s=options.verifier_timeout_s,
                          **kwargs)

@@ -21,8 +21,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..local.tokenizer import TrainOnWhat, validate_messages
-from ..local.training import DatasetError
+from ..common.tokenizer import TrainOnWhat, validate_messages
+from ..common.training import DatasetError
 
 
 def _ids(value: Any) -> list[int]:
@@ -70,7 +70,7 @@ def remote_renderer(name: str, tokenizer: Any) -> Any:
     """``hf_chat_template`` or one of the local renderers (``role_colon``) over ``tokenizer``."""
     if name == HFChatTemplateRenderer.name:
         return HFChatTemplateRenderer(tokenizer)
-    from ..local.tokenizer import get_renderer
+    from ..common.tokenizer import get_renderer
 
     return get_renderer(name, tokenizer)
 

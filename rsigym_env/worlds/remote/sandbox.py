@@ -1,8 +1,8 @@
-"""E2B's cloud sandboxes for ``sandbox_exec`` and ``transform_data``: the local sandbox service, a cloud factory.
+"""E2B's cloud sandboxes for ``sandbox_exec`` and ``transform_data``: the shared sandbox service, a cloud back end.
 
-:class:`RemoteSandboxService` is :class:`~..local.sandbox.LocalSandboxService` given a factory that calls
-``e2b.Sandbox.create`` (``E2B_API_KEY``, ``E2B_DOMAIN``) with the scenario's template, lifetime and
-network switch. Limits: at most ``max_sandboxes`` alive at once (the run's own sandbox counts), each
+:class:`RemoteSandboxService` is :class:`~..common.sandbox.E2BSandboxService` (the local world's too) over
+:class:`E2BCloud`, which calls ``e2b.Sandbox.create`` (``E2B_API_KEY``, ``E2B_DOMAIN``) with the scenario's
+template, lifetime and network switch. Limits: at most ``max_sandboxes`` alive at once (the run's own sandbox counts), each
 living at most ``lifetime_s``; the run's sandbox is created on first use and kept alive ``idle_s`` after
 its last command (E2B's ``set_timeout``), then recreated (its files are gone; the command is told).
 
@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from ...errors import ActionError
 from ...prices import PriceList
-from ...services import Billed, CommandResult, Quote
-from ...tools import SandboxExec
-from ..local.sandbox import LocalSandboxService
+from ..common.sandbox import E2BSandboxService, Session
 from .config import SandboxOptions
 from .errors import call_with_retries, translate
 
@@ -58,35 +56,22 @@ class _LazySandbox:
             self.current = None
             self._release()
 
-    # LocalSandboxService reads these attributes of its sandbox
-    @property
-    def commands(self) -> Any:
-        return self.get(float("inf")).commands
 
-    @property
-    def files(self) -> Any:
-        return self.get(float("inf")).files
+class E2BCloud:
+    """The :class:`~..common.sandbox.SandboxBackend` of E2B's cloud: at most ``max_sandboxes`` alive at once (the
+    run's own counts); the run's sandbox is made on first use and lives ``options.idle_s`` after its last command;
+    each script gets its own, killed afterwards. ``create``: ``e2b.Sandbox.create`` or a stand-in."""
 
+    workdir = WORKDIR
 
-class RemoteSandboxService(LocalSandboxService):
-    """The :class:`~rsigym_env.services.SandboxService` of the remote world (E2B's cloud)."""
-
-    def __init__(self, run_dir: Path, *, options: SandboxOptions, prices: PriceList, vcpus: float, memory_gib: float,
-                 network: bool, max_sandboxes: int, api_key: str | None = None, domain: str | None = None,
-                 create: Callable[..., Any] | None = None):
-        if create is None:
-            from e2b import Sandbox
-
-            create = Sandbox.create
-        self.options, self._create = options, create
+    def __init__(self, *, options: SandboxOptions, network: bool, max_sandboxes: int, create: Callable[..., Any],
+                 api_key: str | None = None, domain: str | None = None):
+        self.options, self._create, self._network = options, create, network
         self._api = {k: v for k, v in (("api_key", api_key), ("domain", domain)) if v}
-        self._network = network
         self._slots = threading.BoundedSemaphore(max_sandboxes)
         self.max_sandboxes = max_sandboxes
+        self.idle_s = float(options.idle_s)
         self._main = _LazySandbox(self._new_sandbox, self._slots.release)
-        super().__init__(Path(run_dir), network=network, prices=prices, vcpus=vcpus, memory_gib=memory_gib,
-                         sandbox_factory=lambda: self._main, workdir=WORKDIR)
-        self.sandbox_factory = self._script_sandbox  # run_script: a fresh sandbox each time, killed afterwards
 
     def _new_sandbox(self) -> Any:
         if not self._slots.acquire(blocking=False):
@@ -105,51 +90,59 @@ class RemoteSandboxService(LocalSandboxService):
                 raise translate(exc, "E2B") from exc
             raise
 
-    def quote(self, call: SandboxExec) -> Quote:
-        """Worst case: a full idle period since the last command plus the whole ``timeout_s``."""
-        return Quote(usd=self.usd(self.options.idle_s + call.timeout_s), seconds=float(call.timeout_s))
-
-    def exec(self, call: SandboxExec) -> Billed[CommandResult]:
-        """Run ``call.command`` in the run's sandbox (``/app``); bill its duration plus the idle time before it."""
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """The run's sandbox; the idle time since the previous command (at most ``idle_s``) is billed with this one,
+        and afterwards it is kept alive ``idle_s`` more (E2B's ``set_timeout``). Provider failures become typed
+        errors (not retried: the command may have run)."""
         main = self._main
-        had = main.current is not None
-        idle = min(time.monotonic() - main.last_used, self.options.idle_s) if had else 0.0
+        idle = min(time.monotonic() - main.last_used, self.idle_s) if main.current is not None else 0.0
         main.recreated = False
         try:
-            sandbox = main.get(self.options.idle_s)
-            result = self._run(sandbox, call.command, call.timeout_s, cwd=WORKDIR)
+            sandbox = main.get(self.idle_s)
+            note = ""
+            if main.recreated:
+                idle, note = 0.0, (f"[sandbox] the previous sandbox expired (idle longer than {self.options.idle_s} s); "
+                                   "this is a fresh one\n")
+            yield Session(sandbox, idle, note)
             main.last_used = time.monotonic()
             sandbox.set_timeout(self.options.idle_s)
         except ActionError:
             raise
-        except Exception as exc:  # noqa: BLE001 - not retried: the command may have run
+        except Exception as exc:  # noqa: BLE001
             raise translate(exc, "E2B") from exc
-        if main.recreated:
-            result = result.model_copy(update={"stderr": "[sandbox] the previous sandbox expired (idle longer than "
-                                                         f"{self.options.idle_s} s); this is a fresh one\n" + result.stderr})
-            idle = 0.0
-        seconds = min(result.duration_s, float(call.timeout_s)) + idle
-        return Billed[CommandResult](value=result, cost_usd=min(self.usd(seconds), self.quote(call).usd),
-                                     seconds=result.duration_s)
 
-    def _script_sandbox(self) -> Any:
+    @contextmanager
+    def fresh(self, *, network: bool, limits: Any) -> Iterator[Any]:
         sandbox = self._new_sandbox()
-        release = self._slots.release
-
-        class _Owned:
-            commands, files = sandbox.commands, sandbox.files
-
-            def kill(self) -> None:
-                try:
-                    sandbox.kill()
-                finally:
-                    release()
-
-        return _Owned()
+        try:
+            yield sandbox
+        finally:
+            try:
+                sandbox.kill()
+            except Exception:  # noqa: BLE001 - it expires on its own (its lifetime) if the kill fails
+                pass
+            finally:
+                self._slots.release()
 
     def close(self) -> None:
         """Kill the run's sandbox (safe to call twice)."""
         self._main.kill()
 
 
-__all__ = ["RemoteSandboxService"]
+class RemoteSandboxService(E2BSandboxService):
+    """The :class:`~rsigym_env.services.SandboxService` of the remote world (E2B's cloud)."""
+
+    def __init__(self, *, options: SandboxOptions, prices: PriceList, vcpus: float, memory_gib: float,
+                 network: bool, max_sandboxes: int, api_key: str | None = None, domain: str | None = None,
+                 create: Callable[..., Any] | None = None):
+        if create is None:
+            from e2b import Sandbox
+
+            create = Sandbox.create
+        super().__init__(E2BCloud(options=options, network=network, max_sandboxes=max_sandboxes, create=create,
+                                  api_key=api_key, domain=domain), prices=prices, vcpus=vcpus, memory_gib=memory_gib)
+        self.options, self.max_sandboxes = options, max_sandboxes
+
+
+__all__ = ["E2BCloud", "RemoteSandboxService"]

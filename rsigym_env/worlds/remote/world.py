@@ -1,16 +1,17 @@
-"""``RemoteWorld``: the five services on real providers, built from the local world's service code.
+"""``RemoteWorld``: the five services on real providers: the shared services of :mod:`rsigym_env.worlds.common`
+wired to remote back ends.
 
 ========== ======================================================================================
 service    how
 ========== ======================================================================================
-train      :class:`~.services.RemoteTrain` (the local ``LocalTrain`` + ``run_supervised``) over
-           ``tinker.ServiceClient`` (``TINKER_API_KEY``, ``TINKER_BASE_URL``); ``tinker://`` checkpoints
-infer      :class:`~.services.RemoteInference` over Tinker's OpenAI-compatible endpoint (or the
+train      :class:`~..common.train.TinkerTrainService` (``run_supervised``) over ``tinker.ServiceClient``
+           (``TINKER_API_KEY``, ``TINKER_BASE_URL``); ``tinker://`` checkpoints, the model's own chat template
+infer      :class:`~..common.inference.ChatInferenceService` over Tinker's OpenAI-compatible endpoint (or the
            scenario's), the base model by its Tinker id, a checkpoint by its sampler path
-rollout    :class:`~.services.RemoteRollout`: catalog teachers over OpenAI-compatible endpoints;
-           transforms in E2B (the local transform code)
-sandbox    :class:`~.sandbox.RemoteSandboxService` (the local service, an E2B cloud factory)
-evaluate   :class:`~.evaluation.RemoteEvalService` (the local service, a Harbor environment type, the
+rollout    :class:`~..common.rollout.RolloutService` with :class:`~.teachers.CatalogTeachers` (catalog
+           teachers over OpenAI-compatible endpoints); transforms in E2B
+sandbox    :class:`~.sandbox.RemoteSandboxService` (the shared e2b-SDK service, E2B's cloud as back end)
+evaluate   :class:`~.evaluation.RemoteEvalService` (the shared Harbor service, a Harbor environment type, the
            model behind a metering proxy at ``RSIGYM_MODEL_URL``)
 ========== ======================================================================================
 
@@ -21,19 +22,19 @@ Credentials are checked first: a missing variable raises
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import os
-import shutil
-import tempfile
-import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ...errors import ActionError
 from ...prices import TeacherPrice
 from ...scenario import Scenario
-from ..local.datasets import DatasetStore
-from ..local.world import LocalWorld, WallClock
+from ..common.datasets import DatasetStore
+from ..common.inference import ChatInferenceService
+from ..common.jobs import WallClock
+from ..common.rollout import RolloutService
+from ..common.train import TinkerTrainService
+from ..common.world import ServiceWorld
 from .clients import ForwardingChatModel, Route, RoutedClient, openai_completions
 from .config import BENCHMARKS, RemoteBenchmark, RemoteOptions, required_credentials
 from .errors import MissingCredentials
@@ -46,7 +47,10 @@ def teacher_prices(options: RemoteOptions, allowed: list[str]) -> dict[str, Teac
             for n in allowed if n in options.teachers}
 
 
-class RemoteWorld:
+PROMPT_OVERHEAD = 64   # tokens of chat framing per request, for quotes
+
+
+class RemoteWorld(ServiceWorld):
     """One benchmark's remote world for one run (see the module docstring).
 
     Keyword arguments replace the real clients (tests, replays): ``service_client`` (Tinker-shaped),
@@ -62,7 +66,7 @@ class RemoteWorld:
                  environ: Mapping[str, str] | None = None):
         from .evaluation import RemoteEvalService, prepare_splits
         from .sandbox import RemoteSandboxService
-        from .services import RemoteInference, RemoteRollout, RemoteTrain
+        from .teachers import CatalogTeachers
 
         env = os.environ if environ is None else environ
         self.scenario, self.seed = scenario, seed
@@ -82,15 +86,9 @@ class RemoteWorld:
         self.prices = remote_prices(self.base_model, teacher_prices(self.options, allowed), rows)
         self.context_tokens = context_tokens(self.base_model, rows)
 
-        self._own_dir = run_dir is None
-        self.run_dir = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="rsigym-remote-"))
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.keep_files(run_dir, prefix="rsigym-remote-", job_threads=2)
         self.clock = WallClock()
-        self.checkpoints: dict[str, str] = {}   # checkpoint id -> tinker://.../sampler_weights/...
-        self.states: dict[str, str] = {}        # checkpoint id -> tinker://.../weights/...
         self.store = DatasetStore(self.run_dir / "datasets")
-        self._pool = cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="rsigym-remote-job")
-        self._lock = threading.Lock()
 
         if service_client is None:
             import tinker
@@ -117,13 +115,20 @@ class RemoteWorld:
 
         sandbox = scenario.permissions.sandbox
         self.vcpus, self.memory_gib = sandbox.vcpus, sandbox.memory_gib
-        self.rollout = RemoteRollout(self)
-        self.train = RemoteTrain(self)
-        self.inference = RemoteInference(self)
-        self.sandbox = RemoteSandboxService(self.run_dir, options=self.options.sandbox, prices=self.prices,
+        self.train = TinkerTrainService(client=self.tinker, store=self.store, prices=self.prices, pool=self.pool,
+                                        clock=self.clock.now, base_model=self.base_model, seed=seed,
+                                        on_checkpoint=self.register_checkpoint, default_rank=self.options.lora_rank,
+                                        renderer=self._renderer, renderer_name="role_colon", errors=_tinker_error,
+                                        provider_paths=True)
+        self.inference = ChatInferenceService(client=self.client, model_for=self.chat_model, prices=self.prices,
+                                              seed=seed, context_tokens=self.context_tokens,
+                                              prompt_overhead=PROMPT_OVERHEAD, tokens_per_second=50.0, latency_s=5.0)
+        self.sandbox = RemoteSandboxService(options=self.options.sandbox, prices=self.prices,
                                             vcpus=sandbox.vcpus, memory_gib=sandbox.memory_gib, network=sandbox.network,
                                             max_sandboxes=sandbox.max_sandboxes, api_key=env.get("E2B_API_KEY"),
                                             domain=env.get("E2B_DOMAIN"), create=sandbox_create)
+        self.rollout = RolloutService(teachers=CatalogTeachers(client=self.client, benchmark=self.benchmark),
+                                      sandbox=self.sandbox, store=self.store, prices=self.prices, seed=seed)
         self.tasks = dict(tasks) if tasks is not None else prepare_splits(
             self.options.evaluation, self.options.evaluation.dataset or self.benchmark.dataset, self.run_dir / "tasks")
         self.evaluation = RemoteEvalService(options=self.options.evaluation, model_for=self.chat_model,
@@ -132,6 +137,12 @@ class RemoteWorld:
                                             clock=self.clock.now)
 
     # ---- models ---------------------------------------------------------------------------------
+
+    def _renderer(self, tokenizer: Any) -> Any:
+        """The scenario's chat format over the model's tokenizer (default: the model's own chat template)."""
+        from .renderer import remote_renderer
+
+        return remote_renderer(self.options.renderer, tokenizer)
 
     def register_checkpoint(self, checkpoint: str, sampler_path: str) -> None:
         """Make a trained checkpoint answer as ``checkpoint`` (Tinker serves it by its sampler path)."""
@@ -144,15 +155,10 @@ class RemoteWorld:
                                              f"{', '.join(['base', *self.checkpoints])}")
         return ForwardingChatModel(self.client, checkpoint)
 
-    # ---- datasets: the local world's own code --------------------------------------------------
-
-    dataset_path = LocalWorld.dataset_path
-    save_dataset = LocalWorld.save_dataset
-
     # ---- the initial system ---------------------------------------------------------------------
 
     def initial_harness(self) -> dict[str, str]:
-        from ..local.harness import minimal_harness
+        from ..common.harness import minimal_harness
 
         return minimal_harness()
 
@@ -165,15 +171,12 @@ class RemoteWorld:
                 f"trials in Harbor's {e.environment} environment, sandboxes on E2B. Teachers: {teachers}. "
                 f"Prices: {self.prices.source}.")
 
-    def close(self) -> None:
-        """Stop jobs and kill sandboxes; remove the run directory if the world made it. Safe to call twice."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        for part in ("sandbox", "evaluation"):
-            closer = getattr(getattr(self, part, None), "close", None)
-            if closer is not None:
-                closer()
-        if getattr(self, "_own_dir", False):
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+def _tinker_error(exc: Exception) -> Exception:
+    """A Tinker failure as a typed error (the reservation is released)."""
+    from .errors import translate
+
+    return translate(exc, "Tinker")
 
 
 def from_scenario(scenario: Scenario, seed: int, run_dir: Path | None = None) -> RemoteWorld:

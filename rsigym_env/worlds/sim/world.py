@@ -42,6 +42,7 @@ from rsigym_env.services import (
 )
 from rsigym_env.tools import GenerateData, Infer, SandboxExec, Train, TransformData
 
+from ..lifecycle import WorldLifecycle
 from .benchmarks import BENCHMARKS
 from .clock import SimClock
 from .model import (
@@ -124,7 +125,7 @@ class _Streams(dict):
         return rng
 
 
-class SimWorld:
+class SimWorld(WorldLifecycle):
     """A seeded surrogate of one RSIGym research run: benchmark, target system and five services.
 
     Args:
@@ -206,9 +207,6 @@ class SimWorld:
             "get no real text. The sandbox models only: ls /data, wc -l /data/<ds>.jsonl, head /data/<ds>.jsonl, "
             "echo, sleep N, true; transform_data 'script' is not available (use world='local')."
         )
-
-    def close(self) -> None:
-        """Nothing to release (the world holds only arrays); safe to call twice."""
 
     # ---- for tests and calibration (not a service) -------------------------------------------
 

@@ -52,10 +52,10 @@ STREAMS = ("dev", "official", "synthetic", "pretrain")
 
 # One definition of the action language: the minimal harness's own (its agent.py stays stdlib-only
 # because it runs inside the sandbox; here it is imported as a module).
-from ..harness.agent import observation, parse_action  # noqa: E402
+from ...common.harness.agent import observation, parse_action  # noqa: E402
 from ....canonical import sha256_hex  # noqa: E402
 from ....splits import OfficialSplit, official_split  # noqa: E402
-from ..isolation import DEFAULT_PATH  # noqa: E402
+from ..sandbox.isolation import DEFAULT_PATH  # noqa: E402
 
 PUBLIC_SPLIT = official_split("public")
 

@@ -2,7 +2,7 @@
 
 Plug it into a Harbor job by import path::
 
-    EnvironmentConfig(import_path="rsigym_env.worlds.local.harbor_env:BubblewrapEnvironment",
+    EnvironmentConfig(import_path="rsigym_env.worlds.local.harbor.environment:BubblewrapEnvironment",
                       kwargs={"network": False, "memory_mb": 1024})
 
 A trial's sandbox is a host directory ``<trial_dir>/sandbox/`` holding ``app/`` (the task's
@@ -65,12 +65,12 @@ from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import EnvironmentConfig, NetworkMode
 from harbor.models.trial.paths import EnvironmentPaths, TrialPaths
 
-from . import isolation
-from .benchmarks.base import PROBE_SOCKET
-from .isolation import Limits, Mount
+from ..sandbox import isolation
+from ..benchmarks.base import PROBE_SOCKET
+from ..sandbox.isolation import Limits, Mount
 
 ENVIRONMENT_TYPE = "rsigym-bubblewrap"
-IMPORT_PATH = "rsigym_env.worlds.local.harbor_env:BubblewrapEnvironment"
+IMPORT_PATH = "rsigym_env.worlds.local.harbor.environment:BubblewrapEnvironment"
 SANDBOX_RECORD = "sandbox.json"
 # Harbor's own bookkeeping commands that are done on the host, on the same files, without a sandbox
 # start (~20 ms each): the verifier's removal of stale reward files and its chmod of the test script.

@@ -9,8 +9,8 @@ conversations per optimizer step, ``num_epochs`` passes (reshuffled with ``seed`
 and a constant / linear / cosine learning-rate schedule.
 
 >>> import tempfile
->>> from rsigym_env.worlds.local.tinker_client import LocalServiceClient, make_random_base, register_base_model
->>> from rsigym_env.worlds.local.model import ModelConfig
+>>> from rsigym_env.worlds.local.lm.tinker_client import LocalServiceClient, make_random_base, register_base_model
+>>> from rsigym_env.worlds.local.lm.model import ModelConfig
 >>> root = tempfile.mkdtemp()
 >>> register_base_model("doc-sft", make_random_base(root + "/base", ModelConfig(d_model=32, n_layers=1,
 ...     n_heads=2, d_ff=64, max_seq_len=64)))
@@ -24,7 +24,7 @@ True
 >>> SupervisedConfig(base_model="x", learning_rate=0).validate()
 Traceback (most recent call last):
 ...
-rsigym_env.worlds.local.training.TrainingConfigError: learning_rate must be a finite number > 0, got 0
+rsigym_env.worlds.common.training.TrainingConfigError: learning_rate must be a finite number > 0, got 0
 """
 
 from __future__ import annotations
@@ -264,12 +264,15 @@ def build_data(conversations: Sequence[Sequence[Mapping[str, Any]]], renderer: A
 
 
 def run_supervised(service_client: Any, config: SupervisedConfig, dataset: str | Path | Iterable[Any], *,
-                   renderer: Any = None, on_step: Callable[[StepMetrics], None] | None = None) -> SupervisedResult:
+                   renderer: Any = None, on_step: Callable[[StepMetrics], None] | None = None,
+                   make_renderer: Callable[[Any], Any] | None = None) -> SupervisedResult:
     """Fine-tune ``config.base_model`` (or ``config.load_checkpoint_path``) on ``dataset``.
 
     Everything that can be checked before training (hyperparameters, every line of the
     dataset, example lengths) is checked first, so a bad call costs nothing. ``on_step`` is
-    called after every optimizer step. Returns the ``tinker://…/sampler_weights/…`` path.
+    called after every optimizer step. The renderer is ``renderer``, else ``make_renderer`` of the
+    training client's tokenizer, else ``config.renderer`` over it. Returns the
+    ``tinker://…/sampler_weights/…`` path.
     """
     start = time.perf_counter()
     config.validate()
@@ -282,7 +285,8 @@ def run_supervised(service_client: Any, config: SupervisedConfig, dataset: str |
             base_model=config.base_model, rank=config.lora_rank, seed=config.seed, train_mlp=config.train_mlp,
             train_attn=config.train_attn, train_unembed=config.train_unembed).result()
     if renderer is None:
-        renderer = get_renderer(config.renderer, tc.get_tokenizer())
+        tokenizer = tc.get_tokenizer()
+        renderer = make_renderer(tokenizer) if make_renderer is not None else get_renderer(config.renderer, tokenizer)
     context = getattr(tc, "max_seq_len", None)  # the local client knows its context; Tinker checks server-side
     data = build_data(conversations, renderer, config.train_on_what, config.max_length, context)
 

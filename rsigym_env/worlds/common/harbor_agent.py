@@ -1,9 +1,9 @@
-"""The harness as a Harbor agent: ``python3 /harness/agent.py`` inside the trial's bubblewrap sandbox.
+"""The harness as a Harbor agent: ``python3 /harness/agent.py`` inside the trial's sandbox (any Harbor environment).
 
 Plug it into a Harbor job by import path, one agent config per attempt (so each trial knows its
 attempt index and its seed does not depend on scheduling)::
 
-    AgentConfig(import_path="rsigym_env.worlds.local.harbor_agent:HarnessAgent",
+    AgentConfig(import_path="rsigym_env.worlds.common.harbor_agent:HarnessAgent",
                 kwargs={"harness_dir": "/path/to/harness", "session": "ev-7", "attempt": 0})
 
 ``session`` names a :class:`ModelSession` registered in this process (:func:`register_session`):
@@ -37,7 +37,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 from harbor.agents.base import BaseAgent
 from harbor.environments.base import BaseEnvironment
@@ -51,9 +51,19 @@ from ...serving.models import (
     estimate_prompt_tokens,
 )
 from ...serving.openai_server import Usage, UsageMeter
-from .harbor_env import BubblewrapEnvironment
 
-IMPORT_PATH = "rsigym_env.worlds.local.harbor_agent:HarnessAgent"
+IMPORT_PATH = "rsigym_env.worlds.common.harbor_agent:HarnessAgent"
+
+
+@runtime_checkable
+class AgentMounts(Protocol):
+    """An environment that mounts host files into the agent phase only and whose files are host files (the local
+    world's bubblewrap environment): the harness and the model socket are mounted, the trajectory read in place.
+    Any other environment gets the harness uploaded and its trajectory downloaded."""
+
+    def add_agent_mount(self, host: Path | str, target: str, *, copy: bool = False) -> None: ...
+
+    def host_path(self, path: str) -> Path: ...
 HARNESS_MOUNT = "/harness"
 SOCKET_MOUNT = "/run/rsigym/model.sock"
 LOGS_DIR = "/logs/agent"
@@ -340,12 +350,13 @@ class HarnessAgent(BaseAgent):
         harness is uploaded to ``/harness`` and reaches the model at ``RSIGYM_MODEL_URL``.
         """
         session = self.session
-        if not isinstance(environment, BubblewrapEnvironment) and session.url is None:
-            raise TypeError(f"HarnessAgent needs a BubblewrapEnvironment (agent-only mounts) or a model session with "
+        if not isinstance(environment, AgentMounts) and session.url is None:
+            raise TypeError(f"HarnessAgent needs an environment with agent-only mounts (the local world's bubblewrap "
+                            f"one) or a model session with "
                             f"a url, got {type(environment).__name__}")
         self._task = environment.environment_name
         self._alias = session.open(self._task, self.attempt)
-        if isinstance(environment, BubblewrapEnvironment):
+        if isinstance(environment, AgentMounts):
             environment.add_agent_mount(self.harness_dir, HARNESS_MOUNT, copy=True)  # no host path inside
             if session.url is None:
                 environment.add_agent_mount(session.socket, SOCKET_MOUNT)
@@ -386,7 +397,7 @@ class HarnessAgent(BaseAgent):
             meta["harness_error"] = "the harness was stopped: the trial's time limit passed or the job was cancelled"
             raise
         finally:
-            if not isinstance(environment, BubblewrapEnvironment):
+            if not isinstance(environment, AgentMounts):
                 await self._download_trajectory(environment)
             self._finish(environment, context, meta)
 
@@ -429,7 +440,7 @@ class HarnessAgent(BaseAgent):
     def _read_raw_trajectory(self, environment: BaseEnvironment, meta: dict[str, Any]) -> dict[str, Any] | None:
         try:
             path = (environment.host_path(f"{LOGS_DIR}/{TRAJECTORY_FILE}")
-                    if isinstance(environment, BubblewrapEnvironment) else self.logs_dir / TRAJECTORY_FILE)
+                    if isinstance(environment, AgentMounts) else self.logs_dir / TRAJECTORY_FILE)
             if not path.is_file() or path.is_symlink():
                 raise FileNotFoundError("the harness wrote no /logs/agent/trajectory.json")
             if path.stat().st_size > MAX_TRAJECTORY_BYTES:

@@ -15,9 +15,9 @@ can be called while the server runs:
 >>> import tempfile
 >>> from openai import OpenAI
 >>> from rsigym_env.serving import ModelRegistry, OpenAIServer
->>> from rsigym_env.worlds.local.model import ModelConfig
->>> from rsigym_env.worlds.local.tinker_client import LocalServiceClient, make_random_base, register_base_model
->>> from rsigym_env.worlds.local.training import SupervisedConfig, run_supervised
+>>> from rsigym_env.worlds.local.lm.model import ModelConfig
+>>> from rsigym_env.worlds.local.lm.tinker_client import LocalServiceClient, make_random_base, register_base_model
+>>> from rsigym_env.worlds.common.training import SupervisedConfig, run_supervised
 >>> root = tempfile.mkdtemp()
 >>> register_base_model("doc-chat", make_random_base(root + "/base", ModelConfig(d_model=32, n_layers=1,
 ...     n_heads=2, d_ff=64, max_seq_len=64)))
@@ -47,10 +47,10 @@ from typing import Any, Callable, Sequence
 
 from tinker import types
 
-from ...serving.models import ChatChoice, ChatRequest, InvalidParam, ModelRegistry, ModelRequestError, ToolCall
+from ....serving.models import ChatChoice, ChatRequest, InvalidParam, ModelRegistry, ModelRequestError, ToolCall
 from .model import ContextOverflowError
 from .tinker_client import CheckpointNotFoundError, UnknownModelError, parse_tinker_path
-from .tokenizer import ChatRenderer, MessageError, RoleColonRenderer, Tokenizer
+from ...common.tokenizer import ChatRenderer, MessageError, RoleColonRenderer, Tokenizer
 
 _UNSUPPORTED_EXTRAS = ("logprobs", "top_logprobs", "logit_bias")
 

@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from ...errors import ActionError
+from ....errors import ActionError
 
 Params = dict[str, np.ndarray]
 

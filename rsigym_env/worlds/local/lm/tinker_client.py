@@ -51,7 +51,7 @@ import numpy as np
 from tinker import types
 from tinker.lib.public_interfaces.api_future import APIFuture, AwaitableConcurrentFuture
 
-from ...errors import ActionError
+from ....errors import ActionError
 from .model import (
     Adam,
     BaseModel,
@@ -68,7 +68,7 @@ from .model import (
     save_model,
     save_npz,
 )
-from .tokenizer import Tokenizer
+from ...common.tokenizer import Tokenizer
 
 T = TypeVar("T")
 

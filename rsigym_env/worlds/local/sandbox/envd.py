@@ -85,7 +85,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ...serving.asgi import ASGIApp, BodyLimitMiddleware, ResponseAborted, ThreadedASGIServer
+from ....serving.asgi import ASGIApp, BodyLimitMiddleware, ResponseAborted, ThreadedASGIServer
 
 from .isolation import (
     APP, SANDBOX_USER, IsolatedProcess, IsolationUnavailable, Limits, Mount, SandboxGroup, claim, sandbox_uid,
@@ -160,7 +160,7 @@ class SandboxFS:
     >>> fs.normalize("/etc/passwd")
     Traceback (most recent call last):
     ...
-    rsigym_env.worlds.local.envd.SandboxPathError: '/etc/passwd' is outside the sandbox's directories (/app)
+    rsigym_env.worlds.local.sandbox.envd.SandboxPathError: '/etc/passwd' is outside the sandbox's directories (/app)
     """
 
     def __init__(self, root: Path, uid: int | None = None, mounts: Sequence[Mount] = ()) -> None:

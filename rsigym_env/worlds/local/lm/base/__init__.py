@@ -30,7 +30,7 @@ def manifest(directory: str | Path = BASE_DIR) -> dict[str, Any]:
 def load_base(directory: str | Path = BASE_DIR, name: str = NAME, verify: bool = False) -> Any:
     """The checkpoint as a :class:`~..model.BaseModel` (float32 weights); ``verify`` checks the sha256."""
     from ..model import BaseModel, ModelConfig, load_npz
-    from ..tokenizer import Tokenizer
+    from ....common.tokenizer import Tokenizer
 
     directory = Path(directory)
     meta = manifest(directory)

@@ -232,7 +232,7 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
     >>> validate_messages([{"role": "robot", "content": "hi"}])
     Traceback (most recent call last):
     ...
-    rsigym_env.worlds.local.tokenizer.MessageError: message 0: unknown role 'robot' (system, user, assistant, tool)
+    rsigym_env.worlds.common.tokenizer.MessageError: message 0: unknown role 'robot' (system, user, assistant, tool)
     """
     if not isinstance(messages, (list, tuple)) or not messages:
         raise MessageError("messages must be a non-empty list")

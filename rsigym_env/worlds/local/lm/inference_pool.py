@@ -126,7 +126,7 @@ class PooledSamplingClient:
 
 
 class _Worker:
-    """One worker process (``python -m rsigym_env.worlds.local.inference_pool``) and the thread that
+    """One worker process (``python -m rsigym_env.worlds.local.lm.inference_pool``) and the thread that
     feeds it requests from the pool's queue: pickled frames over its stdin and stdout."""
 
     def __init__(self, pool: "InferencePool", index: int):
@@ -137,7 +137,7 @@ class _Worker:
 
     def _start(self) -> subprocess.Popen:
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-        return subprocess.Popen([sys.executable, "-m", "rsigym_env.worlds.local.inference_pool"],
+        return subprocess.Popen([sys.executable, "-m", "rsigym_env.worlds.local.lm.inference_pool"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
 
     def _serve(self) -> None:

@@ -1,7 +1,8 @@
-"""``LocalEvalService``: benchmark evaluation through Harbor's ``Job`` (the ``EvalService`` protocol).
+"""``HarborEvalService``: benchmark evaluation through Harbor's ``Job`` (the ``EvalService`` protocol).
 
 An evaluation of (checkpoint, harness) on a split runs one Harbor job: every task × ``k`` attempts,
-:class:`~.harbor_agent.HarnessAgent` in a :class:`~.harbor_env.BubblewrapEnvironment` per trial,
+:class:`~.harbor_agent.HarnessAgent` in the injected :class:`TrialEnvironment` per trial (the local
+world's: a bubblewrap sandbox; the remote world's: a Harbor environment type such as docker),
 ``concurrency`` trials at a time, scored by each task's ``tests/test.sh``. The score is avg@k: the
 mean over tasks of the mean reward over the ``k`` attempts.
 
@@ -50,8 +51,9 @@ import tempfile
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 os.environ.setdefault("HARBOR_TELEMETRY", "0")               # offline: no telemetry,
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no cost-map download (Harbor imports litellm)
@@ -62,11 +64,8 @@ from ...prices import PER_M, PriceList
 from ...serving.models import ChatModel, ModelRegistry
 from ...serving.openai_server import OpenAIServer, Usage, UsageMeter
 from ...services import Billed, EvalRequest, EvalResult, Job, Quote
-from . import isolation
 from .harbor_agent import IMPORT_PATH as AGENT_IMPORT_PATH
 from .harbor_agent import ModelSession, register_session, unregister_session
-from .harbor_env import IMPORT_PATH as ENV_IMPORT_PATH
-from .harbor_env import SANDBOX_RECORD
 
 log = logging.getLogger("rsigym_env.evaluation")
 
@@ -131,6 +130,58 @@ def failure_label(reward: float, end_reason: str | None, harness_error: str | No
     return "wrong_answer"
 
 
+class TrialEnvironment(Protocol):
+    """Where Harbor runs an evaluation's trials: the back end :class:`HarborEvalService` is given.
+
+    The local world's is bubblewrap (:class:`rsigym_env.worlds.local.harbor.environment.BubblewrapTrials`);
+    :class:`HarborEnvironmentType` is any environment Harbor knows by name (docker, e2b, daytona, ...)."""
+
+    def check(self) -> None:
+        """Raise if trials cannot run on this machine (before anything is spent)."""
+
+    def config(self, sandboxes_dir: Path, memory_gib: float) -> Any:
+        """Harbor's ``EnvironmentConfig`` for the job (``sandboxes_dir``: a private directory for the trials)."""
+
+    def trial_seconds(self, trial_dir: Path, result: Any) -> float:
+        """The sandbox seconds one finished trial used (its bill; capped by the caller)."""
+
+    def cache_settings(self) -> list[Any]:
+        """What of this back end enters an evaluation's cache key."""
+
+
+@dataclass(frozen=True)
+class HarborEnvironmentType:
+    """A Harbor ``EnvironmentType`` value (``docker``, ``e2b``, ``daytona``, ...) and its kwargs; a trial's
+    sandbox time is Harbor's own timing of it."""
+
+    type: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """Harbor's environment checks its own prerequisites when a trial starts."""
+
+    def config(self, sandboxes_dir: Path, memory_gib: float) -> Any:
+        from harbor.models.trial.config import EnvironmentConfig
+
+        return EnvironmentConfig(type=self.type, kwargs=dict(self.kwargs))
+
+    def trial_seconds(self, trial_dir: Path, result: Any) -> float:
+        return _trial_seconds(result)
+
+    def cache_settings(self) -> list[Any]:
+        return [self.type, sorted(self.kwargs.items())]
+
+
+@dataclass(frozen=True)
+class ModelEndpoint:
+    """Serve an evaluation's model over TCP at ``host``:``port`` (0: any free port) instead of a unix socket, and
+    tell the harness ``url`` (``{port}`` is filled in; default: the server's own URL)."""
+
+    host: str
+    port: int = 0
+    url: str | None = None
+
+
 def list_tasks(split_dir: Path) -> list[Path]:
     """The task directories (those with a ``task.toml``) in ``split_dir``: in the order of its
     ``index.json`` when there is one, else sorted by name."""
@@ -156,8 +207,13 @@ def write_harness(files: Mapping[str, str], target: Path) -> None:
         d.chmod(0o755)
 
 
-class LocalEvalService:
-    """The local world's ``EvalService``: Harbor jobs over the benchmark's task directories.
+class HarborEvalService:
+    """The ``EvalService`` of the local and the remote world: Harbor jobs over the benchmark's task directories.
+
+    ``environment`` is where the trials run (:class:`TrialEnvironment`: bubblewrap in the local world, a Harbor
+    environment type in the remote one); ``model_endpoint`` where the harness reaches the model (``None``: the
+    evaluation's own unix socket, mounted into bubblewrap trials; a :class:`ModelEndpoint`: TCP, for trials
+    elsewhere).
 
     ``model_for(checkpoint)`` gives the servable chat model of ``'base'`` or a checkpoint id (raising
     :class:`~rsigym_env.errors.ActionError` for an unknown one); ``tasks`` maps a split (``"dev"``,
@@ -168,13 +224,13 @@ class LocalEvalService:
     sandbox. ``private_dir`` holds official jobs while they run (default: a fresh temporary directory).
     """
 
-    def __init__(self, *, model_for: Callable[[str], ChatModel], tasks: Mapping[str, Path], run_dir: Path,
+    def __init__(self, *, environment: TrialEnvironment, model_for: Callable[[str], ChatModel],
+                 tasks: Mapping[str, Path], run_dir: Path,
                  prices: PriceList, seed: int = 0, concurrency: int = 2, server: OpenAIServer | None = None,
                  tokens_per_trial: int = 8192, agent_timeout_s: float = 120.0, verifier_timeout_s: float = 60.0,
                  vcpus: float = 2.0, memory_gib: float = 2.0, private_dir: Path | None = None,
-                 environment_kwargs: Mapping[str, Any] | None = None, max_parallel_evals: int = 1,
-                 clock: Callable[[], float] = time.monotonic, environment_type: str | None = None,
-                 model_host: str | None = None, model_port: int = 0, model_url: str | None = None,
+                 max_parallel_evals: int = 1, clock: Callable[[], float] = time.monotonic,
+                 model_endpoint: ModelEndpoint | None = None,
                  seed_key: bytes = b"", logs_quota_bytes: int = 1 << 30, cache_dir: Path | None = None,
                  model_identity: Callable[[str], str | None] | None = None, cache_quota_bytes: int = 256 << 20):
         self.model_for = model_for
@@ -183,12 +239,7 @@ class LocalEvalService:
         self.cache_quota_bytes = cache_quota_bytes  # cached dev evaluations' trial logs, all together
         self.logs_quota_bytes = logs_quota_bytes  # the run's dev evaluation logs, all together (prune_logs)
         self.seed_key = seed_key  # keys the trials' seeds (the platform's secret; see harbor_agent.trial_seed)
-        # Remote reuse (default: bubblewrap trials, the model on a unix socket). ``environment_type``: a Harbor
-        # EnvironmentType value ("docker", "e2b", "daytona", ...) instead of the bubblewrap class;
-        # ``model_host``/``model_port``: serve the evaluation's model on TCP there instead of a socket, and
-        # tell the harness ``model_url`` (``{port}`` is filled in; default: the server's own URL).
-        self.environment_type = environment_type
-        self.model_host, self.model_port, self.model_url = model_host, int(model_port), model_url
+        self.environment, self.model_endpoint = environment, model_endpoint
         self.clock = clock
         self.tasks = {split: Path(path) for split, path in tasks.items()}
         self.run_dir = Path(run_dir)
@@ -206,7 +257,6 @@ class LocalEvalService:
         self.private_dir.chmod(0o700)
         # every trial's sandbox, dev or official, gets an opaque directory here (no split in any path)
         self.sandboxes_dir = self.private_dir / "sandboxes"
-        self.environment_kwargs = dict(environment_kwargs or {})
         self._pool = cf.ThreadPoolExecutor(max_workers=max_parallel_evals, thread_name_prefix="rsigym-eval")
         self._lock = threading.Lock()
         self._counter = 0
@@ -322,7 +372,7 @@ class LocalEvalService:
         what: dict[str, Any] = {"model": identity, "harness": req.harness_files, "k": req.k, "seed": self.seed,
                                 "seed_key": hashlib.sha256(self.seed_key).hexdigest(), "tasks": [str(t) for t in tasks],
                                 "settings": [self.tokens_per_trial, self.agent_timeout_s, self.verifier_timeout_s,
-                                             self.environment_type, sorted(self.environment_kwargs.items())],
+                                             *self.environment.cache_settings()],
                                 "code": CACHE_VERSION}
         if split != "official":  # (official keys stay those of earlier versions)
             what["split"] = split
@@ -431,8 +481,7 @@ class LocalEvalService:
     # ---- one evaluation ----------------------------------------------------------------------------
 
     def _evaluate(self, req: EvalRequest, split: str, eval_id: str, tasks: list[Path], quote: Quote) -> Billed[EvalResult]:
-        if self.environment_type is None and not isolation.bwrap_available():
-            raise isolation.IsolationUnavailable(isolation.INSTALL_HINT)
+        self.environment.check()
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,100}", eval_id) or ".." in eval_id:
             raise ActionError("invalid_args", f"evaluation id {eval_id!r}: letters, digits and _.@- only")
         started = time.monotonic()
@@ -450,11 +499,12 @@ class LocalEvalService:
             registry = ModelRegistry()
             url: str | None = None
             # the same server, aliases, seeds and limits for every split: nothing a harness sees tells them apart
-            if self.model_host is None:
+            endpoint = self.model_endpoint
+            if endpoint is None:
                 server = self._model_server(registry, uds=socket_dir / "model.sock")
             else:  # reachable over the network: the per-trial aliases are unguessable tokens
-                server = self._model_server(registry, host=self.model_host, port=self.model_port)
-                url = (self.model_url or server.base_url).format(port=server.port)
+                server = self._model_server(registry, host=endpoint.host, port=endpoint.port)
+                url = (endpoint.url or server.base_url).format(port=server.port)
             session = ModelSession(socket=socket_dir / "model.sock", registry=registry, meter=self.meter,
                                    model=self.model_for(req.checkpoint), seed=self.seed,
                                    tokens_per_trial=self.tokens_per_trial, url=url, seed_key=self.seed_key)
@@ -494,7 +544,7 @@ class LocalEvalService:
     def _job_config(self, req: EvalRequest, tasks: list[Path], work_dir: Path, harness_dir: Path,
                     session_key: str) -> Any:
         from harbor.models.job.config import JobConfig
-        from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, VerifierConfig
+        from harbor.models.trial.config import AgentConfig, TaskConfig, VerifierConfig
 
         # the sandbox kills the harness at agent_timeout_s; Harbor's own limit leaves time to collect its output
         agents = [AgentConfig(import_path=AGENT_IMPORT_PATH, max_timeout_sec=self.agent_timeout_s + AGENT_SLACK_S,
@@ -504,12 +554,7 @@ class LocalEvalService:
                   for attempt in range(req.k)]
         return JobConfig(job_name="harbor", jobs_dir=work_dir, n_attempts=1, n_concurrent_trials=self.concurrency,
                          quiet=True, tasks=[TaskConfig(path=t.resolve()) for t in tasks], agents=agents,
-                         environment=(EnvironmentConfig(import_path=ENV_IMPORT_PATH,
-                                                        kwargs={"sandbox_dir": str(self.sandboxes_dir),
-                                                                "group_memory_mb": max(64, int(self.memory_gib * 1024)),
-                                                                **self.environment_kwargs})
-                                      if self.environment_type is None else
-                                      EnvironmentConfig(type=self.environment_type, kwargs=self.environment_kwargs)),
+                         environment=self.environment.config(self.sandboxes_dir, self.memory_gib),
                          verifier=VerifierConfig(max_timeout_sec=self.verifier_timeout_s))
 
     def _run_job(self, req: EvalRequest, tasks: list[Path], work_dir: Path, harness_dir: Path,
@@ -565,7 +610,7 @@ class LocalEvalService:
             signals = meta.get("signals") if isinstance(meta.get("signals"), dict) else None
             failures[i][attempt] = failure_label(reward, meta.get("end_reason"), harness_error, signals)
             trial_dir = Path(result.config.trials_dir) / result.trial_name
-            seconds = self._sandbox_seconds(trial_dir) if self.environment_type is None else _trial_seconds(result)
+            seconds = self.environment.trial_seconds(trial_dir, result)
             sandbox_seconds += min(seconds, self.trial_cap_s())
             trials.append({"task": task_ids[i], "attempt": attempt, "reward": reward,
                            "failure": failures[i][attempt],
@@ -584,16 +629,6 @@ class LocalEvalService:
                            tokens=usage.total_tokens, sandbox_seconds=round(sandbox_seconds, 4))
         trials.sort(key=lambda t: (t["task"], t["attempt"]))
         return value, trials
-
-    @staticmethod
-    def _sandbox_seconds(trial_dir: Path) -> float:
-        path = trial_dir / SANDBOX_RECORD
-        try:
-            if not stat.S_ISREG(path.lstat().st_mode):
-                return 0.0
-            return max(0.0, float(json.loads(path.read_text())["seconds"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            return 0.0
 
 
 _TUNED = threading.Lock()
@@ -670,4 +705,4 @@ def _trial_seconds(result: Any) -> float:
     return max(0.0, (result.finished_at - result.started_at).total_seconds())
 
 
-__all__ = ["END_REASON_LABELS", "LocalEvalService", "failure_label", "list_tasks", "write_harness"]
+__all__ = ["END_REASON_LABELS", "HarborEnvironmentType", "HarborEvalService", "ModelEndpoint", "TrialEnvironment", "failure_label", "list_tasks", "write_harness"]
