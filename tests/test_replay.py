@@ -112,7 +112,7 @@ def _same(a: Any, b: Any) -> bool:
 # The synthetic "wallclock-test" world (sim services whose jobs finish on timer threads) replayed to a
 # different episode length in 2 of ~6 full-suite runs under heavy load and never alone (72 tries); the
 # cause is not found yet, so it is left out here until it is. Wall-clock replay of the real local world
-# is covered by tests/test_local_world.py::test_a_recorded_scripted_episode_on_the_shipped_base_...
+# is covered by tests/worlds/local/test_local_world.py::test_a_recorded_scripted_episode_on_the_shipped_base_...
 @pytest.mark.parametrize("world", [w for w in WORLDS_UNDER_TEST if w != "wallclock-test"])
 def test_a_recorded_episode_replays_to_identical_observations_rewards_and_infos(world, tmp_path):
     tape = tmp_path / "tape.jsonl"

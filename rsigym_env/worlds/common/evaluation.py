@@ -642,7 +642,7 @@ def tune_harbor() -> None:
     * every trial hashes its task directory's whole content twice (the trial lock's digest and the
       deprecated ``Task.checksum``), about a third of Harbor's own per-trial work here. Both are
       memoized by the directory's files (path, size, mtime, inode of each): a changed file gives a
-      new key, so the value is always the one Harbor would compute (``tests/test_harbor_local.py``
+      new key, so the value is always the one Harbor would compute (``tests/worlds/local/test_harbor_local.py``
       checks it against Harbor's own)."""
     with _TUNED:
         import harbor.job

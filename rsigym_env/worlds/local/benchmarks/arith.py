@@ -203,7 +203,7 @@ def mix4_stream(bench: "MathBenchmark", seed: int = 0):
 RECORDED_STAGES: tuple[tuple[int, int, int], ...] = ((1, 0, 25600), (2, 1, 25600), (3, 2, 16000), (3, 3, 11200),
                                                      (4, 4, 8000))
 """(mixture, data_seed, conversations) of the shipped base checkpoint's pretraining stages
-(``base/manifest.json``; ``tests/test_local_benchmarks.py`` checks they agree). Each mixture draws its
+(``base/manifest.json``; ``tests/worlds/local/test_local_benchmarks.py`` checks they agree). Each mixture draws its
 math from a frozen generator: 1-2 generator 1, 3 generator 2, 4 ``mix4_tokens``."""
 
 

@@ -17,7 +17,7 @@ a command with ``OUT: <first 200 bytes of stdout+stderr>`` (``OUT: (exit N)`` wh
 Seed streams: every problem of benchmark B is generated from ``random.Random(f"{B}:{stream}:{i}")``
 with ``stream`` one of ``dev``, ``official``, ``synthetic``, ``pretrain``; the synthetic and
 pretraining streams skip every problem whose ``key`` is in the dev or official split, so the four
-sets of prompts are disjoint (``tests/test_local_benchmarks.py`` checks it).
+sets of prompts are disjoint (``tests/worlds/local/test_local_benchmarks.py`` checks it).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 GPT-2 layout (pre-LayerNorm, learned positions, GELU MLP, no biases in the projections), with
 tied or untied unembedding. Every layer has a forward and a backward function; the gradient
-checks in ``tests/test_local_model.py`` compare each against finite differences in float64.
+checks in ``tests/worlds/local/test_local_model.py`` compare each against finite differences in float64.
 Normal use is float32; the same code runs in any float dtype the parameters have.
 
 >>> cfg = ModelConfig(vocab_size=272, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_seq_len=16)

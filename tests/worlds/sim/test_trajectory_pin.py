@@ -6,7 +6,7 @@ Wall times and key ids (a random secret's hash) are the only things left out of 
 ids are replaced by their order of appearance.
 
 If a change is *meant* to alter episodes, recompute the digests with
-``python tests/test_trajectory_pin.py`` and say why in the commit.
+``python tests/worlds/sim/test_trajectory_pin.py`` and say why in the commit.
 """
 
 from __future__ import annotations
