@@ -42,7 +42,7 @@ import threading
 import time
 import zlib
 from pathlib import Path
-from typing import Any, Awaitable, Callable, MutableMapping
+from typing import Any, Awaitable, Callable, MutableMapping, Self
 
 import anyio
 from starlette.responses import PlainTextResponse, Response
@@ -505,5 +505,42 @@ class ThreadedASGIServer:
         self.stop()
 
 
-__all__ = ["AbortedRequestFilter", "BodyLimitMiddleware", "ResponseAborted", "ThreadedASGIServer", "abort_cause",
+class HTTPServing:
+    """What a server object holding a :class:`ThreadedASGIServer` in ``self._http`` offers the same way:
+    ``port``, ``url``, ``running``, ``start()`` (returns the server), ``stop()`` (safe twice) and ``with``.
+    A server with more to release overrides ``stop`` and calls ``super().stop(timeout_s)`` last."""
+
+    _http: "ThreadedASGIServer"
+
+    @property
+    def port(self) -> int | None:
+        """The bound TCP port (None before the first start, or without TCP)."""
+        return self._http.port
+
+    @property
+    def running(self) -> bool:
+        return self._http.running
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT``."""
+        return self._http.url
+
+    def start(self, timeout_s: float = 10.0) -> Self:
+        """Bind, start uvicorn in a daemon thread and wait until it accepts connections."""
+        self._http.start(timeout_s)
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop serving and free the port (and the socket file). Safe to call twice."""
+        self._http.stop(timeout_s)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = ["HTTPServing", "AbortedRequestFilter", "BodyLimitMiddleware", "ResponseAborted", "ThreadedASGIServer", "abort_cause",
            "install_aborted_request_filter", "plain_error"]

@@ -72,7 +72,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .asgi import BodyLimitMiddleware, ThreadedASGIServer, abort_cause
+from .asgi import BodyLimitMiddleware, HTTPServing, ThreadedASGIServer, abort_cause
 from .models import (
     ChatChoice, ChatModel, ChatRequest, EchoModel, InvalidParam, ModelRegistry, ModelRequestError, ScriptedChatModel,
     estimate_completion_tokens, estimate_prompt_tokens,
@@ -453,7 +453,7 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-class OpenAIServer:
+class OpenAIServer(HTTPServing):
     """Serve ``registry`` over HTTP on ``host:port`` (``port=0``: the OS picks a free one) and/or on the
     unix socket ``uds`` (``port=None``: the socket only).
 
@@ -482,39 +482,9 @@ class OpenAIServer:
         self.uds: Path | None = self._http.uds
 
     @property
-    def port(self) -> int | None:
-        """The bound TCP port (None before the first start, or without TCP)."""
-        return self._http.port
-
-    @property
-    def running(self) -> bool:
-        return self._http.running
-
-    @property
-    def url(self) -> str:
-        """``http://HOST:PORT``."""
-        return self._http.url
-
-    @property
     def base_url(self) -> str:
         """``http://HOST:PORT/v1``."""
         return f"{self.url}/v1"
-
-    def start(self, timeout_s: float = 10.0) -> "OpenAIServer":
-        """Bind the port and/or socket, start uvicorn in a daemon thread and wait until it accepts connections."""
-        self._http.start(timeout_s)
-        return self
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop serving (in-flight requests get up to ~2 s), free the port and remove the socket file.
-        Safe to call twice."""
-        self._http.stop(timeout_s)
-
-    def __enter__(self) -> "OpenAIServer":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         where = [self.base_url] if self.port is not None else []

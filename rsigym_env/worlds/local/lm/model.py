@@ -298,20 +298,6 @@ def layernorm_inference(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float 
     return xc
 
 
-def gelu_(x: np.ndarray) -> np.ndarray:
-    """``gelu_forward``'s output, bit for bit, computed into ``x``'s own buffer's twin (one temporary)."""
-    t = x * x
-    t *= 0.044715
-    t += 1.0
-    t *= x
-    t *= _GELU_C
-    np.tanh(t, out=t)
-    t += 1.0
-    t *= x
-    t *= 0.5
-    return t
-
-
 def layernorm_backward(dy: np.ndarray, cache: tuple, g: np.ndarray, need_params: bool = True) -> tuple:
     """→ (dx, dg, db); dg/db are None unless ``need_params``."""
     xhat, rstd = cache
@@ -332,18 +318,33 @@ except ImportError:  # pragma: no cover - other NumPy layouts
     _c_einsum = np.einsum
 
 
-def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, tuple]:
-    """GELU, tanh approximation (GPT-2)."""
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """tanh(C · x · (1 + 0.044715 x²)), in a new array."""
     t = x * x
     t *= 0.044715
     t += 1.0
     t *= x
     t *= _GELU_C
     np.tanh(t, out=t)
+    return t
+
+
+def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, tuple]:
+    """GELU, tanh approximation (GPT-2)."""
+    t = _gelu_tanh(x)
     y = t + 1.0
     y *= x
     y *= 0.5
     return y, (x, t)
+
+
+def gelu_(x: np.ndarray) -> np.ndarray:
+    """``gelu_forward``'s output, bit for bit, in one new array (no cache kept)."""
+    t = _gelu_tanh(x)
+    t += 1.0
+    t *= x
+    t *= 0.5
+    return t
 
 
 def gelu_backward(dy: np.ndarray, cache: tuple) -> np.ndarray:

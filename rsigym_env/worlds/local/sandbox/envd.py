@@ -85,7 +85,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ....serving.asgi import ASGIApp, BodyLimitMiddleware, ResponseAborted, ThreadedASGIServer
+from ....serving.asgi import ASGIApp, BodyLimitMiddleware, HTTPServing, ResponseAborted, ThreadedASGIServer
 
 from .isolation import (
     APP, SANDBOX_USER, IsolatedProcess, IsolationUnavailable, Limits, Mount, SandboxGroup, claim, sandbox_uid,
@@ -973,7 +973,7 @@ def create_app(server: "EnvdServer") -> ASGIApp:
     return app
 
 
-class EnvdServer:
+class EnvdServer(HTTPServing):
     """An envd for the sandbox directory ``root`` on ``host:port`` (``port=0``: a free one), in a thread.
 
     ``url`` is what the SDK's ``sandbox_url`` takes. ``network``, ``limits``, ``mounts`` and ``env``
@@ -1010,35 +1010,10 @@ class EnvdServer:
         self._http = ThreadedASGIServer(self.app, host=host, port=port, name="envd", log_level=log_level,
                                         graceful_s=1, keep_alive_s=30)
 
-    @property
-    def port(self) -> int | None:
-        """The bound port (None before the first start)."""
-        return self._http.port
-
-    @property
-    def running(self) -> bool:
-        return self._http.running
-
-    @property
-    def url(self) -> str:
-        """``http://HOST:PORT`` (the SDK's ``sandbox_url``)."""
-        return self._http.url
-
-    def start(self, timeout_s: float = 10.0) -> "EnvdServer":
-        """Bind the port, start uvicorn in a daemon thread and wait until it accepts connections."""
-        self._http.start(timeout_s)
-        return self
-
     def stop(self, timeout_s: float = 5.0) -> None:
         """Kill running commands, stop serving and free the port. Safe to call twice."""
         self.process.kill_all()
-        self._http.stop(timeout_s)
-
-    def __enter__(self) -> "EnvdServer":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().stop(timeout_s)
 
 
 def health(url: str, timeout_s: float = 2.0) -> bool:
