@@ -40,14 +40,19 @@ Info
     ``events`` of jobs that finished; at the end also the result keys above and ``best_candidate``,
     ``end_reason``, ``official_eval_usd``, ``elapsed_h``, ``steps`` and ``metrics``.
     Everything in ``info`` is deterministic for a seed (``check_env`` compares it). What is not, or is
-    large, is an attribute: :attr:`ResearchEnv.key_id` (the run's platform key, random) and
-    :meth:`ResearchEnv.harness_files` (a harness version's files).
+    large, is an accessor for the env's owner: :attr:`ResearchEnv.key_id` (the run's platform key, random),
+    :meth:`ResearchEnv.harness_files` (a harness version's files) and :meth:`ResearchEnv.run_view` (a
+    read-only snapshot of the run: balance, clock, jobs, datasets, harness versions, end ``info``; what
+    wrappers, the run record and the session service read instead of the run itself).
 
 >>> _, info = env.reset(seed=0)
 >>> info["world"], info["track"], info["benchmark"], info["max_steps"]
 ('sim', 'joint', 'aime', 200)
 >>> len(env.unwrapped.key_id), sorted(env.unwrapped.harness_files(info["harness"]))
 (16, ['harness.toml', 'prompt.md'])
+>>> view = env.unwrapped.run_view()
+>>> view.steps, view.best_dev, view.harness_initial == info["harness"], view.end_info is None
+(0, None, True, True)
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ from gymnasium import spaces
 from .catalog import env_id
 from .platform.core import Platform, PlatformKey
 from .platform.ledger import Ledger
-from .run import ResearchRun
+from .run import ResearchRun, RunView
 from .scenario import Scenario, load_scenario
 from .tools import TOOL_NAMES, action_space
 from .worlds import WorldFactory, make_world
@@ -243,6 +248,11 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         if self.run is None:
             raise gym.error.ResetNeeded("call reset() before harness_files()")
         return self.run.harness.files(version)
+
+    def run_view(self) -> RunView | None:
+        """A read-only snapshot of the current episode's run (:class:`~rsigym_env.run.RunView`), ``None``
+        before ``reset``; take a new one after every step."""
+        return self.run.view() if self.run is not None else None
 
     # ------------------------------------------------------------------ helpers
 

@@ -15,6 +15,15 @@ audited. Anything refused becomes an :class:`Outcome` with an error code and cos
 >>> end.terminated, end.info["normalized_gain"], end.info["dev_evaluations"]
 (True, 0.0, 1)
 
+What the run holds is read through :meth:`ResearchRun.view`, a frozen :class:`RunView` (what the env
+hands its wrappers and recorders as ``env.unwrapped.run_view()``):
+
+>>> view = run.view()
+>>> view.steps, view.best_dev == end.info["best_dev_score"], list(view.job_results), view.end_info["end_reason"]
+(3, True, ['job-1'], 'submitted')
+>>> sorted(view.harness_files(view.harness_initial))
+['harness.toml', 'prompt.md']
+
 Each tool has one handler, looked up by the tool's name in :attr:`ResearchRun.HANDLERS` (built once,
 with the class; a name that is not a tool is refused by :func:`~rsigym_env.tools.parse_action` first):
 
@@ -29,13 +38,16 @@ import concurrent.futures as cf
 import contextvars
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Callable, ClassVar, TypeVar
 
 from .errors import ActionError, InsufficientBudget, WorkFailed
 from .harness import HarnessStore
 from .platform.core import Bill, Platform, PlatformKey, tool_label
+from .platform.ledger import Balance
 from .scenario import Scenario
 from .scoring import normalized_gain
 from .services import (
@@ -70,6 +82,50 @@ class RunningJob:
     bill: Bill | None  # None for a submission (its official evaluation is outside the budget)
     tool: Tool
     target: str  # the checkpoint or dataset id the job will produce; "" for evaluations
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """A running job as :class:`RunView` shows it: its kind, when it started and when it is expected to end
+    (seconds on the world's clock; ``ready_at`` on a simulated clock, ``eta_s`` the expected duration)."""
+
+    kind: str
+    started_at: float
+    ready_at: float | None
+    eta_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    """A read-only snapshot of a run, as of the moment :meth:`ResearchRun.view` made it (take a new one
+    after a step). For the run's owner: wrappers, the run record, the session service; never in ``info``.
+
+    ``balance`` is the key's account as of the end of the last step (what the observation shows);
+    ``world_s`` the world's clock; ``running`` the jobs still running, ``job_results`` the finished ones
+    (result objects, or ``{"error": ...}`` for a failed or cancelled one); ``end_info`` the end ``info``
+    once the episode is over, else ``None``; ``harness_*`` the initial and latest harness versions and all
+    versions made so far, :meth:`harness_files` a version's files.
+    """
+
+    seed: int
+    key_id: str
+    steps: int
+    best_dev: float | None
+    balance: Balance
+    world_s: float
+    running: Mapping[str, JobView]
+    job_results: Mapping[str, Any]
+    datasets: Mapping[str, DatasetInfo]
+    harness_initial: str
+    harness_latest: str
+    harness_versions: tuple[str, ...]
+    end_info: Mapping[str, Any] | None
+    _harness: HarnessStore = field(repr=False, compare=False)
+
+    def harness_files(self, version: str = "latest") -> dict[str, str]:
+        """The files (path -> text, a copy) of a harness version: an id, ``"initial"`` or ``"latest"``
+        (as of the snapshot)."""
+        return self._harness.files(self.harness_latest if version == "latest" else version)
 
 
 @dataclass
@@ -141,6 +197,19 @@ class ResearchRun:
     def submitting(self) -> bool:
         """True while a submission's official evaluation runs as a job (``async_jobs``)."""
         return bool(self.running) and any(r.job.kind == "submit" for r in self.running.values())
+
+    def view(self) -> RunView:
+        """The run as it stands, read-only (see :class:`RunView`)."""
+        running = {j: JobView(r.job.kind, r.job.started_at, r.job.ready_at, r.job.meta.get("eta_s"))
+                   for j, r in self.running.items()}
+        return RunView(
+            seed=self.seed, key_id=self.key.id, steps=self.steps, best_dev=self.best_dev, balance=self.balance,
+            world_s=self.world.clock.now(), running=MappingProxyType(running),
+            job_results=MappingProxyType(dict(self.job_results)), datasets=MappingProxyType(dict(self.datasets)),
+            harness_initial=self.harness.initial, harness_latest=self.harness.latest,
+            harness_versions=tuple(self.harness.versions),
+            end_info=MappingProxyType(dict(self.end_info)) if self.end_info is not None else None,
+            _harness=self.harness)
 
     def allowed_tools(self) -> list[str]:
         """Tools worth offering now: allowed by the key, ``wait`` only with jobs running, only ``read``

@@ -152,6 +152,35 @@ def test_jobs_are_asynchronous_and_wait_advances_the_clock():
     assert obs["action_mask"][rsigym_env.tools.TOOL_NAMES.index("wait")] == 0
 
 
+def test_run_view_is_a_read_only_snapshot_for_the_envs_owner():
+    env = gym.make("RSIGym/Joint-v0", benchmark="aime", budget_usd=500)
+    assert env.unwrapped.run_view() is None  # before reset
+    _, info = env.reset(seed=0)
+    before = env.unwrapped.run_view()
+    assert (before.steps, before.best_dev, before.end_info, dict(before.running)) == (0, None, None, {})
+    assert before.key_id == env.unwrapped.key_id and before.harness_versions == (info["harness"],)
+    _, _, _, _, info = env.step({"tool": "evaluate", "args": {"k": 1}})
+    during = env.unwrapped.run_view()
+    assert before.steps == 0 and not before.running  # a snapshot: the step changed nothing in it
+    (job,) = during.running.values()
+    assert job.kind == "evaluate" and job.ready_at > job.started_at == before.world_s
+    assert during.balance.reserved_usd > 0 and during.balance == env.unwrapped.run_view().balance
+    with pytest.raises(TypeError):
+        during.job_results["job-9"] = None  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        during.steps = 5  # type: ignore[misc]
+    files = during.harness_files("latest")
+    files["prompt.md"] = "scribbled"
+    assert env.unwrapped.harness_files()["prompt.md"] != "scribbled"
+    env.step({"tool": "wait", "args": {}})
+    _, _, terminated, _, info = env.step({"tool": "submit", "args": {}})
+    after = env.unwrapped.run_view()
+    assert terminated and after.best_dev == info["best_dev_score"] and list(after.job_results) == ["job-1"]
+    assert after.end_info["normalized_gain"] == info["normalized_gain"]
+    env.close()
+    assert env.unwrapped.run_view() is None
+
+
 def test_harness_track_mask_and_refusal():
     env = gym.make("RSIGym/Harness-v0", benchmark="aime")
     obs, _ = env.reset(seed=0)

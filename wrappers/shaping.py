@@ -27,7 +27,7 @@ import gymnasium as gym
 class DevScoreShaping(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Adds ``scale * (gamma * phi(s') - phi(s))`` to every reward; ``phi`` = best dev score so far.
 
-    ``phi`` is read from the env itself (``env.unwrapped.run.best_dev``), so the wrapper may sit above
+    ``phi`` is read from the env itself (``env.unwrapped.run_view().best_dev``), so the wrapper may sit above
     wrappers that change the observation (``FlatObservation``, ``ToolCallWrapper``). Every episode end
     (``terminated`` or ``truncated``) counts as terminal, ``phi = 0``: in this env both mean the run is
     over and its final reward has been paid, there is nothing to bootstrap from.
@@ -51,8 +51,8 @@ class DevScoreShaping(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     def potential(self) -> float:
         """``phi`` of the current state: the best dev score so far, 0 if none."""
-        run = getattr(self.env.unwrapped, "run", None)
-        best = getattr(run, "best_dev", None) if run is not None else None
+        view = self.env.unwrapped.run_view()
+        best = view.best_dev if view is not None else None
         return 0.0 if best is None else float(best)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:

@@ -59,7 +59,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..env import ResearchEnv
 from ..platform.core import Bill, Platform
 from ..platform.ledger import NANO, Ledger, Reservation
-from ..run import ResearchRun
+from ..run import JobView, ResearchRun, RunView
 from ..scenario import Scenario
 from ..services import EvalResult, TrainResult
 from ..worlds.sim.clock import SimClock
@@ -230,6 +230,13 @@ class ServedRun(LocalRun):
             raise RunUnavailable("run_closed", "this run is closed")
         return run
 
+    def view(self) -> RunView:
+        """The run's read-only snapshot (:meth:`ResearchEnv.run_view`); ``run_closed`` once it is closed."""
+        view = self.env.unwrapped.run_view()
+        if self.closed or view is None:
+            raise RunUnavailable("run_closed", "this run is closed")
+        return view
+
     def call(self, tool: str, args: dict[str, Any] | None = None) -> ToolReply:
         with self._lock:
             if self.closed:
@@ -241,43 +248,40 @@ class ServedRun(LocalRun):
 
     def observation(self) -> dict[str, Any]:
         with self._lock:
-            self.research  # noqa: B018  (raises RunUnavailable once closed)
+            self.view()  # raises RunUnavailable once closed
             return super().observation()
 
     def balance(self) -> dict[str, float]:
-        """``{budget_usd, spent_usd, reserved_usd, remaining_usd}`` of the run's key."""
+        """``{budget_usd, spent_usd, reserved_usd, remaining_usd}`` of the run's key, read from the ledger now."""
         with self._lock:
-            run = self.research
-            b = run.platform.balance(run.key)
+            key_id = self.view().key_id
+            b = self.env.unwrapped.platform.ledger.balance(key_id)
         return {"budget_usd": b.budget_usd, "spent_usd": b.spent_usd, "reserved_usd": b.reserved_usd,
                 "remaining_usd": b.available_usd}
 
     def jobs(self) -> list[dict[str, Any]]:
         """Every job of the run: running ones with their progress, then finished, failed or cancelled ones."""
         with self._lock:
-            run = self.research
-            now = run.world.clock.now()
-            out = [_running_job(job_id, r.job, now) for job_id, r in run.running.items()]
-            out += [{"id": job_id, **_finished_job(value)} for job_id, value in run.job_results.items()]
-        return out
+            view = self.view()
+        out = [_running_job(job_id, job, view.world_s) for job_id, job in view.running.items()]
+        return out + [{"id": job_id, **_finished_job(value)} for job_id, value in view.job_results.items()]
 
     def job(self, job_id: str) -> dict[str, Any] | None:
         """One job with its result (``None`` if this run has no such job)."""
         with self._lock:
-            run = self.research
-            if job_id in run.running:
-                return _running_job(job_id, run.running[job_id].job, run.world.clock.now())
-            if job_id in run.job_results:
-                value = run.job_results[job_id]
-                if isinstance(value, EvalResult) and value.split != "dev":  # held-out tasks stay unnamed
-                    return {"id": job_id, **_finished_job(value), "result": {"split": value.split, "score": value.score}}
-                return {"id": job_id, **_finished_job(value), "result": jsonable(value)}
+            view = self.view()
+        if job_id in view.running:
+            return _running_job(job_id, view.running[job_id], view.world_s)
+        if job_id in view.job_results:
+            value = view.job_results[job_id]
+            if isinstance(value, EvalResult) and value.split != "dev":  # held-out tasks stay unnamed
+                return {"id": job_id, **_finished_job(value), "result": {"split": value.split, "score": value.score}}
+            return {"id": job_id, **_finished_job(value), "result": jsonable(value)}
         return None
 
     def status(self) -> dict[str, Any]:
         with self._lock:
-            run = self.research
-            return {"steps": run.steps, "done": self.done, "balance": self.balance(), "end": self.end}
+            return {"steps": self.view().steps, "done": self.done, "balance": self.balance(), "end": self.end}
 
     def close(self, code: str = "closed") -> dict[str, Any]:  # type: ignore[override]
         """Settle running jobs (as at the end of an episode), audit the close, close the env; the final status."""
@@ -312,10 +316,10 @@ class ServedRun(LocalRun):
             env.platform.ledger.close()
 
 
-def _running_job(job_id: str, job: Any, now: float) -> dict[str, Any]:
+def _running_job(job_id: str, job: JobView, now: float) -> dict[str, Any]:
     out: dict[str, Any] = {"id": job_id, "kind": job.kind, "status": "running",
                            "elapsed_s": round(max(0.0, now - job.started_at), 3)}
-    eta = job.meta.get("eta_s") if job.ready_at is None else job.ready_at - job.started_at
+    eta = job.eta_s if job.ready_at is None else job.ready_at - job.started_at
     if eta:
         out["eta_s"] = round(float(eta), 3)
     return out

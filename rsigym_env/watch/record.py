@@ -46,7 +46,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import gymnasium as gym
 import numpy as np
@@ -54,6 +54,9 @@ import orjson
 
 from ..owners import current_owner
 from ..rundir import RECORD_FILE
+
+if TYPE_CHECKING:
+    from ..run import RunView
 
 VERSION = 1
 RESULT_MAX_BYTES = 32_768
@@ -250,15 +253,11 @@ class RunRecorder(gym.Wrapper):
 
     # ------------------------------------------------------------------ the env
 
-    @property
-    def _run(self) -> Any:
-        return getattr(self.env.unwrapped, "run", None)
-
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
         obs, info = self.env.reset(seed=seed, options=options)
         self.steps, self._ended, self._resumes = 0, False, 0
         self._episode += 1
-        run = self._run
+        view = self.env.unwrapped.run_view()
         scenario = getattr(self.env.unwrapped, "scenario", None)
         start: dict[str, Any] = {
             "type": "start", "v": VERSION, "t": time.time(), "run_id": self.run_id, "researcher": self.researcher,
@@ -266,12 +265,12 @@ class RunRecorder(gym.Wrapper):
             "scenario": scenario.model_dump(mode="json") if scenario is not None else None,
             "briefing": obs.get("log") if isinstance(obs, dict) else None,
         }
-        if run is not None:
-            start.update(episode_seed=run.seed, key=run.key.id,
-                         harness={"version": run.harness.initial, "files": run.harness.files(run.harness.initial)})
-            self._seen_datasets = set(run.datasets)
-            self._seen_versions = set(run.harness.versions)
-            self._seen_jobs = set(run.job_results)
+        if view is not None:
+            start.update(episode_seed=view.seed, key=view.key_id,
+                         harness={"version": view.harness_initial, "files": view.harness_files(view.harness_initial)})
+            self._seen_datasets = set(view.datasets)
+            self._seen_versions = set(view.harness_versions)
+            self._seen_jobs = set(view.job_results)
         if self._recording:
             self._write([start])
         else:
@@ -312,40 +311,39 @@ class RunRecorder(gym.Wrapper):
                 dev = obs["dev_scores"]
                 step["dev"] = [_score(v) for v in (dev.tolist() if isinstance(dev, np.ndarray) else list(dev))[:3]]
         out = [step]
-        run = self._run
-        if run is None:
+        view = self.env.unwrapped.run_view()
+        if view is None:
             return out
-        balance = run.balance
-        now_s = run.world.clock.now()
-        step.update(spent_usd=balance.spent_usd, reserved_usd=balance.reserved_usd, world_s=now_s,
-                    running=[{"job": j, "kind": r.job.kind, "since_s": r.job.started_at,
-                              "eta_s": r.job.meta.get("eta_s")} for j, r in run.running.items()])
-        if len(run.datasets) != len(self._seen_datasets):
-            for ds_id, ds in run.datasets.items():
+        now_s = view.world_s
+        step.update(spent_usd=view.balance.spent_usd, reserved_usd=view.balance.reserved_usd, world_s=now_s,
+                    running=[{"job": j, "kind": r.kind, "since_s": r.started_at, "eta_s": r.eta_s}
+                             for j, r in view.running.items()])
+        if len(view.datasets) != len(self._seen_datasets):
+            for ds_id, ds in view.datasets.items():
                 if ds_id not in self._seen_datasets:
                     self._seen_datasets.add(ds_id)
                     out.append({"type": "dataset", "t": now, "step": self.steps, **ds.model_dump(mode="json")})
-        if len(run.harness.versions) != len(self._seen_versions):
-            for version in run.harness.versions:
+        if len(view.harness_versions) != len(self._seen_versions):
+            for version in view.harness_versions:
                 if version not in self._seen_versions:
                     self._seen_versions.add(version)
-                    out.append(self._harness_line(run, version, result, now))
-        if len(run.job_results) != len(self._seen_jobs):
-            for job_id, value in run.job_results.items():
+                    out.append(self._harness_line(view, version, result, now))
+        if len(view.job_results) != len(self._seen_jobs):
+            for job_id, value in view.job_results.items():
                 if job_id not in self._seen_jobs:
                     self._seen_jobs.add(job_id)
                     out.append({"type": "job", "t": now, "step": self.steps, "world_s": now_s, "job": job_id,
                                 **job_payload(value)})
-        if run.end_info is not None and not self._ended:
+        if view.end_info is not None and not self._ended:
             self._ended = True
-            out.append({"type": "end", "t": now, "step": self.steps, "info": _clean(run.end_info)})
+            out.append({"type": "end", "t": now, "step": self.steps, "info": _clean(dict(view.end_info))})
         return out
 
-    def _harness_line(self, run: Any, version: str, result: Any, now: float) -> dict[str, Any]:
-        base = run.harness.initial
+    def _harness_line(self, view: RunView, version: str, result: Any, now: float) -> dict[str, Any]:
+        base = view.harness_initial
         if isinstance(result, dict) and result.get("version") == version and result.get("base_version"):
             base = result["base_version"]
-        files, before = run.harness.files(version), run.harness.files(base)
+        files, before = view.harness_files(version), view.harness_files(base)
         return {"type": "harness", "t": now, "step": self.steps, "version": version, "base_version": base,
                 "files": {p: text for p, text in files.items() if before.get(p) != text},
                 "removed": sorted(set(before) - set(files))}

@@ -2,6 +2,6 @@
 
 from .benchmarks import BENCHMARKS
 from .clock import SimClock
-from .world import SimWorld
+from .world import SimOptions, SimWorld
 
-__all__ = ["BENCHMARKS", "SimClock", "SimWorld"]
+__all__ = ["BENCHMARKS", "SimClock", "SimOptions", "SimWorld"]

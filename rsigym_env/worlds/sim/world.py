@@ -25,6 +25,7 @@ import zlib
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rsigym_env.errors import ActionError
 from rsigym_env.prices import DEFAULT_PRICES, PriceList
@@ -92,13 +93,6 @@ PROMPT_MD = """\
 You are an agent solving a {title} task. Read the task, work step by step, and finish with your answer.
 """
 
-DEFAULT_OPTIONS: dict[str, float] = {
-    "eval_concurrency": 16,  # attempts running at once in an evaluation
-    "generate_concurrency": 64,  # teacher requests at once
-    "transform_concurrency": 16,  # sandboxes checking examples at once (filter)
-    "train_tokens_per_second": 8000.0,
-    "train_overhead_s": 120.0,
-}
 MAX_ATTEMPTS = 8  # EvalRequest.k's upper bound: columns of the official draw matrix
 HARNESS_ERROR_SANDBOX_S = 10.0  # an attempt that dies while loading the harness
 TRANSFORM_STARTUP_S = 10.0
@@ -108,6 +102,34 @@ INFER_LATENCY_S = 0.5
 STREAMS = ("tasks", "official", "robustness", "data", "train", "eval", "infer")
 TASK_PROMPT = re.compile(r"task:dev/(\d+)")
 SANDBOX_NOT_MODELLED = "sim sandbox: command not modelled; the sim world runs no code (use world='local')\n"
+
+
+class SimOptions(BaseModel):
+    """``world_options`` of a sim-world scenario: concurrency and training throughput (``CALIBRATION.md``).
+
+    >>> SimOptions().eval_concurrency, SimOptions.model_validate({"train_overhead_s": 60}).train_overhead_s
+    (16, 60.0)
+    >>> try:
+    ...     SimOptions.model_validate({"warp": 2})
+    ... except ValueError as exc:
+    ...     print("unknown sim options ['warp']" in str(exc))
+    True
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    eval_concurrency: int = Field(16, ge=1, description="Attempts running at once in an evaluation.")
+    generate_concurrency: int = Field(64, ge=1, description="Teacher requests at once.")
+    transform_concurrency: int = Field(16, ge=1, description="Sandboxes checking examples at once (filter).")
+    train_tokens_per_second: float = Field(8000.0, gt=0, description="Training throughput.")
+    train_overhead_s: float = Field(120.0, ge=0, description="Added to every training job's duration.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_options(cls, data: Any) -> Any:
+        if isinstance(data, dict) and (unknown := set(data) - set(cls.model_fields)):
+            raise ValueError(f"unknown sim options {sorted(unknown)}; options are {', '.join(cls.model_fields)}")
+        return data
 
 
 class _Streams(dict):
@@ -133,7 +155,7 @@ class SimWorld(WorldLifecycle):
         seed: non-negative world seed (tasks, official draws, training tolerance, all sampling).
         prices: the price list calls are billed at.
         vcpus, memory_gib: sandbox size (sandbox seconds are billed at these).
-        options: overrides of ``DEFAULT_OPTIONS`` (concurrency and training throughput).
+        options: :class:`SimOptions` or a dict of its fields (concurrency and training throughput).
     """
 
     name = "sim"
@@ -146,20 +168,17 @@ class SimWorld(WorldLifecycle):
         prices: PriceList = DEFAULT_PRICES,
         vcpus: float = 2,
         memory_gib: float = 2.0,
-        options: dict | None = None,
+        options: SimOptions | dict[str, Any] | None = None,
     ):
         if benchmark not in BENCHMARKS:
             raise ValueError(f"unknown benchmark {benchmark!r}; benchmarks are {', '.join(BENCHMARKS)}")
-        unknown = set(options or {}) - set(DEFAULT_OPTIONS)
-        if unknown:
-            raise ValueError(f"unknown sim options {sorted(unknown)}; options are {', '.join(DEFAULT_OPTIONS)}")
+        self.options = SimOptions.model_validate(options or {})
         self.benchmark = BENCHMARKS[benchmark]
         self.domain = self.benchmark.domain
         self.seed = seed
         self.prices = prices
         self.vcpus = vcpus
         self.memory_gib = memory_gib
-        self.options = {**DEFAULT_OPTIONS, **(options or {})}
         self.clock = SimClock()
         self._rng = _Streams(seed, zlib.crc32(benchmark.encode()))
         self.severity = np.asarray(self.domain.severity)
@@ -297,7 +316,7 @@ class SimRollout:
         return input_tokens, call.n_examples * call.max_tokens_per_example
 
     def _generate_seconds(self, n: int) -> float:
-        return math.ceil(n / self.world.options["generate_concurrency"]) * self.world.domain.generate_seconds
+        return math.ceil(n / self.world.options.generate_concurrency) * self.world.domain.generate_seconds
 
     def quote_generate(self, call: GenerateData) -> Quote:
         w = self.world
@@ -331,7 +350,7 @@ class SimRollout:
             )
         n = sum(self.world.dataset(ref).n for ref in call.datasets)
         if call.operation == "filter":
-            per_example, parallel = self.world.domain.check_seconds, self.world.options["transform_concurrency"]
+            per_example, parallel = self.world.domain.check_seconds, self.world.options.transform_concurrency
         else:
             per_example, parallel = TRANSFORM_SECONDS_PER_EXAMPLE[call.operation], 1
         return TRANSFORM_STARTUP_S + n * per_example, TRANSFORM_STARTUP_S + math.ceil(n / parallel) * per_example
@@ -368,7 +387,7 @@ class SimTrain:
         return data.tokens * call.num_epochs
 
     def _seconds(self, tokens: int) -> float:
-        return tokens / self.world.options["train_tokens_per_second"] + self.world.options["train_overhead_s"]
+        return tokens / self.world.options.train_tokens_per_second + self.world.options.train_overhead_s
 
     def quote(self, call: Train) -> Quote:
         tokens = self._tokens(call)
@@ -550,7 +569,7 @@ class SimEvaluation:
     def _compute_bill(self, tasks: TaskSet, harness: Harness | HarnessError, k: int) -> tuple[float, float, int, float]:
         w = self.world
         attempts = len(tasks) * k
-        rounds = math.ceil(attempts / w.options["eval_concurrency"])
+        rounds = math.ceil(attempts / w.options.eval_concurrency)
         if isinstance(harness, HarnessError):
             sandbox_s = attempts * HARNESS_ERROR_SANDBOX_S
             return w.sandbox_usd(sandbox_s), rounds * HARNESS_ERROR_SANDBOX_S, 0, sandbox_s

@@ -20,7 +20,7 @@ from rsigym_env.services import (
     World,
 )
 from rsigym_env.tools import GenerateData, Infer, SandboxExec, Train, TransformData
-from rsigym_env.worlds.sim import BENCHMARKS, SimClock, SimWorld
+from rsigym_env.worlds.sim import BENCHMARKS, SimClock, SimOptions, SimWorld
 from rsigym_env.worlds.sim.benchmarks import DEFECTS
 from rsigym_env.worlds.sim.model import FAILURE_MODES
 
@@ -120,6 +120,16 @@ def test_unknown_benchmark_or_option_is_refused():
         SimWorld("mmlu", 0)
     with pytest.raises(ValueError, match="unknown sim options"):
         SimWorld("aime", 0, options={"warp": 2})
+
+
+def test_sim_options_are_typed_with_the_calibrated_defaults():
+    world = SimWorld("aime", 0)
+    assert world.options == SimOptions() and world.options.model_dump() == {
+        "eval_concurrency": 16, "generate_concurrency": 64, "transform_concurrency": 16,
+        "train_tokens_per_second": 8000.0, "train_overhead_s": 120.0}
+    assert SimWorld("aime", 0, options=SimOptions(eval_concurrency=4)).options.eval_concurrency == 4
+    with pytest.raises(ValueError, match="eval_concurrency"):
+        SimWorld("aime", 0, options={"eval_concurrency": 0})
 
 
 @pytest.mark.parametrize("benchmark", list(BENCHMARKS))
