@@ -17,6 +17,7 @@ another world gets that world's teachers:
 
 from __future__ import annotations
 
+import argparse
 import functools
 from importlib import resources
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .catalog import SIM_TEACHERS
+from .catalog import SIM_TEACHERS, TRACKS
 from .tools import TOOL_NAMES
 
 Track = Literal["joint", "data", "harness"]
@@ -196,3 +197,14 @@ def load_scenario(scenario: str | Path | None = None, **overrides: Any) -> Scena
         return Scenario.model_validate(data)
     except ValidationError as exc:
         raise ValueError(f"invalid scenario {path}: {exc}") from None
+
+
+def add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the flags that choose a scenario and override its world, benchmark, track, budget and steps
+    (``rsigym run`` and every in-process surface share them)."""
+    parser.add_argument("--scenario", help="bundled scenario name or YAML path (see `rsigym scenarios`)")
+    parser.add_argument("--world", help="world (default: the scenario's, sim)")
+    parser.add_argument("--benchmark", help="benchmark id, e.g. swe-bench-verified, aime")
+    parser.add_argument("--track", choices=list(TRACKS), help="track (default: the scenario's)")
+    parser.add_argument("--budget", type=float, help="budget in dollars")
+    parser.add_argument("--max-steps", type=int, help="tool calls per episode")

@@ -28,9 +28,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..baselines import RESEARCHERS, make_researcher
-from ..catalog import TRACKS, env_id
+from ..catalog import env_id
 from ..episode import EpisodeResult, Researcher, run_episode
-from ..scenario import Scenario, load_scenario
+from ..scenario import Scenario, add_scenario_arguments, load_scenario
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
@@ -246,12 +246,7 @@ def summary_table(result: EpisodeResult, wall_seconds: float) -> Table:
 def register(sub: Any) -> None:
     """Add ``run`` to ``rsigym``'s subparsers."""
     run = sub.add_parser("run", help="run one research episode and print its result")
-    run.add_argument("--scenario", help="bundled scenario name or YAML path (see `rsigym scenarios`)")
-    run.add_argument("--world", help="world (default: the scenario's, sim)")
-    run.add_argument("--benchmark", help="benchmark id, e.g. swe-bench-verified, aime")
-    run.add_argument("--track", choices=list(TRACKS), help="track (default: the scenario's)")
-    run.add_argument("--budget", type=float, help="budget in dollars")
-    run.add_argument("--max-steps", type=int, help="tool calls per episode")
+    add_scenario_arguments(run)
     run.add_argument("--agent", help=f"researcher: {', '.join(sorted(RESEARCHERS))} or a registered id 'ag-...' "
                                       "(default: scripted; with --replay: the recorded one)")
     run.add_argument("--seed", type=int, help="reset seed (default 0; with --replay: the recorded one)")

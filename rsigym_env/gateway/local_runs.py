@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..catalog import TRACKS
+from ..scenario import add_scenario_arguments
 from ..env import ResearchEnv
 from .backend import LocalRun
 
@@ -65,11 +65,6 @@ class LocalRunFactory:
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the flags that choose an in-process run (as ``rsigym run`` has them)."""
-    parser.add_argument("--scenario", help="bundled scenario name or YAML path (see `rsigym scenarios`)")
-    parser.add_argument("--world", help="world (default: the scenario's, sim)")
-    parser.add_argument("--benchmark", help="benchmark id, e.g. swe-bench-verified, aime")
-    parser.add_argument("--track", choices=list(TRACKS), help="track (default: the scenario's)")
-    parser.add_argument("--budget", type=float, help="budget in dollars")
-    parser.add_argument("--max-steps", type=int, help="tool calls per episode")
+    add_scenario_arguments(parser)
     parser.add_argument("--ledger", metavar="PATH", help="keep the ledger and audit log in this SQLite file")
     parser.add_argument("--run-dir", help="keep the world's artifacts in this directory")
