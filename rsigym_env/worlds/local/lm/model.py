@@ -899,29 +899,27 @@ def _sample(logits: np.ndarray, opts: SamplingOptions, rng: np.random.Generator)
         tok = logits.argmax(-1)
         return tok, log_softmax(logits)[np.arange(rows), tok]
     logp = log_softmax(logits / opts.temperature)
-    truncate_k, truncate_p = 0 < opts.top_k < v, opts.top_p < 1.0
-    if not (truncate_k or truncate_p):  # every token kept: the general path below, without its masks
-        cum = np.cumsum(np.exp(logp), -1)
-        u = rng.random(rows) * cum[:, -1]
-        tok = np.minimum((cum <= u[:, None]).sum(-1), v - 1)
-        return tok, logp[np.arange(rows), tok]
-    keep = np.ones_like(logp, dtype=bool)
-    if truncate_k:
-        kth = np.partition(logp, v - opts.top_k, axis=-1)[:, v - opts.top_k][:, None]
-        keep &= logp >= kth
-    if truncate_p:
-        order = np.argsort(-logp, axis=-1, kind="stable")
-        sorted_p = np.exp(np.take_along_axis(np.where(keep, logp, -np.inf), order, -1))
-        sorted_p /= sorted_p.sum(-1, keepdims=True)
-        before = np.cumsum(sorted_p, -1) - sorted_p  # mass strictly before each token
-        in_nucleus = np.zeros_like(keep)
-        np.put_along_axis(in_nucleus, order, before < opts.top_p, -1)
-        keep &= in_nucleus
-    probs = np.where(keep, np.exp(logp), 0.0)
+    probs = np.exp(logp)
+    truncate = 0 < opts.top_k < v or opts.top_p < 1.0
+    if truncate:
+        keep = np.ones_like(logp, dtype=bool)
+        if 0 < opts.top_k < v:
+            kth = np.partition(logp, v - opts.top_k, axis=-1)[:, v - opts.top_k][:, None]
+            keep &= logp >= kth
+        if opts.top_p < 1.0:
+            order = np.argsort(-logp, axis=-1, kind="stable")
+            sorted_p = np.exp(np.take_along_axis(np.where(keep, logp, -np.inf), order, -1))
+            sorted_p /= sorted_p.sum(-1, keepdims=True)
+            before = np.cumsum(sorted_p, -1) - sorted_p  # mass strictly before each token
+            in_nucleus = np.zeros_like(keep)
+            np.put_along_axis(in_nucleus, order, before < opts.top_p, -1)
+            keep &= in_nucleus
+        probs = np.where(keep, probs, 0.0)
     cum = np.cumsum(probs, -1)
     u = rng.random(rows) * cum[:, -1]
     tok = np.minimum((cum <= u[:, None]).sum(-1), v - 1)
-    tok = np.where(keep[np.arange(rows), tok], tok, logp.argmax(-1))  # guard against rounding at the edge
+    if truncate:  # guard against rounding at the edge of the kept set
+        tok = np.where(keep[np.arange(rows), tok], tok, logp.argmax(-1))
     return tok, logp[np.arange(rows), tok]
 
 
