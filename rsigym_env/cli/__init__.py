@@ -43,13 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
     for command in COMMANDS:
         command.register(sub)
     # any agent as the researcher: serve, skills, export (rsigym_env.gateway), mcp, openenv
-    from ..gateway import cli as gateway_cli, mcp_server, openenv_server
+    from ..gateway import cli as gateway_cli
     from ..watch import cli as watch_cli
 
     gateway_cli.register(sub)
     watch_cli.register(sub)
-    mcp_server.register(sub)
-    openenv_server.register(sub)
+    gateway_cli.register_mcp(sub)  # the servers themselves load when their command runs
+    gateway_cli.register_openenv(sub)
     return parser
 
 

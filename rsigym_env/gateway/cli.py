@@ -1,6 +1,8 @@
 """``rsigym serve``, ``rsigym skills``, ``rsigym export atif`` and ``rsigym export harbor``: the gateway's subcommands.
 
 ``register(subparsers)`` adds them to ``rsigym``'s parser (each with ``func(args, console)``);
+``register_mcp`` and ``register_openenv`` add ``rsigym mcp`` and ``rsigym openenv``, whose servers
+(the ``mcp`` SDK alone takes ~1 s to import) load only when those commands run;
 ``python -m rsigym_env.gateway.cli`` runs them on their own::
 
     rsigym serve [--host 127.0.0.1] [--port 8765] [--admin-token-file F] [--state-dir DIR] [--ray ADDRESS]
@@ -22,6 +24,7 @@ from typing import Any, Sequence
 from rich.console import Console
 
 from ..home import state_dir
+from .local_runs import add_run_arguments
 
 
 def _home() -> Path:
@@ -162,6 +165,61 @@ def cmd_export_harbor(args: argparse.Namespace, console: Console) -> int:
     console.print("run it with RSIGYM_URL and RSIGYM_RUN_KEY set to a fresh run of that scenario (docs/agents.md#harbor)",
                   highlight=False)
     return 0
+
+
+def add_mcp_arguments(parser: argparse.ArgumentParser) -> None:
+    """``rsigym mcp``'s flags: the run's (:func:`~.local_runs.add_run_arguments`), its seed, progress."""
+    add_run_arguments(parser)
+    parser.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")
+    parser.add_argument("--progress-interval", type=float, default=2.0,
+                        help="seconds between progress notifications while a call runs (default 2)")
+
+
+def run_mcp(args: argparse.Namespace, console: Any = None) -> int:
+    """``rsigym mcp`` (:func:`~.mcp_server.cmd_mcp`, imported now)."""
+    from .mcp_server import cmd_mcp
+
+    return cmd_mcp(args, console)
+
+
+def register_mcp(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``rsigym mcp`` to ``rsigym``'s subcommands."""
+    parser = subparsers.add_parser(
+        "mcp", help="serve a research run to an MCP client over stdio (Claude Code, Codex, Cursor, ...)",
+        description="Serve one research run over MCP (stdio): an in-process run from the flags, or, with "
+                    "RSIGYM_URL and RSIGYM_RUN_KEY in the environment and no run flags, a run of the session service.")
+    add_mcp_arguments(parser)
+    parser.set_defaults(func=run_mcp)
+    return parser
+
+
+def add_openenv_arguments(parser: argparse.ArgumentParser) -> None:
+    """``rsigym openenv``'s flags: the run's, the address, the session limits."""
+    add_run_arguments(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument("--max-sessions", type=int, default=8, help="concurrent sessions (default 8)")
+    parser.add_argument("--session-timeout", type=float, default=900.0,
+                        help="close a session that sends nothing for this many seconds (default 900)")
+    parser.add_argument("--max-runs", type=int, help="start at most this many runs (every reset starts one)")
+    parser.add_argument("--allow-remote", action="store_true",
+                        help="allow a non-loopback --host (OpenEnv clients send no credentials)")
+
+
+def run_openenv(args: argparse.Namespace, console: Any = None) -> int:
+    """``rsigym openenv`` (:func:`~.openenv_server.cmd_openenv`, imported now)."""
+    from .openenv_server import cmd_openenv
+
+    return cmd_openenv(args, console)
+
+
+def register_openenv(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``rsigym openenv`` to ``rsigym``'s subcommands."""
+    parser = subparsers.add_parser(
+        "openenv", help="serve research runs to OpenEnv clients (WebSocket /ws, one run per session)")
+    add_openenv_arguments(parser)
+    parser.set_defaults(func=run_openenv)
+    return parser
 
 
 def register(subparsers: Any) -> None:

@@ -63,7 +63,8 @@ from starlette.types import Receive, Scope, Send
 
 from ..tools import tool_schemas
 from .backend import RunBackend, ToolReply, jsonable
-from .local_runs import RUN_FLAGS, LocalRunFactory, add_run_arguments
+from .cli import add_mcp_arguments, register_mcp as register  # noqa: F401  (rsigym mcp's flags)
+from .local_runs import RUN_FLAGS, LocalRunFactory
 
 log = logging.getLogger(__name__)
 
@@ -399,24 +400,6 @@ def cmd_mcp(args: argparse.Namespace, console: Any = None) -> int:
         err.print(f"rsigym mcp: stopped: {type(exc).__name__}: {exc}", style="red", markup=False, highlight=False)
         return 1
     return 0
-
-
-def add_mcp_arguments(parser: argparse.ArgumentParser) -> None:
-    add_run_arguments(parser)
-    parser.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")
-    parser.add_argument("--progress-interval", type=float, default=2.0,
-                        help="seconds between progress notifications while a call runs (default 2)")
-
-
-def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``rsigym mcp`` to ``rsigym``'s subcommands."""
-    parser = subparsers.add_parser(
-        "mcp", help="serve a research run to an MCP client over stdio (Claude Code, Codex, Cursor, ...)",
-        description="Serve one research run over MCP (stdio): an in-process run from the flags, or, with "
-                    "RSIGYM_URL and RSIGYM_RUN_KEY in the environment and no run flags, a run of the session service.")
-    add_mcp_arguments(parser)
-    parser.set_defaults(func=cmd_mcp)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

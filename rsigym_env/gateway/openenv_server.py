@@ -57,7 +57,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..tools import TOOL_NAMES
 from .backend import RunBackend, ToolReply, jsonable
-from .local_runs import LocalRunFactory, add_run_arguments
+from .cli import add_openenv_arguments, register_openenv as register  # noqa: F401  (rsigym openenv's flags)
+from .local_runs import LocalRunFactory
 
 log = logging.getLogger(__name__)
 
@@ -369,18 +370,6 @@ def cmd_openenv(args: argparse.Namespace, console: Any = None) -> int:
     return 0
 
 
-def add_openenv_arguments(parser: argparse.ArgumentParser) -> None:
-    add_run_arguments(parser)
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    parser.add_argument("--max-sessions", type=int, default=8, help="concurrent sessions (default 8)")
-    parser.add_argument("--session-timeout", type=float, default=900.0,
-                        help="close a session that sends nothing for this many seconds (default 900)")
-    parser.add_argument("--max-runs", type=int, help="start at most this many runs (every reset starts one)")
-    parser.add_argument("--allow-remote", action="store_true",
-                        help="allow a non-loopback --host (OpenEnv clients send no credentials)")
-
-
 def _is_loopback(host: str) -> bool:
     """``True`` for 127.0.0.0/8, ::1 and ``localhost``.
 
@@ -393,15 +382,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``rsigym openenv`` to ``rsigym``'s subcommands."""
-    parser = subparsers.add_parser(
-        "openenv", help="serve research runs to OpenEnv clients (WebSocket /ws, one run per session)")
-    add_openenv_arguments(parser)
-    parser.set_defaults(func=cmd_openenv)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -46,6 +46,17 @@ def test_console_script_is_installed():
     assert proc.returncode == 0 and "scenarios" in proc.stdout
 
 
+def test_the_parser_leaves_the_agent_servers_unloaded():
+    """``rsigym --help`` and ``rsigym run`` do not import the MCP SDK or the OpenEnv server (~1 s here);
+    ``rsigym mcp`` / ``rsigym openenv`` load them when they run."""
+    code = ("import sys; from rsigym_env.cli import build_parser; p = build_parser(); "
+            "a = p.parse_args(['mcp', '--benchmark', 'aime']); "
+            "print(sorted(m for m in ('mcp', 'rsigym_env.gateway.mcp_server', 'rsigym_env.gateway.openenv_server') "
+            "if m in sys.modules), a.func.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["[]", "run_mcp"]
+
+
 def test_run_with_the_llm_researcher_over_http(tmp_path, capsys):
     from rsigym_env.serving import ModelRegistry, OpenAIServer, ScriptedChatModel
 
