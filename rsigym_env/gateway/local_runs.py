@@ -68,3 +68,24 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add_scenario_arguments(parser)
     parser.add_argument("--ledger", metavar="PATH", help="keep the ledger and audit log in this SQLite file")
     parser.add_argument("--run-dir", help="keep the world's artifacts in this directory")
+
+
+def add_mcp_arguments(parser: argparse.ArgumentParser) -> None:
+    """``rsigym mcp``'s flags: the run's (:func:`~.local_runs.add_run_arguments`), its seed, progress."""
+    add_run_arguments(parser)
+    parser.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")
+    parser.add_argument("--progress-interval", type=float, default=2.0,
+                        help="seconds between progress notifications while a call runs (default 2)")
+
+
+def add_openenv_arguments(parser: argparse.ArgumentParser) -> None:
+    """``rsigym openenv``'s flags: the run's, the address, the session limits."""
+    add_run_arguments(parser)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument("--max-sessions", type=int, default=8, help="concurrent sessions (default 8)")
+    parser.add_argument("--session-timeout", type=float, default=900.0,
+                        help="close a session that sends nothing for this many seconds (default 900)")
+    parser.add_argument("--max-runs", type=int, help="start at most this many runs (every reset starts one)")
+    parser.add_argument("--allow-remote", action="store_true",
+                        help="allow a non-loopback --host (OpenEnv clients send no credentials)")

@@ -63,8 +63,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..tools import tool_schemas
 from .backend import RunBackend, ToolReply, jsonable
-from .cli import add_mcp_arguments, register_mcp as register  # noqa: F401  (rsigym mcp's flags)
-from .local_runs import RUN_FLAGS, LocalRunFactory
+from .local_runs import RUN_FLAGS, LocalRunFactory, add_mcp_arguments
 
 log = logging.getLogger(__name__)
 

@@ -57,8 +57,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..tools import TOOL_NAMES
 from .backend import RunBackend, ToolReply, jsonable
-from .cli import add_openenv_arguments, register_openenv as register  # noqa: F401  (rsigym openenv's flags)
-from .local_runs import LocalRunFactory
+from .local_runs import LocalRunFactory, add_openenv_arguments
 
 log = logging.getLogger(__name__)
 

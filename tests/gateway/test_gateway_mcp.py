@@ -23,10 +23,10 @@ from starlette.testclient import TestClient
 
 from gateway_helpers import serve_in_thread
 from rsigym_env.gateway.backend import LocalRun, ToolReply
-from rsigym_env.gateway.cli import run_mcp
+from rsigym_env.gateway.cli import register_mcp, run_mcp
 from rsigym_env.gateway.local_runs import LocalRunFactory
 from rsigym_env.gateway.mcp_server import (
-    BUDGET_URI, backend_maker, build_mcp_server, main, mcp_http_app, register,
+    BUDGET_URI, backend_maker, build_mcp_server, main, mcp_http_app,
 )
 from rsigym_env.platform.audit import verify_audit
 from rsigym_env.tools import TOOL_NAMES, tool_schemas
@@ -129,7 +129,7 @@ def test_stdio_command_refuses_a_bad_configuration_before_serving(tmp_path, caps
     assert "--progress-interval must be > 0" in capsys.readouterr().err
 
     parser = argparse.ArgumentParser()
-    register(parser.add_subparsers(dest="command"))
+    register_mcp(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["mcp", "--benchmark", "aime"])
     assert args.func is run_mcp and args.seed == 0  # which imports the server and calls cmd_mcp when it runs
     with pytest.raises(ValueError, match="RSIGYM_URL"):
