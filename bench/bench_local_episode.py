@@ -5,6 +5,9 @@ wall time of ``reset`` (servers up, task directories built or found in the cache
 step grouped by tool. Jobs (training, dev evaluations) run in the background, so the time the
 researcher spends blocked on them shows up under ``wait``; ``submit`` is the two official
 evaluations (initial and submitted system). The reference is the whole episode (shares of it).
+``cpu_s`` is the CPU time of this process and of every process it started and reaped during the
+episode (sampling workers, sandboxes, verifiers), ``cores`` that over the wall time: how much of the
+two cores the episode kept busy.
 
 Each benchmark runs twice in a private ``$RSIGYM_HOME``: **cold** (an empty evaluation cache, as on
 a fresh machine: a new official-split secret, task directories built) and **warm** (the same
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import tempfile
 import time
 from collections import defaultdict
@@ -33,11 +37,17 @@ from rsigym_env.catalog import BENCHMARKS as CATALOG_BENCHMARKS
 BENCHMARKS = list(CATALOG_BENCHMARKS)
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of its reaped children so far."""
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
 def episode_phases(benchmark: str, seed: int = 0) -> dict[str, Any]:
-    """Seconds per phase of one scripted local episode, the episode's total and its result."""
+    """Seconds per phase of one scripted local episode, the episode's total, CPU time and result."""
     phases: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
-    t0 = time.perf_counter()
+    cpu0, t0 = _cpu_seconds(), time.perf_counter()
     env = gym.make("RSIGym/Joint-v0", world="local", benchmark=benchmark)
     researcher = ScriptedResearcher()
     try:
@@ -58,8 +68,9 @@ def episode_phases(benchmark: str, seed: int = 0) -> dict[str, Any]:
         t = time.perf_counter()
         env.close()
         phases["close"] += time.perf_counter() - t
-    total = time.perf_counter() - t0
-    return {"benchmark": benchmark, "total_s": total, "phases_s": dict(phases), "calls": dict(calls),
+    total, cpu = time.perf_counter() - t0, _cpu_seconds() - cpu0
+    return {"benchmark": benchmark, "total_s": total, "cpu_s": cpu, "cores": cpu / total,
+            "phases_s": dict(phases), "calls": dict(calls),
             "reward": float(reward), "initial": info.get("initial_score"), "official": info.get("official_score")}
 
 
@@ -88,13 +99,14 @@ def measure(benchmarks: list[str] | None = None, seed: int = 0) -> list[dict[str
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """A Markdown table: one row per benchmark and cache state, seconds per phase and the total."""
     phases = sorted({p for r in rows for p in r["phases_s"]}, key=lambda p: (p.startswith("close"), p))
-    lines = ["| benchmark | cache | " + " | ".join(phases) + " | total s | initial → official | same result |",
-             "|---|---|" + "---:|" * (len(phases) + 2) + "---|"]
+    lines = ["| benchmark | cache | " + " | ".join(phases) + " | total s | CPU s (cores) | initial → official | same result |",
+             "|---|---|" + "---:|" * (len(phases) + 2) + "---:|---|"]
     for r in rows:
         cells = [f"{r['phases_s'].get(p, 0.0):.1f}" for p in phases]
         same = {True: "yes", False: "**no**", None: ""}[r.get("same_result")]
+        cpu = f"{r['cpu_s']:.0f} ({r['cores']:.2f})" if "cpu_s" in r else ""
         lines.append(f"| {r['benchmark']} | {r.get('cache', '')} | " + " | ".join(cells) +
-                     f" | **{r['total_s']:.1f}** | {r['initial']:.3f} → {r['official']:.3f} | {same} |")
+                     f" | **{r['total_s']:.1f}** | {cpu} | {r['initial']:.3f} → {r['official']:.3f} | {same} |")
     return lines
 
 
