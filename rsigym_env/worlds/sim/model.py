@@ -229,6 +229,24 @@ ATTEMPT_DRAWS = len(DEFECTS) + 3
 """Uniforms per attempt: solve, one per defect, dev memory, which triggered defect to blame."""
 
 
+def _blame_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Look-up tables over the set of triggered defects as a bit mask (bit j: defect j):
+    ``(bits, count, blame)`` with ``count[mask]`` its size and ``blame[mask, p]`` the ``p``-th (0-based)
+    defect in it; ``wrong_answer`` for the empty set, 0 past its size (``argmax`` of nothing true)."""
+    n = len(DEFECTS)
+    count = np.zeros(1 << n, dtype=np.intp)
+    blame = np.zeros((1 << n, n + 1), dtype=np.intp)
+    blame[0] = FAILURE_MODES.index(WRONG_ANSWER)
+    for mask in range(1, 1 << n):
+        on = [j for j in range(n) if mask >> j & 1]
+        count[mask] = len(on)
+        blame[mask, : len(on)] = on
+    return 1 << np.arange(n, dtype=np.uint8), count, blame
+
+
+_DEFECT_BITS, _TRIGGERED_COUNT, _BLAME = _blame_tables()
+
+
 def simulate_attempts(
     draws: np.ndarray, solve: np.ndarray, exposed: np.ndarray, severity: np.ndarray, memory: float
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -237,19 +255,18 @@ def simulate_attempts(
     Returns ``success`` (n, k) and ``label`` (n, k): the index in ``FAILURE_MODES`` of the cause of
     each failure (a triggered defect picked at random, else ``wrong_answer``), -1 on success.
     Outcomes are monotone in skill and in the defects fixed, for fixed draws.
+
+    The blamed defect is the ``floor(u * n_triggered)``-th triggered one (``u`` the attempt's last
+    uniform), read from a table indexed by the triggered defects' bit mask.
     """
     n_defects = len(DEFECTS)
     triggered = exposed[:, None, :] & (draws[..., 1 : 1 + n_defects] < severity)
-    counted = np.cumsum(triggered, axis=-1)
-    n_triggered = counted[..., -1]
-    tripped = n_triggered > 0
-    success = (draws[..., 0] < solve[:, None]) & ~tripped
+    mask = triggered @ _DEFECT_BITS  # (n, k): which defects tripped, one bit each
+    pick = np.floor(draws[..., 2 + n_defects] * _TRIGGERED_COUNT[mask]).astype(np.intp)
+    success = (draws[..., 0] < solve[:, None]) & (mask == 0)
     if memory > 0.0:  # uniforms are never below 0: nothing is recalled without memory
         success |= draws[..., 1 + n_defects] < memory
-    pick = np.floor(draws[..., 2 + n_defects] * n_triggered)
-    blamed = np.argmax(counted > pick[..., None], axis=-1)
-    label = np.where(tripped, blamed, FAILURE_MODES.index(WRONG_ANSWER))
-    return success, np.where(success, -1, label)
+    return success, np.where(success, -1, _BLAME[mask, pick])
 
 
 @dataclass(frozen=True)

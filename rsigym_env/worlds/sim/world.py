@@ -543,6 +543,7 @@ class SimEvaluation:
     def __init__(self, world: SimWorld):
         self.world = world
         self._bills: dict[tuple[bool, int, Harness | None, int], tuple[float, float, int, float]] = {}
+        self._exposed: dict[tuple[bool, int, Harness], np.ndarray] = {}
 
     def _plan(self, req: EvalRequest, official: bool) -> tuple[ModelState, TaskSet, Harness | HarnessError]:
         w = self.world
@@ -579,6 +580,15 @@ class SimEvaluation:
         usd = w.prices.sample_usd(prefill, sampled) + w.sandbox_usd(sandbox_s)
         return usd, rounds * cost.seconds, round(prefill + sampled), sandbox_s
 
+    def _exposure(self, tasks: TaskSet, harness: Harness, official: bool) -> np.ndarray:
+        """``tasks.exposed(harness)`` of (split, first n tasks, harness), computed once (read-only)."""
+        key = (official, len(tasks), harness)
+        exposed = self._exposed.get(key)
+        if exposed is None:
+            exposed = self._exposed[key] = tasks.exposed(harness)
+            exposed.flags.writeable = False
+        return exposed
+
     def quote(self, req: EvalRequest) -> Quote:
         _, tasks, harness = self._plan(req, req.split == "official")
         usd, seconds, *_ = self._bill(tasks, harness, req.k, req.split == "official")
@@ -612,12 +622,13 @@ class SimEvaluation:
             draws = w.official_draws[:, :k] if official else w.rng("eval").random((n, k, ATTEMPT_DRAWS))
             solve = sigmoid(state.skill - tasks.difficulty)
             memory = 0.0 if official else state.dev_memory
-            success, label = simulate_attempts(draws, solve, tasks.exposed(harness), w.severity, memory)
+            success, label = simulate_attempts(draws, solve, self._exposure(tasks, harness, official), w.severity,
+                                               memory)
             labels = _LABELS[label].tolist()  # a failure mode per attempt, "" (index -1) where it succeeded
             rewards = success.astype(float).tolist()
-            counts = np.bincount(label[label >= 0], minlength=len(FAILURE_MODES))
-            modes = {FAILURE_MODES[j]: int(c) for j, c in enumerate(counts) if c}
-            score = float(success.mean())
+            counts = np.bincount(label.ravel() + 1, minlength=len(FAILURE_MODES) + 1).tolist()[1:]  # 0: successes
+            modes = {FAILURE_MODES[j]: c for j, c in enumerate(counts) if c}
+            score = int(np.count_nonzero(success)) / success.size  # success.mean(): the same correctly rounded quotient
         # built from trusted arrays: skip re-validating hundreds of nested lists
         value = EvalResult.model_construct(
             split=split, checkpoint=req.checkpoint, harness_version=req.harness_version, k=k, score=score,
