@@ -540,7 +540,9 @@ def loss_curve(
     rng: np.random.Generator, steps: int, settings: TrainSettings, gap: float, pass_rate: float, max_points: int = 200
 ) -> list[float]:
     """A plausible noisy training loss: fast early drop, a step down at each new epoch, noise ~ 1/sqrt(batch)."""
-    at = np.unique(np.linspace(1, steps, min(steps, max_points)).round().astype(int))
+    at = np.linspace(1, steps, min(steps, max_points)).round().astype(int)  # non-decreasing
+    if len(at) > 1:  # np.unique(at), for a sorted array
+        at = at[np.concatenate(([True], at[1:] != at[:-1]))]
     progress = at / steps * settings.num_epochs  # epochs done
     start = 0.5 + 0.1 * max(gap, 0.0) + 0.6 * (1.0 - pass_rate)
     floor = 0.3 + 0.5 * (1.0 - pass_rate)
@@ -548,4 +550,4 @@ def loss_curve(
     epochs_done = np.floor(np.minimum(progress, settings.num_epochs - 1e-9))
     loss = floor + (start - floor) * np.exp(-speed * progress) - 0.06 * epochs_done
     noise = 0.03 * math.sqrt(REFERENCE_BATCH / settings.batch_size) * rng.standard_normal(len(at))
-    return [round(float(v), 4) for v in np.maximum(loss + noise, 0.01)]
+    return [round(v, 4) for v in np.maximum(loss + noise, 0.01).tolist()]
