@@ -143,7 +143,9 @@ class _Streams(dict):
     def __missing__(self, name: str) -> np.random.Generator:
         if name not in STREAMS:
             raise KeyError(name)
-        rng = self[name] = np.random.default_rng([self.seed, self.key, STREAMS.index(name)])
+        # default_rng(entropy) without its overhead: the same generator, bit for bit
+        seeds = np.random.SeedSequence([self.seed, self.key, STREAMS.index(name)])
+        rng = self[name] = np.random.Generator(np.random.PCG64(seeds))
         return rng
 
 
