@@ -97,7 +97,9 @@ def main() -> None:
         ]
         if "refused_us" in env:
             lines += ["", f"Of the sampled actions {env['refused_fraction']:.0%} are refused: a refused step takes "
-                          f"{env['refused_us']:.1f} µs, an executed one {env['executed_us']:.1f} µs."]
+                          f"{env['refused_us']:.1f} µs, an executed one {env['executed_us']:.1f} µs"
+                          + (f" (medians {env['refused_median_us']:.1f} and {env['executed_median_us']:.1f} µs)."
+                             if "refused_median_us" in env else ".")]
     if "ledger" in results:
         lines += ["", f"Ledger. {loaded('ledger')}", "", "| ledger operation | per second |", "|---|---:|",
                   *[f"| {k} | {v:,.0f} |" for k, v in results["ledger"].items()]]
