@@ -113,5 +113,6 @@ def test_dev_and_official_trials_observe_the_same_things(tmp_path, monkeypatch):
             continue
         dev_forms = {_normalise(json.dumps(o[key], sort_keys=True)) for o in dev_obs}
         official_forms = {_normalise(json.dumps(o[key], sort_keys=True)) for o in official_obs}
-        assert dev_forms == official_forms or official_forms <= dev_forms or dev_forms <= official_forms, key
+        assert dev_forms == official_forms or official_forms <= dev_forms or dev_forms <= official_forms, (
+            key, sorted(dev_forms - official_forms)[:3], sorted(official_forms - dev_forms)[:3])
     assert dev_obs[0]["ls"]["/run/rsigym"] == official_obs[0]["ls"]["/run/rsigym"]
