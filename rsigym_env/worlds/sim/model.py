@@ -241,7 +241,7 @@ def _blame_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         on = [j for j in range(n) if mask >> j & 1]
         count[mask] = len(on)
         blame[mask, : len(on)] = on
-    return 1 << np.arange(n, dtype=np.uint8), count, blame
+    return 1 << np.arange(n, dtype=np.intp), count, blame
 
 
 _DEFECT_BITS, _TRIGGERED_COUNT, _BLAME = _blame_tables()
@@ -540,9 +540,7 @@ def loss_curve(
     rng: np.random.Generator, steps: int, settings: TrainSettings, gap: float, pass_rate: float, max_points: int = 200
 ) -> list[float]:
     """A plausible noisy training loss: fast early drop, a step down at each new epoch, noise ~ 1/sqrt(batch)."""
-    at = np.linspace(1, steps, min(steps, max_points)).round().astype(int)  # non-decreasing
-    if len(at) > 1:  # np.unique(at), for a sorted array
-        at = at[np.concatenate(([True], at[1:] != at[:-1]))]
+    at = np.unique(np.linspace(1, steps, min(steps, max_points)).round().astype(int))
     progress = at / steps * settings.num_epochs  # epochs done
     start = 0.5 + 0.1 * max(gap, 0.0) + 0.6 * (1.0 - pass_rate)
     floor = 0.3 + 0.5 * (1.0 - pass_rate)
