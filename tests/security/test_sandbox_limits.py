@@ -415,3 +415,29 @@ def test_groups_left_behind_by_a_killed_process_are_reaped(tmp_path):
     assert not (tmp_path / "sb" / "app" / "data").exists()
     leftovers = [p for p in group_registry().glob("*.json") if str(tmp_path) in p.read_text()]
     assert leftovers == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can mount the tmpfs that hides the host path")
+def test_a_socket_shared_from_an_opaque_directory_shows_no_host_path(tmp_path: Path) -> None:
+    """What several sandboxes share (an evaluation's model socket) from ``opaque_directory`` shows in their
+    mountinfo as its bare name: nothing links the sandboxes that share it. Unmounted and gone afterwards."""
+    import socket
+
+    app = tmp_path / "app"
+    app.mkdir()
+    with isolation.opaque_directory(prefix="rsigym-ev-") as shared:
+        with socket.socket(socket.AF_UNIX) as server:
+            server.bind(str(shared / "model.sock"))
+            server.listen()
+            r = run_isolated("cat /proc/self/mountinfo", workdir=app, mounts=[Mount(shared / "model.sock", "/m.sock")])
+        assert shared.is_mount() and list(group_registry_records(str(shared)))
+    assert r.exit_code == 0, r.stderr
+    line = next(line for line in r.stdout.splitlines() if " /m.sock " in line)
+    assert line.split()[3] == "/model.sock", line
+    assert shared.name not in r.stdout and "rsigym-ev-" not in r.stdout
+    assert not shared.exists() and not list(group_registry_records(str(shared)))
+
+
+def group_registry_records(needle: str) -> Iterator[Path]:
+    registry = isolation.group_registry()
+    return (p for p in (registry.glob("*.json") if registry.is_dir() else []) if needle in p.read_text())

@@ -10,6 +10,7 @@ A second, white-box test compares the raw observations of a dev and an official 
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import gymnasium as gym
@@ -60,7 +61,9 @@ def test_spy_harness_sees_no_tell_in_dev_or_official(tmp_path):
         assert record["tells"] == []
         seen = json.dumps(record["obs"])
         run_dir = str(tmp_path / "run")
-        for token in (run_dir, job, result.task_ids[0], "/evals/", *SUSPICIOUS):
+        # as root, not even which trials share an evaluation: its model socket's directory has no host path
+        shared = ("rsigym-ev-",) if os.geteuid() == 0 else ()
+        for token in (run_dir, job, result.task_ids[0], "/evals/", *SUSPICIOUS, *shared):
             assert token not in seen, token
         assert re.fullmatch(r"m-[0-9a-f]{32}", record["obs"]["env"]["RSIGYM_MODEL"])
         assert json.loads(record["obs"]["models"]["body"])["data"] == []  # no other trial's alias is listed
@@ -77,10 +80,11 @@ def test_spy_harness_sees_no_tell_in_dev_or_official(tmp_path):
 def _normalise(text: str) -> str:
     """Random identifiers (per trial, the same form in every split) and numbers become placeholders.
 
-    Temporary directories' random parts too: every evaluation's model socket is bind-mounted from
-    ``/tmp/rsigym-ev-<8 random characters>/`` (visible in ``/proc/self/mountinfo``), and about one
-    name in twelve has no digit, which the identifier rule alone would leave as it is (it made the
-    test below fail about one run in seven)."""
+    Temporary directories' random parts too: not as root, every evaluation's model socket is
+    bind-mounted from ``/tmp/rsigym-ev-<8 random characters>/`` (visible in ``/proc/self/mountinfo``;
+    as root it is on a tmpfs of its own and shows as ``/model.sock``), and about one name in twelve
+    has no digit, which the identifier rule alone would leave as it is (it made the test below fail
+    about one run in seven)."""
     text = re.sub(r"(/rsigym-[a-z]+-)[a-z0-9_]{8}(?=/)", r"\1R", text)
     text = re.sub(r"\b(?=[A-Za-z0-9_]*\d)[A-Za-z0-9_]{8,}", "R", text)
     return re.sub(r"\d+", "N", text)

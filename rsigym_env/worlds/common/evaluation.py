@@ -38,6 +38,7 @@ directory are never mounted into any sandbox, and official trajectories and logs
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import concurrent.futures as cf
 import functools
 import hashlib
@@ -53,6 +54,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from contextlib import AbstractContextManager
 from typing import Any, Callable, Mapping, Protocol
 
 os.environ.setdefault("HARBOR_TELEMETRY", "0")               # offline: no telemetry,
@@ -148,6 +150,10 @@ class TrialEnvironment(Protocol):
     def cache_settings(self) -> list[Any]:
         """What of this back end enters an evaluation's cache key."""
 
+    def model_socket_dir(self) -> AbstractContextManager[Path]:
+        """A fresh directory for an evaluation's model socket, removed on exit; trials must not see its
+        host path (it would tell them which trials share an evaluation)."""
+
 
 @dataclass(frozen=True)
 class HarborEnvironmentType:
@@ -170,6 +176,9 @@ class HarborEnvironmentType:
 
     def cache_settings(self) -> list[Any]:
         return [self.type, sorted(self.kwargs.items())]
+
+    def model_socket_dir(self) -> AbstractContextManager[Path]:
+        return tempfile.TemporaryDirectory(prefix="rsigym-ev-")  # unused: these trials reach the model over TCP
 
 
 @dataclass(frozen=True)
@@ -490,10 +499,11 @@ class HarborEvalService:
         if work_dir.exists():
             raise ActionError("invalid_args", f"evaluation {eval_id!r} already exists at {work_dir}")
         work_dir.mkdir(parents=True)
-        socket_dir = Path(tempfile.mkdtemp(prefix="rsigym-ev-"))  # short: unix socket paths are limited to 108 bytes
         server: OpenAIServer | None = None
         session_key = f"{eval_id}-{uuid.uuid4().hex[:12]}"
+        socket_dirs = contextlib.ExitStack()
         try:
+            socket_dir = Path(socket_dirs.enter_context(self.environment.model_socket_dir()))
             harness_dir = work_dir / "harness"
             write_harness(req.harness_files, harness_dir)
             registry = ModelRegistry()
@@ -523,7 +533,7 @@ class HarborEvalService:
         finally:
             if server is not None:
                 server.stop()
-            shutil.rmtree(socket_dir, ignore_errors=True)
+            socket_dirs.close()
             if split != "dev":
                 discard_private(work_dir)
         token_usd = self.prices.sample_usd(usage.prompt_tokens, usage.completion_tokens)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import stat
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -49,6 +50,9 @@ class BubblewrapTrials:
 
     def cache_settings(self) -> list[Any]:
         return [None, sorted(self.kwargs.items())]  # (the keys of evaluations cached before the back ends were split)
+
+    def model_socket_dir(self) -> AbstractContextManager[Path]:
+        return isolation.opaque_directory(prefix="rsigym-ev-")  # short: unix socket paths are limited to 108 bytes
 
 
 class LocalEvalService(HarborEvalService):

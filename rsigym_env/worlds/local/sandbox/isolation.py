@@ -53,6 +53,7 @@ split or trial names in them), or put them under a group.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import dataclasses
 import errno
@@ -76,7 +77,7 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Literal, Mapping, Sequence
+from typing import Callable, Iterator, Literal, Mapping, Sequence
 
 from rsigym_env.owners import Owner, current_owner, owner_status
 
@@ -1235,10 +1236,14 @@ def group_registry() -> Path:
 def _register_group(state: "_GroupState") -> Path | None:
     """Record a group's owner (this process), root, mount and cgroups, so that if this process dies
     without closing it, :func:`reap_stale_groups` can clean up after it."""
-    owner = current_owner()
-    record = {"owner": dataclasses.asdict(owner), "root": str(state.root), "mounted": state.mounted,
-              "made_root": state.made_root,
-              "cgroups": [str(d) for d in ((state.cgroup.memory_dir, state.cgroup.pids_dir) if state.cgroup else ())]}
+    return _register(state.root, mounted=state.mounted, made_root=state.made_root,
+                     cgroups=[state.cgroup.memory_dir, state.cgroup.pids_dir] if state.cgroup else [])
+
+
+def _register(root: Path, *, mounted: bool, made_root: bool, cgroups: Sequence[Path] = ()) -> Path | None:
+    """Record ``root`` (its mount, its cgroups) as this process's in :func:`group_registry`."""
+    record = {"owner": dataclasses.asdict(current_owner()), "root": str(root), "mounted": mounted,
+              "made_root": made_root, "cgroups": [str(d) for d in cgroups]}
     try:
         registry = group_registry()
         registry.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -1249,6 +1254,44 @@ def _register_group(state: "_GroupState") -> Path | None:
         _warn_once("registry", "cannot record a sandbox group in %s (%s): a crash would leave it behind",
                    group_registry(), exc)
         return None
+
+
+@contextlib.contextmanager
+def opaque_directory(prefix: str = "rsigym-") -> Iterator[Path]:
+    """A fresh, empty temporary directory whose host path sandboxes cannot see; removed on exit.
+
+    A sandbox's ``/proc/self/mountinfo`` shows a bind mount's source relative to its file system, so a
+    socket bound in from ``/tmp/<random>/model.sock`` shows that random name, the same in every trial
+    that shares it. As root the directory is a tmpfs of its own (64 KiB, 16 inodes, reaped by
+    :func:`reap_stale_groups` after a crash), and such a bind shows only ``/model.sock``; otherwise it
+    is a plain temporary directory (the name shows; logged once).
+
+    >>> with opaque_directory() as d:
+    ...     (d / "f").write_text("x"), sorted(p.name for p in d.iterdir())
+    (1, ['f'])
+    >>> d.exists()
+    False
+    """
+    root = Path(os.path.realpath(tempfile.mkdtemp(prefix=prefix)))
+    mounted = False
+    if _as_root() and "mount" not in _fallbacks():
+        try:
+            _mount_tmpfs(root, 64 << 10, 16)
+            mounted = True
+        except _Unavailable as exc:
+            _warn_once(f"opaque: {exc}", "temporary directories shared with sandboxes are plain ones (%s): "
+                       "their host paths show in the sandboxes' mountinfo", exc)
+    else:
+        log.debug("not root: a sandbox's mountinfo shows the host path of %s", root)
+    record = _register(root, mounted=mounted, made_root=True) if mounted else None
+    try:
+        yield root
+    finally:
+        if mounted:
+            _umount(root)
+        shutil.rmtree(root, ignore_errors=True)
+        if record is not None:
+            record.unlink(missing_ok=True)
 
 
 def reap_stale_groups() -> int:
