@@ -14,7 +14,7 @@ import concurrent.futures as cf
 import threading
 from typing import Any, Callable
 
-from ...errors import ActionError
+from ...errors import ActionError, WorkFailed
 from ...prices import PriceList
 from ...services import Billed, Job, Quote, TrainResult, progress_reporter
 from ...tools import Train
@@ -31,13 +31,16 @@ class TinkerTrainService:
     move as much); ``default_rank`` is the rank of calls that name none (else the tool's default); ``renderer``
     builds the chat renderer from the training client's tokenizer (default: ``SupervisedConfig.renderer``'s);
     ``errors`` turns a provider's exception into the error the job fails with; ``provider_paths`` records the
-    base model and the sampler path in the result's config."""
+    base model and the sampler path in the result's config. ``runner(config, dataset_path, on_step)`` runs a
+    job (default: :func:`~.training.run_supervised` over ``client`` in the job's thread; the local world's runs
+    it in a process of its own, over the same checkpoints)."""
 
     def __init__(self, *, client: Any, store: DatasetStore, prices: PriceList, pool: cf.Executor,
                  clock: Callable[[], float], base_model: str, seed: int, on_checkpoint: Callable[[str, str], None],
                  lr_scale: float = 1.0, default_rank: int | None = None, renderer: Callable[[Any], Any] | None = None,
                  renderer_name: str | None = None, errors: Callable[[Exception], Exception] | None = None,
-                 provider_paths: bool = False):
+                 provider_paths: bool = False, runner: Callable[..., Any] | None = None):
+        self.runner = runner
         self.client, self.store, self.prices, self.pool, self.clock = client, store, prices, pool, clock
         self.base_model, self.seed, self.on_checkpoint = base_model, seed, on_checkpoint
         self.lr_scale, self.default_rank, self.renderer, self.renderer_name = lr_scale, default_rank, renderer, renderer_name
@@ -85,13 +88,20 @@ class TinkerTrainService:
 
         def run() -> Billed[TrainResult]:
             try:
-                result = run_supervised(self.client, config, path, on_step=on_step, make_renderer=self.renderer)
+                if self.runner is not None:
+                    result = self.runner(config, path, on_step)
+                else:
+                    result = run_supervised(self.client, config, path, on_step=on_step, make_renderer=self.renderer)
             except (ActionError, JobCancelled):
                 raise
             except Exception as exc:  # noqa: BLE001 - a provider failure: typed, reservation released
-                if self.errors is None:
-                    raise
-                raise self.errors(exc) from exc
+                if self.errors is not None:
+                    raise self.errors(exc) from exc
+                if done_tokens[0]:  # it trained, then failed: billed for what it trained
+                    raise WorkFailed("service_error", f"training failed after {done_tokens[0]:,} trained tokens: "
+                                     f"{type(exc).__name__}: {exc}",
+                                     cost_usd=min(quote.usd, self.prices.train_usd(done_tokens[0]))) from exc
+                raise
             self.checkpoints[checkpoint_id] = result.sampler_path
             if result.state_path:
                 self.states[checkpoint_id] = result.state_path

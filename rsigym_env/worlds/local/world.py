@@ -61,6 +61,8 @@ class LocalOptions(BaseModel):
     official_split: SplitMode = Field(
         "secret", description="secret: drawn from the platform's secret (rsigym_env.splits); public: reproducible.")
     sampling_workers: int = Field(2, ge=0, description="Processes sampling the policy model (0: in this process).")
+    training_process: bool = Field(True, description="Train in a process of its own (False: in this process's "
+                                                     "job threads); the checkpoints are the same either way.")
 
 
 def local_prices(teachers: dict[str, TeacherPrice]) -> PriceList:
@@ -103,7 +105,8 @@ class LocalWorld(ServiceWorld):
         self.store = DatasetStore(self.run_dir / "datasets")
         self.train = TinkerTrainService(client=self.tinker, store=self.store, prices=self.prices, pool=self.pool,
                                         clock=self.clock.now, base_model=self.base_model, seed=seed,
-                                        on_checkpoint=self._register, lr_scale=self.options.lr_scale)
+                                        on_checkpoint=self._register, lr_scale=self.options.lr_scale,
+                                        runner=self._training_process())
         self._register("base", None)
         for name in scenario.permissions.teachers:
             if name in teachers.TEACHERS:
@@ -125,6 +128,15 @@ class LocalWorld(ServiceWorld):
             seed=seed, server=self.server, vcpus=self.vcpus, memory_gib=self.memory_gib, clock=self.clock.now,
             concurrency=self.options.eval_concurrency, seed_key=self.split.key("trial-seeds"),
             cache_dir=cache_dir("evaluations"), model_identity=self._model_identity)
+
+    def _training_process(self) -> Any:
+        """Where training jobs run: a process of their own when the base model loads there (see ``train_worker``)."""
+        from .lm.inference_pool import loadable_elsewhere
+        from .lm.train_worker import TrainingProcess
+
+        if self.options.training_process and loadable_elsewhere(self.base_model):
+            return TrainingProcess(self.run_dir / "tinker")
+        return None
 
     # ---- models ---------------------------------------------------------------------------------
 

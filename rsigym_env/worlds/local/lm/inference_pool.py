@@ -53,9 +53,7 @@ def _sample(root: str, bases: dict[str, str], model_path: str | None, base_model
     from tinker import types
 
     try:
-        for name, path in bases.items():
-            if tinker_client._REGISTRY.get(name) != Path(path):
-                tinker_client.register_base_model(name, path)
+        register_bases(bases)
         service = _SERVICES.get(root)
         if service is None:
             service = _SERVICES[root] = tinker_client.LocalServiceClient(root_dir=root)
@@ -158,8 +156,8 @@ class _Worker:
             try:
                 if self.proc is None or self.proc.poll() is not None:
                     self.proc = self._start()
-                _write_frame(self.proc.stdin, args)
-                answer = _read_frame(self.proc.stdout)
+                write_frame(self.proc.stdin, args)
+                answer = read_frame(self.proc.stdout)
                 if len(answer) == 3 and answer[2] is not None:  # a new prefill: the next request may use it
                     self.pool.prefills.put(self.pool.prefill_key(args), *answer[2])
                 future.set_result(answer[:2])
@@ -180,13 +178,33 @@ class _Worker:
                 proc.wait(5)
 
 
-def _write_frame(stream: Any, value: Any) -> None:
+def loadable_elsewhere(base_model: str) -> bool:
+    """Can another process load ``base_model``? (the shipped ones, and ones registered from a directory,
+    given :func:`registered_bases`; not ones registered with a callable, such as tests' in-memory models)"""
+    source = tinker_client._REGISTRY.get(base_model)
+    return isinstance(source, Path) or source in (tinker_client._shipped_base, tinker_client._random_tiny)
+
+
+def registered_bases() -> dict[str, str]:
+    """The base models registered from a directory, ``{name: directory}``: what another process must
+    register to load the same models (:func:`register_bases`)."""
+    return {name: str(path) for name, path in tinker_client._REGISTRY.items() if isinstance(path, Path)}
+
+
+def register_bases(bases: dict[str, str]) -> None:
+    """Register :func:`registered_bases` of another process in this one."""
+    for name, path in bases.items():
+        if tinker_client._REGISTRY.get(name) != Path(path):
+            tinker_client.register_base_model(name, path)
+
+
+def write_frame(stream: Any, value: Any) -> None:
     data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(struct.pack(">I", len(data)) + data)
     stream.flush()
 
 
-def _read_frame(stream: Any) -> Any:
+def read_frame(stream: Any) -> Any:
     head = stream.read(4)
     if len(head) < 4:
         raise EOFError("the worker closed its pipe")
@@ -212,12 +230,11 @@ class InferencePool:
         self._closed = False
 
     def poolable(self, base_model: str) -> bool:
-        """Can workers load ``base_model``? (the shipped ones, and ones registered from a directory)."""
-        source = tinker_client._REGISTRY.get(base_model)
-        return isinstance(source, Path) or source in (tinker_client._shipped_base, tinker_client._random_tiny)
+        """Can workers load ``base_model``? (:func:`loadable_elsewhere`)"""
+        return loadable_elsewhere(base_model)
 
     def _bases(self) -> dict[str, str]:
-        return {name: str(path) for name, path in tinker_client._REGISTRY.items() if isinstance(path, Path)}
+        return registered_bases()
 
     @staticmethod
     def prefill_key(args: tuple) -> tuple:
@@ -289,10 +306,10 @@ def _main() -> None:
     sys.stdout = sys.stderr  # nothing but frames goes to the pipe
     while True:
         try:
-            args = _read_frame(stdin)
+            args = read_frame(stdin)
         except EOFError:
             return
-        _write_frame(stdout, _sample(*args))
+        write_frame(stdout, _sample(*args))
 
 
 if __name__ == "__main__":
