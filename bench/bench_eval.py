@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -186,6 +187,31 @@ def sandbox_start(root: Path, n: int = 20) -> float:
     return asyncio.run(go())
 
 
+TASK_WORK = r"""
+import json, sys, timeit, warnings
+from pathlib import Path
+warnings.simplefilter("ignore")
+from harbor.models.task.task import Task
+task = Path(sys.argv[1])
+def trial_work():  # what every trial does with its task: load it (Trial.create), select the tests (the verifier)
+    t = Task(task)
+    t.file_filter.require_included(t.paths.tests_dir / "test.sh")
+    t.file_filter.select(t.paths.tests_dir)
+own = min(timeit.repeat(trial_work, number=100, repeat=5)) / 100 * 1e3
+from rsigym_env.worlds.common.evaluation import tune_harbor
+tune_harbor()
+tuned = min(timeit.repeat(trial_work, number=100, repeat=5)) / 100 * 1e3
+print(json.dumps({"own_ms": own, "tuned_ms": tuned}))
+"""
+
+
+def task_work(task_dir: Path) -> dict[str, float]:
+    """Milliseconds of one trial's task work (load the task, check and select its tests) by Harbor's own code
+    and with :func:`~rsigym_env.worlds.common.evaluation.tune_harbor`, in a fresh process (tuning is for good)."""
+    out = subprocess.run([sys.executable, "-c", TASK_WORK, str(task_dir)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def measure(n_tasks: int = 10, k: int = 3, concurrency: int = 2) -> dict[str, Any]:
     if not isolation.bwrap_available():
         return {"skipped": "bubblewrap does not work here"}
@@ -195,10 +221,11 @@ def measure(n_tasks: int = 10, k: int = 3, concurrency: int = 2) -> dict[str, An
         h = harbor(root / "harbor", n_tasks, k, concurrency)
         d = direct(root / "direct", n_tasks, k, concurrency)
         floor = sandbox_start(root)
+        work = task_work(next(p for p in (root / "harbor" / "tasks").iterdir() if p.is_dir()))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {"n_tasks": n_tasks, "k": k, "concurrency": concurrency, "harbor": h, "direct": d,
-            "sandbox_start_ms": floor, "direct_over_harbor": d["trials_per_s"] / h["trials_per_s"]}
+            "sandbox_start_ms": floor, "direct_over_harbor": d["trials_per_s"] / h["trials_per_s"], "task_work": work}
 
 
 def main() -> None:

@@ -174,6 +174,9 @@ def eval_table(e: dict) -> list[str]:
         f"Per trial: environment start {h.get('env_start_ms', 0):.0f} ms, agent {h.get('agent_ms', 0):.0f} ms, verifier "
         f"{h.get('verifier_ms', 0):.0f} ms, Harbor's own bookkeeping {h.get('harbor_ms', 0):.0f} ms; an empty sandbox "
         f"starts in {e['sandbox_start_ms']:.0f} ms.",
+        *([f"A trial's task work (load the task, check and select its tests): {e['task_work']['own_ms']:.1f} ms by "
+           f"Harbor's own code, {e['task_work']['tuned_ms']:.1f} ms memoized by `tune_harbor` (same process)."]
+          if "task_work" in e else []),
     ]
 
 

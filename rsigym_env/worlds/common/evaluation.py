@@ -646,16 +646,22 @@ _TREE_CACHE_MAX = 4096
 
 
 def tune_harbor() -> None:
-    """Two adjustments to Harbor 0.25 (pinned), applied once per process.
+    """Three adjustments to Harbor 0.25 (pinned), applied once per process.
 
     * its job draws a rich progress bar even when ``quiet``: disabled;
     * every trial hashes its task directory's whole content twice (the trial lock's digest and the
-      deprecated ``Task.checksum``), about a third of Harbor's own per-trial work here. Both are
-      memoized by the directory's files (path, size, mtime, inode of each): a changed file gives a
-      new key, so the value is always the one Harbor would compute (``tests/worlds/local/test_harbor_local.py``
-      checks it against Harbor's own)."""
+      deprecated ``Task.checksum``), about a third of Harbor's own per-trial work here;
+    * every trial checks its task's input tree against the ``.harborignore`` rules (pathspec matching
+      of every path and its ancestors) when it loads the task and again when the verifier selects the
+      test files: ~15 ms of the main process per trial here, the same answers every time.
+
+    All are memoized by the directory's entries (path, type, size, mtime, inode of each): a changed
+    file gives a new key, so the value is always the one Harbor would compute; a check that fails is
+    not memoized and fails again (``tests/worlds/local/test_harbor_local.py`` checks them against
+    Harbor's own)."""
     with _TUNED:
         import harbor.job
+        from harbor.models.task.file_filter import TaskFileFilter
         from harbor.models.task.task import Task
         from harbor.publisher.packager import Packager
 
@@ -686,18 +692,63 @@ def tune_harbor() -> None:
 
         Packager.compute_content_hash = staticmethod(cached_content_hash)
         Task.checksum = property(cached_checksum, doc=Task.checksum.__doc__)
+        _memoize_task_filters(TaskFileFilter, Task)
         harbor.job._rsigym_tuned = True
 
 
+def _memoize_task_filters(file_filter: Any, task: Any) -> None:
+    """Memoize ``TaskFileFilter.is_excluded`` / ``select`` and ``Task._validate_input_paths`` (see
+    :func:`tune_harbor`): a filter made for a task directory shares the answers of every filter made for
+    the same entries (:func:`_tree_key`), computed by Harbor's own code the first time."""
+    init, is_excluded, select = file_filter.__init__, file_filter.is_excluded, file_filter.select
+    validate_inputs = task.__dict__["_validate_input_paths"].__func__
+    memos: dict[tuple, dict[tuple, Any]] = {}
+
+    def tuned_init(self: Any, task_dir: Path | str) -> None:
+        init(self, task_dir)
+        key = _tree_key(self.task_dir)
+        if key not in memos and len(memos) >= _TREE_CACHE_MAX:
+            memos.clear()
+        self._rsigym_memo = memos.setdefault(key, {})
+
+    def memoized(kind: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def tuned(self: Any, path: Path | str) -> Any:
+            memo = getattr(self, "_rsigym_memo", None)
+            if memo is None:
+                return original(self, path)
+            key = (kind, os.path.abspath(path))
+            if key not in memo:
+                memo[key] = original(self, path)  # an error is raised, not memoized
+            return memo[key]
+        return tuned
+
+    def tuned_validate_inputs(config: Any, paths: Any, *, file_filter: Any = None) -> None:
+        file_filter = file_filter or file_filter_type(paths.task_dir)
+        memo = getattr(file_filter, "_rsigym_memo", None)
+        key = ("inputs", config.model_dump_json())
+        if memo is None or key not in memo:
+            validate_inputs(config, paths, file_filter=file_filter)
+            if memo is not None:
+                memo[key] = True
+
+    file_filter_type = file_filter
+    file_filter.__init__ = tuned_init
+    file_filter.is_excluded = memoized("excluded", is_excluded)
+    file_filter.select = memoized("select", select)  # a FileSelection is frozen: safe to share
+    task._validate_input_paths = staticmethod(tuned_validate_inputs)
+
+
 def _tree_key(root: Path) -> tuple:
-    """What identifies a directory's content without reading it: every entry's path, size, mtime and inode."""
+    """What identifies a directory's content without reading it: every entry's path, type, size, mtime and
+    inode (symbolic links to directories included: ``os.walk`` does not enter them)."""
     root = root.resolve()
     entries = []
     for current, dirs, files in os.walk(root):
-        for name in files:
+        for name in (*files, *dirs):
             st = os.lstat(os.path.join(current, name))
-            entries.append((current, name, st.st_size, st.st_mtime_ns, st.st_ino))
-        entries.append((current, "", len(dirs), len(files), 0))
+            entries.append((current, name, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ino))
+        entries.append((current, "", len(dirs), len(files), 0, 0))
     return (str(root), tuple(sorted(entries)))
 
 

@@ -431,3 +431,65 @@ def test_tuned_harbor_hashes_exactly_as_harbor(tmp_path):
         (task / "tests" / "expected.txt").write_text("43\n")
         changed = Task(task).checksum
     assert changed != plain_sum and Packager.compute_content_hash(task)[0] != plain_hash
+
+
+TUNED_FILTER_PROBE = r'''
+import json, os, sys
+from pathlib import Path
+from harbor.models.task.file_filter import TaskFileFilter
+from harbor.models.task.task import Task
+
+task = Path(sys.argv[1])
+
+def answers():
+    out = {}
+    f = TaskFileFilter(task)
+    for path in sorted(task.rglob("*")):
+        out[str(path.relative_to(task))] = f.is_excluded(path)
+    sel = f.select(task / "tests")
+    out["select"] = [str(p) for p in sel.relative_paths] + [sel.includes_all_entries]
+    try:
+        Task(task)
+        out["task"] = "ok"
+    except ValueError as exc:
+        out["task"] = str(exc)
+    return out
+
+plain = answers()
+from rsigym_env.worlds.common.evaluation import tune_harbor
+tune_harbor()
+tuned = [answers(), answers()]
+(task / "tests" / ".harborignore").write_text("hidden.txt\nsecret/\n")
+changed = [answers(), answers()]
+os.symlink("/etc", task / "tests" / "escape")
+def attempt():
+    try:
+        return answers()["task"]
+    except ValueError as exc:
+        return str(exc)
+escaped = [attempt(), attempt()]
+print(json.dumps({"plain": plain, "tuned": tuned, "changed": changed, "escaped": escaped}))
+'''
+
+
+def test_tuned_harbor_filters_task_files_exactly_as_harbor(tmp_path):
+    """The memoized .harborignore checks (evaluation.tune_harbor) give Harbor's own answers, twice in a row,
+    follow a changed .harborignore, and a task whose inputs leave it fails every time (in a fresh process, so
+    that Harbor's own answers are computed untuned)."""
+    import subprocess
+    import sys
+
+    task = make_tasks(tmp_path / "tasks", {"t-add": 42}) / "t-add"
+    (task / "tests" / "secret").mkdir()
+    (task / "tests" / "secret" / "key.txt").write_text("k\n")
+    (task / "tests" / "hidden.txt").write_text("h\n")
+    (task / "tests" / ".harborignore").write_text("hidden.txt\n")
+    out = subprocess.run([sys.executable, "-c", TUNED_FILTER_PROBE, str(task)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["plain"]["tests/hidden.txt"] is True and seen["plain"]["tests/secret/key.txt"] is False
+    assert seen["tuned"] == [seen["plain"]] * 2
+    assert seen["changed"][0] == seen["changed"][1] and seen["changed"][0]["tests/secret/key.txt"] is True
+    assert seen["changed"][0]["select"] != seen["plain"]["select"]
+    assert all("must stay within the task" in e for e in seen["escaped"]), seen["escaped"]
