@@ -122,6 +122,29 @@ def test_the_host_is_invisible_outside_the_workdir(app: Path, tmp_path: Path) ->
         host_tmp.unlink()
 
 
+def test_etc_shows_the_hosts_readable_entries_read_only_in_one_mount(app: Path) -> None:
+    """/etc is one read-only copy (etc_directory): the host's readable ETC_RO entries with the same content,
+    nothing another user may not read, the sandbox user's identity, no writes, no mounts below it."""
+    names = [n for n in isolation.ETC_RO if os.path.exists(f"/etc/{n}")]
+    files = [n for n in names if os.path.isfile(f"/etc/{n}") and os.access(f"/etc/{n}", os.R_OK)]
+    script = ("ls -A /etc; echo ---; " + "; ".join(f"md5sum /etc/{n}" for n in files) +
+              "; echo ---; grep -c . /proc/self/mountinfo; id -un; touch /etc/x 2>/dev/null || echo DENIED; "
+              "ls /etc/ssl/private 2>/dev/null | wc -l")
+    r = run_isolated(script, workdir=app)
+    assert r.exit_code == 0, r.stderr
+    listing, sums, rest = r.stdout.split("---\n")
+    assert set(listing.split()) == set(names) | {"passwd", "group"}
+    import hashlib
+    for line in sums.splitlines():
+        digest, path = line.split()
+        assert digest == hashlib.md5(Path(path).read_bytes()).hexdigest(), path
+    mounts, user, denied, private = rest.split()
+    assert int(mounts) < 20 and denied == "DENIED" and private == "0"
+    assert user == ("sandbox" if os.geteuid() == 0 else user)
+    with pytest.raises(ValueError, match="cannot mount over"):
+        run_isolated("true", workdir=app, mounts=[Mount(app, "/etc/extra")])
+
+
 def test_the_sandbox_writes_only_its_workdir(app: Path, tmp_path: Path) -> None:
     victims = [tmp_path / "planted", Path("/work") / f"planted-{os.getpid()}", Path("/root") / f"planted-{os.getpid()}",
                Path("/usr") / f"planted-{os.getpid()}", Path("/etc") / f"planted-{os.getpid()}"]
