@@ -61,8 +61,9 @@ class LocalOptions(BaseModel):
     official_split: SplitMode = Field(
         "secret", description="secret: drawn from the platform's secret (rsigym_env.splits); public: reproducible.")
     sampling_workers: int = Field(2, ge=0, description="Processes sampling the policy model (0: in this process).")
-    training_process: bool = Field(True, description="Train in a process of its own (False: in this process's "
-                                                     "job threads); the checkpoints are the same either way.")
+    training_process: bool = Field(False, description="Train in a process of its own (lm/train_worker), apart from "
+                                                      "the evaluations' GIL; the checkpoints are the same either way. "
+                                                      "Off: on 2 cores it measured no faster (bench/README.md).")
 
 
 def local_prices(teachers: dict[str, TeacherPrice]) -> PriceList:

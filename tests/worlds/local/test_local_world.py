@@ -171,3 +171,29 @@ class Replayer:
     def act(self, obs, info):
         Recorder.last_observations.append(obs["log"])
         return self.actions.pop(0)
+
+
+def test_training_in_a_process_of_its_own_gives_the_same_checkpoint(tiny_base, tmp_path, monkeypatch):
+    """world_options.training_process: the job trains in lm/train_worker, and its checkpoint is the one in-process
+    training makes (same loss curve, same weights), servable by the world at once."""
+    monkeypatch.setenv("RSIGYM_HOME", str(tmp_path / "home"))
+    seen = []
+    for flag in (False, True):
+        env = gym.make("RSIGym/Joint-v0", world="local", benchmark="aime", run_dir=tmp_path / f"run-{flag}",
+                       world_options={"base_model": tiny_base, "training_process": flag})
+        try:
+            env.reset(seed=0)
+            world = env.unwrapped.run.world
+            assert (world.train.runner is not None) == flag
+            _, info = step(env, "generate_data", teacher="teacher-large", n_examples=16)
+            _, info = step(env, "train", dataset=info["result"]["id"], num_epochs=1, batch_size=8)
+            _, info = step(env, "wait", job=info["result"]["job"])
+            assert info["events"][0]["ok"], info["events"]
+            result = env.unwrapped.run.job_results[info["events"][0]["job"]]
+            _, reply = step(env, "infer", model="ckpt-1", prompt="What is 2 + 2?", max_tokens=8)
+            assert reply["ok"], reply
+            checkpoint = world.tinker.checkpoint_dir(world.train.checkpoints["ckpt-1"])
+            seen.append((result.loss_curve, tinker_client.weights_identity(checkpoint, tiny_base)))
+        finally:
+            env.close()
+    assert seen[0] == seen[1] and seen[0][1] is not None

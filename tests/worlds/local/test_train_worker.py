@@ -142,7 +142,7 @@ def test_a_worker_that_dies_fails_the_job_billed_for_what_it_trained(base, tmp_p
         job.future.result(120)
     trained = sum(s.num_tokens for s in steps)
     assert failed.value.code == "service_error" and isinstance(failed.value.__cause__, TrainingProcessDied)
-    assert failed.value.__cause__.steps == 2 and "died" in str(failed.value)
+    assert failed.value.__cause__.steps == len(steps) >= 2 and "died" in str(failed.value)  # a step may be in the pipe
     assert failed.value.cost_usd == pytest.approx(DEFAULT_PRICES.train_usd(trained)) and trained > 0
     assert checkpoints == [] and _workers() == []
     service.runner = real
