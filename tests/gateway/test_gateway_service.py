@@ -318,7 +318,9 @@ def test_a_run_whose_ray_actor_dies_is_interrupted_and_its_money_released(tmp_pa
         run = service.backend_for_key(created["run_key"])
         assert run.call("evaluate", {"k": 1}).ok and run.balance()["reserved_usd"] > 0
         ray_session.kill(service._entries[created["run_id"]].host.actor, no_restart=True)  # the node is gone
-        reply = run.call("read", {"ref": "jobs"})
+        deadline = time.monotonic() + 30  # ray.kill is asynchronous: a call may still reach the actor first
+        while (reply := run.call("read", {"ref": "jobs"})).ok and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert reply.error == "run_interrupted" and "actor_lost" in reply.message
         summary = service.run_summary(created["run_id"])
         assert (summary["state"], summary["code"], summary["balance"]["reserved_usd"]) == ("interrupted", "actor_lost", 0.0)
