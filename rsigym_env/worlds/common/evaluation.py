@@ -54,7 +54,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from contextlib import AbstractContextManager
 from typing import Any, Callable, Mapping, Protocol
 
 os.environ.setdefault("HARBOR_TELEMETRY", "0")               # offline: no telemetry,
@@ -150,7 +149,7 @@ class TrialEnvironment(Protocol):
     def cache_settings(self) -> list[Any]:
         """What of this back end enters an evaluation's cache key."""
 
-    def model_socket_dir(self) -> AbstractContextManager[Path]:
+    def model_socket_dir(self) -> contextlib.AbstractContextManager[Path]:
         """A fresh directory for an evaluation's model socket, removed on exit; trials must not see its
         host path (it would tell them which trials share an evaluation)."""
 
@@ -177,7 +176,7 @@ class HarborEnvironmentType:
     def cache_settings(self) -> list[Any]:
         return [self.type, sorted(self.kwargs.items())]
 
-    def model_socket_dir(self) -> AbstractContextManager[Path]:
+    def model_socket_dir(self) -> contextlib.AbstractContextManager[Path]:
         return tempfile.TemporaryDirectory(prefix="rsigym-ev-")  # unused: these trials reach the model over TCP
 
 
@@ -696,12 +695,12 @@ def tune_harbor() -> None:
         harbor.job._rsigym_tuned = True
 
 
-def _memoize_task_filters(file_filter: Any, task: Any) -> None:
+def _memoize_task_filters(filter_class: Any, task_class: Any) -> None:
     """Memoize ``TaskFileFilter.is_excluded`` / ``select`` and ``Task._validate_input_paths`` (see
     :func:`tune_harbor`): a filter made for a task directory shares the answers of every filter made for
     the same entries (:func:`_tree_key`), computed by Harbor's own code the first time."""
-    init, is_excluded, select = file_filter.__init__, file_filter.is_excluded, file_filter.select
-    validate_inputs = task.__dict__["_validate_input_paths"].__func__
+    init, is_excluded, select = filter_class.__init__, filter_class.is_excluded, filter_class.select
+    validate_inputs = task_class.__dict__["_validate_input_paths"].__func__
     memos: dict[tuple, dict[tuple, Any]] = {}
 
     def tuned_init(self: Any, task_dir: Path | str) -> None:
@@ -724,7 +723,7 @@ def _memoize_task_filters(file_filter: Any, task: Any) -> None:
         return tuned
 
     def tuned_validate_inputs(config: Any, paths: Any, *, file_filter: Any = None) -> None:
-        file_filter = file_filter or file_filter_type(paths.task_dir)
+        file_filter = file_filter or filter_class(paths.task_dir)
         memo = getattr(file_filter, "_rsigym_memo", None)
         key = ("inputs", config.model_dump_json())
         if memo is None or key not in memo:
@@ -732,11 +731,10 @@ def _memoize_task_filters(file_filter: Any, task: Any) -> None:
             if memo is not None:
                 memo[key] = True
 
-    file_filter_type = file_filter
-    file_filter.__init__ = tuned_init
-    file_filter.is_excluded = memoized("excluded", is_excluded)
-    file_filter.select = memoized("select", select)  # a FileSelection is frozen: safe to share
-    task._validate_input_paths = staticmethod(tuned_validate_inputs)
+    filter_class.__init__ = tuned_init
+    filter_class.is_excluded = memoized("excluded", is_excluded)
+    filter_class.select = memoized("select", select)  # a FileSelection is frozen: safe to share
+    task_class._validate_input_paths = staticmethod(tuned_validate_inputs)
 
 
 def _tree_key(root: Path) -> tuple:

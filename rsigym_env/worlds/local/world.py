@@ -132,7 +132,7 @@ class LocalWorld(ServiceWorld):
 
     def _training_process(self) -> Any:
         """Where training jobs run: a process of their own when the base model loads there (see ``train_worker``)."""
-        from .lm.inference_pool import loadable_elsewhere
+        from .lm.tinker_client import loadable_elsewhere
         from .lm.train_worker import TrainingProcess
 
         if self.options.training_process and loadable_elsewhere(self.base_model):

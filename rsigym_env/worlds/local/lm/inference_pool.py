@@ -53,7 +53,7 @@ def _sample(root: str, bases: dict[str, str], model_path: str | None, base_model
     from tinker import types
 
     try:
-        register_bases(bases)
+        tinker_client.register_bases(bases)
         service = _SERVICES.get(root)
         if service is None:
             service = _SERVICES[root] = tinker_client.LocalServiceClient(root_dir=root)
@@ -178,26 +178,6 @@ class _Worker:
                 proc.wait(5)
 
 
-def loadable_elsewhere(base_model: str) -> bool:
-    """Can another process load ``base_model``? (the shipped ones, and ones registered from a directory,
-    given :func:`registered_bases`; not ones registered with a callable, such as tests' in-memory models)"""
-    source = tinker_client._REGISTRY.get(base_model)
-    return isinstance(source, Path) or source in (tinker_client._shipped_base, tinker_client._random_tiny)
-
-
-def registered_bases() -> dict[str, str]:
-    """The base models registered from a directory, ``{name: directory}``: what another process must
-    register to load the same models (:func:`register_bases`)."""
-    return {name: str(path) for name, path in tinker_client._REGISTRY.items() if isinstance(path, Path)}
-
-
-def register_bases(bases: dict[str, str]) -> None:
-    """Register :func:`registered_bases` of another process in this one."""
-    for name, path in bases.items():
-        if tinker_client._REGISTRY.get(name) != Path(path):
-            tinker_client.register_base_model(name, path)
-
-
 def write_frame(stream: Any, value: Any) -> None:
     data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(struct.pack(">I", len(data)) + data)
@@ -230,11 +210,8 @@ class InferencePool:
         self._closed = False
 
     def poolable(self, base_model: str) -> bool:
-        """Can workers load ``base_model``? (:func:`loadable_elsewhere`)"""
-        return loadable_elsewhere(base_model)
-
-    def _bases(self) -> dict[str, str]:
-        return registered_bases()
+        """Can workers load ``base_model``? (:func:`~.tinker_client.loadable_elsewhere`)"""
+        return tinker_client.loadable_elsewhere(base_model)
 
     @staticmethod
     def prefill_key(args: tuple) -> tuple:
@@ -250,7 +227,7 @@ class InferencePool:
                 raise RuntimeError("the sampling pool is closed")
             if not self._threads:
                 self._threads = [_Worker(self, i) for i in range(self.workers)]
-        args: tuple = (str(self.root_dir), self._bases(), model_path, base_model, tokens, num_samples, params)
+        args: tuple = (str(self.root_dir), tinker_client.registered_bases(), model_path, base_model, tokens, num_samples, params)
         if scope is not None:
             args += (scope, None)
             key = self.prefill_key(args)

@@ -138,6 +138,26 @@ def _shipped_base() -> BaseModel:
 _REGISTRY["rsigym-base"] = _shipped_base
 
 
+def loadable_elsewhere(base_model: str) -> bool:
+    """Can another process load ``base_model``? (the shipped ones, and ones registered from a directory,
+    given :func:`registered_bases`; not ones registered with a callable, such as tests' in-memory models)"""
+    source = _REGISTRY.get(base_model)
+    return isinstance(source, Path) or source in (_shipped_base, _random_tiny)
+
+
+def registered_bases() -> dict[str, str]:
+    """The base models registered from a directory, ``{name: directory}``: what another process must
+    register to load the same models (:func:`register_bases`)."""
+    return {name: str(path) for name, path in _REGISTRY.items() if isinstance(path, Path)}
+
+
+def register_bases(bases: dict[str, str]) -> None:
+    """Register another process's :func:`registered_bases` in this one."""
+    for name, path in bases.items():
+        if _REGISTRY.get(name) != Path(path):
+            register_base_model(name, path)
+
+
 def make_random_base(directory: str | Path, config: ModelConfig, seed: int = 0) -> Path:
     """Write a randomly initialised checkpoint (for tests and examples) and return its directory."""
     return save_model(directory, config, init_params(config, seed), Tokenizer(), extra={"origin": f"random init, seed {seed}"})

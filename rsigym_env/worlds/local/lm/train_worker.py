@@ -30,7 +30,8 @@ from typing import Any, Callable
 from ....errors import ActionError
 from ...common.training import StepMetrics, SupervisedConfig, SupervisedResult
 from . import model
-from .inference_pool import read_frame, register_bases, registered_bases, write_frame
+from .inference_pool import read_frame, write_frame
+from .tinker_client import register_bases, registered_bases
 
 
 class TrainingProcessDied(RuntimeError):
@@ -60,14 +61,16 @@ class TrainingProcess:
         steps = 0
         try:
             assert proc.stdin is not None and proc.stdout is not None
+            try:
+                write_frame(proc.stdin, (str(self.root_dir), registered_bases(), model._THREADS, asdict(config),
+                                         str(dataset)))
+                proc.stdin.close()
+            except BrokenPipeError:  # it died at once: reading says so
+                pass
             while True:
                 try:
-                    if steps == 0 and not proc.stdin.closed:
-                        write_frame(proc.stdin, (str(self.root_dir), registered_bases(), model._THREADS,
-                                                 asdict(config), str(dataset)))
-                        proc.stdin.close()
                     kind, value = read_frame(proc.stdout)
-                except (EOFError, BrokenPipeError):
+                except EOFError:
                     code = proc.wait(10)
                     raise TrainingProcessDied(f"the training process died (exit status {code}) after {steps} "
                                               "optimizer steps", steps) from None

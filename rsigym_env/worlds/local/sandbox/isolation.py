@@ -1319,7 +1319,7 @@ def opaque_directory(prefix: str = "rsigym-") -> Iterator[Path]:
     socket bound in from ``/tmp/<random>/model.sock`` shows that random name, the same in every trial
     that shares it. As root the directory is a tmpfs of its own (64 KiB, 16 inodes, reaped by
     :func:`reap_stale_groups` after a crash), and such a bind shows only ``/model.sock``; otherwise it
-    is a plain temporary directory (the name shows; logged once).
+    is a plain temporary directory, and the name shows.
 
     >>> with opaque_directory() as d:
     ...     (d / "f").write_text("x"), sorted(p.name for p in d.iterdir())
