@@ -12,16 +12,20 @@ Importing the package registers ``RSIGym/Joint-v0``, ``RSIGym/Data-v0`` and ``RS
 
 from __future__ import annotations
 
-from gymnasium.envs.registration import register, registry
+from .numerics import pin_blas_core as _pin_blas_core
 
-from .catalog import ENV_IDS, TRACK_ENV_IDS
-from .env import ResearchEnv
-from .errors import ActionError
-from .scenario import Scenario, list_scenarios, load_scenario
-from .scoring import normalized_gain, rsi_index
-from .tools import TOOLS, action_space, parse_action, tool_schemas
-from .researchers import Researchers as _Researchers
-from .worlds.recursive.ports import use_researchers as _use_researchers
+_pin_blas_core()  # the same OpenBLAS kernels on every machine, before anything loads NumPy (numerics.py)
+
+from gymnasium.envs.registration import register, registry  # noqa: E402
+
+from .catalog import ENV_IDS, TRACK_ENV_IDS  # noqa: E402
+from .env import ResearchEnv  # noqa: E402
+from .errors import ActionError  # noqa: E402
+from .scenario import Scenario, list_scenarios, load_scenario  # noqa: E402
+from .scoring import normalized_gain, rsi_index  # noqa: E402
+from .tools import TOOLS, action_space, parse_action, tool_schemas  # noqa: E402
+from .researchers import Researchers as _Researchers  # noqa: E402
+from .worlds.recursive.ports import use_researchers as _use_researchers  # noqa: E402
 
 __all__ = [
     "ENV_IDS", "TOOLS", "ActionError", "ResearchEnv", "Scenario", "action_space", "list_scenarios",

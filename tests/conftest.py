@@ -13,6 +13,8 @@ from typing import Any, Iterator
 
 import pytest
 
+import rsigym_env  # noqa: F401  (first: it pins OpenBLAS's kernels before NumPy loads them, rsigym_env.numerics)
+
 # The official split of the local world is drawn from a secret (rsigym_env.splits); the suite pins it so
 # its runs are reproducible and never touch the machine's own secret.
 os.environ.setdefault("RSIGYM_SPLIT_SECRET", "rsigym-test-suite-split-secret")

@@ -1,0 +1,48 @@
+"""The local world's arithmetic is the same on every x86-64 machine with AVX2: OpenBLAS's kernels are pinned
+before NumPy loads them (rsigym_env.numerics), in this process and every process the package starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rsigym_env import numerics
+
+AVX2 = numerics.pinned_core(numerics.cpu_flags(), __import__("platform").machine()) is not None
+
+
+def run(code: str, **env: str) -> dict:
+    import os
+
+    environ = {k: v for k, v in os.environ.items() if k != numerics.CORE_ENV} | env
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+PROBE = ("import json, os; {first}; from rsigym_env.numerics import blas_core, blas_core_is_pinned; "
+         "print(json.dumps({{'env': os.environ.get('OPENBLAS_CORETYPE'), 'loaded': blas_core(), "
+         "'pinned': blas_core_is_pinned()}}))")
+
+
+def test_a_value_the_user_set_is_kept():
+    env = {numerics.CORE_ENV: "Sandybridge"}
+    assert numerics.pin_blas_core(env) == "Sandybridge" and env == {numerics.CORE_ENV: "Sandybridge"}
+    empty: dict[str, str] = {}
+    assert numerics.pin_blas_core(empty) == empty.get(numerics.CORE_ENV)
+
+
+@pytest.mark.skipif(not AVX2, reason="nothing is pinned on a CPU without AVX2 and FMA")
+def test_importing_the_package_first_pins_the_kernels_for_this_process_and_its_children():
+    got = run(PROBE.format(first="import rsigym_env, numpy"))
+    assert got == {"env": "Haswell", "loaded": "Haswell", "pinned": True}
+
+
+@pytest.mark.skipif(not AVX2, reason="nothing is pinned on a CPU without AVX2 and FMA")
+def test_numpy_loaded_first_with_other_kernels_is_noticed():
+    # NumPy loads the Sandybridge kernels; then the package pins Haswell for the processes it starts
+    got = run(PROBE.format(first="import numpy; os.environ.pop('OPENBLAS_CORETYPE'); import rsigym_env"),
+              OPENBLAS_CORETYPE="Sandybridge")
+    assert got == {"env": "Haswell", "loaded": "Sandybridge", "pinned": False}
