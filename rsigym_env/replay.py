@@ -4,7 +4,8 @@ Recording wraps the world a run builds; the tape (JSON Lines) holds, per episode
 world seed, scenario, initial harness, description, ``meta``) and then:
 
 * every service call — ``quote``/``start``/``official``/``generate``/... with its request and its
-  response (a quote, a billed result, a job, or the error it raised);
+  response (a quote, a billed result, a job, or the error it raised); hints that answer nothing
+  (``prefetch_official``) reach the recorded world but not the tape;
 * every reading of the world's clock (``now``), every ``spend`` and every ``wait`` (which job ended),
   so worlds on a wall clock replay to the same observations;
 * for each job, every answer its future gave to ``done()`` and its final result.
@@ -63,6 +64,7 @@ from .services import Billed, CommandResult, Completion, DatasetInfo, EvalReques
 
 FORMAT = "rsigym-tape/1"
 SERVICES = ("rollout", "train", "inference", "sandbox", "evaluation")
+HINTS = frozenset({"prefetch_official"})  # calls that answer nothing: passed on when recording, not on the tape
 VALUE_TYPES: dict[str, type[BaseModel]] = {t.__name__: t for t in (DatasetInfo, TrainResult, Completion, CommandResult, EvalResult)}
 
 
@@ -183,7 +185,7 @@ class _RecordingService:
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         target = getattr(self._inner, method)
-        if not callable(target):
+        if not callable(target) or method in HINTS:
             return target
         world, service = self._world, self._name
 
@@ -325,6 +327,8 @@ class _ReplayService:
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         world, service = self._world, self._name
+        if method in HINTS:  # a replay has every answer already
+            return lambda *args: None
 
         def call(*args: Any) -> Any:
             queue = world.calls.get(_key(service, method, args))

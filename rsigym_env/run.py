@@ -172,6 +172,9 @@ class ResearchRun:
         self._counters: dict[str, int] = {}
         self._pending_events: list[dict[str, Any]] = []
         self.balance = self.platform.balance(self.key)  # refreshed once per step
+        # the initial system's official evaluation: every episode's reward needs it, no action changes it
+        self.world.evaluation.prefetch_official(
+            self._eval_request("base", self.harness.initial, "official", scenario.official_k, None))
 
     # ------------------------------------------------------------------ state the env observes
 
@@ -694,12 +697,12 @@ class ResearchRun:
         (for the selection metric) when it is neither; ``service_error`` if one fails."""
         k = self.scenario.official_k
         best = (self.best.checkpoint, self.best.harness) if self.best is not None else None
-        try:
-            initial = self.world.evaluation.official(self._eval_request("base", self.harness.initial, "official", k, None))
+        try:  # the submission's first: the initial system's may still be finishing beside it (prefetch_official)
+            final = self.world.evaluation.official(self._eval_request(checkpoint, version, "official", k, None))
             if (checkpoint, version) == ("base", self.harness.initial):
-                final = initial
+                initial = final
             else:
-                final = self.world.evaluation.official(self._eval_request(checkpoint, version, "official", k, None))
+                initial = self.world.evaluation.official(self._eval_request("base", self.harness.initial, "official", k, None))
         except ActionError:
             raise
         except Exception as exc:

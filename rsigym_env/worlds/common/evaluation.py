@@ -67,6 +67,7 @@ from ...serving.openai_server import OpenAIServer, Usage, UsageMeter
 from ...services import Billed, EvalRequest, EvalResult, Job, Quote
 from .harbor_agent import IMPORT_PATH as AGENT_IMPORT_PATH
 from .harbor_agent import ModelSession, register_session, unregister_session
+from .idle import IdleGate, register_gate, unregister_gate
 
 log = logging.getLogger("rsigym_env.evaluation")
 
@@ -140,8 +141,10 @@ class TrialEnvironment(Protocol):
     def check(self) -> None:
         """Raise if trials cannot run on this machine (before anything is spent)."""
 
-    def config(self, sandboxes_dir: Path, memory_gib: float) -> Any:
-        """Harbor's ``EnvironmentConfig`` for the job (``sandboxes_dir``: a private directory for the trials)."""
+    def config(self, sandboxes_dir: Path, memory_gib: float, idle_gate: str | None = None) -> Any:
+        """Harbor's ``EnvironmentConfig`` for the job (``sandboxes_dir``: a private directory for the trials);
+        ``idle_gate``: the key of the :class:`~.idle.IdleGate` each trial waits at before it starts, if the
+        back end can (background evaluations)."""
 
     def trial_seconds(self, trial_dir: Path, result: Any) -> float:
         """The sandbox seconds one finished trial used (its bill; capped by the caller)."""
@@ -165,10 +168,10 @@ class HarborEnvironmentType:
     def check(self) -> None:
         """Harbor's environment checks its own prerequisites when a trial starts."""
 
-    def config(self, sandboxes_dir: Path, memory_gib: float) -> Any:
+    def config(self, sandboxes_dir: Path, memory_gib: float, idle_gate: str | None = None) -> Any:
         from harbor.models.trial.config import EnvironmentConfig
 
-        return EnvironmentConfig(type=self.type, kwargs=dict(self.kwargs))
+        return EnvironmentConfig(type=self.type, kwargs=dict(self.kwargs))  # trials elsewhere: no gate here
 
     def trial_seconds(self, trial_dir: Path, result: Any) -> float:
         return _trial_seconds(result)
@@ -240,8 +243,10 @@ class HarborEvalService:
                  max_parallel_evals: int = 1, clock: Callable[[], float] = time.monotonic,
                  model_endpoint: ModelEndpoint | None = None,
                  seed_key: bytes = b"", logs_quota_bytes: int = 1 << 30, cache_dir: Path | None = None,
-                 model_identity: Callable[[str], str | None] | None = None, cache_quota_bytes: int = 256 << 20):
+                 model_identity: Callable[[str], str | None] | None = None, cache_quota_bytes: int = 256 << 20,
+                 prefetch: bool = False):
         self.model_for = model_for
+        self.prefetch = prefetch  # whether prefetch_official starts anything
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None  # official results of fixed systems
         self.model_identity = model_identity  # checkpoint -> content identity (None: not cacheable)
         self.cache_quota_bytes = cache_quota_bytes  # cached dev evaluations' trial logs, all together
@@ -270,6 +275,8 @@ class HarborEvalService:
         self._counter = 0
         self._running: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = {}
         self._live: dict[str, tuple[ModelSession, float]] = {}  # eval id -> (its model session, when it started)
+        self._prefetched: dict[str, cf.Future] = {}  # official evaluations started ahead (prefetch_official)
+        self._gates: dict[str, IdleGate] = {}  # ... and the gates their trials wait at for idle cores
         self._closed = False
 
     # ---- EvalService -------------------------------------------------------------------------------
@@ -339,13 +346,65 @@ class HarborEvalService:
             self.prices.sandbox_usd(seconds, self.vcpus, self.memory_gib)
         return min(quote.usd, cost)
 
+    def prefetch_official(self, req: EvalRequest) -> None:
+        """Start the official evaluation ``req`` now, in the background, because the platform will ask for it
+        later (the initial system's, which every episode's reward needs and no researcher action changes):
+        :meth:`official` of the same request then waits for this one instead of starting its own. The
+        evaluation is the same one either way (same trials, seeds and tasks; nothing of it reaches the
+        researcher). Until it is asked for, each trial starts only when the machine has a core to spare
+        (:class:`~.idle.IdleGate`), so it fills the episode's idle time instead of slowing it. Asking twice
+        starts it once; one that fails is run again by :meth:`official`. Only with ``prefetch=True`` (the
+        local world's ``early_official`` option); otherwise a no-op."""
+        if not self.prefetch or req.split != "official" or self._closed:
+            return
+        key = sha256_hex(req.model_dump())
+        with self._lock:
+            if key in self._prefetched:
+                return
+            future: cf.Future = cf.Future()
+            self._prefetched[key] = future
+            gate = self._gates[key] = IdleGate()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            gate_key = register_gate(gate)
+            try:
+                future.set_result(self._official(req, idle_gate=gate_key))
+            except BaseException as exc:  # noqa: BLE001 - official() runs it again and reports its own failure
+                future.set_exception(exc)
+            finally:
+                unregister_gate(gate_key)
+                log.info("official evaluation started ahead: its trials waited %.1f s in all for idle cores",
+                         gate.waited_s)
+
+        threading.Thread(target=run, name="rsigym-official-prefetch", daemon=True).start()
+
     def official(self, req: EvalRequest) -> Billed[EvalResult]:
         """The official split, synchronously; only the score and per-task rewards are kept.
 
         With ``cache_dir`` and a ``model_identity`` for the checkpoint (the shipped base model, or a
         trained checkpoint identified by its weights), the result is cached by content — split, tasks,
         model, harness files, k, seeds and the service's settings — and a repeat costs nothing: it is
-        the same evaluation (``cached`` in its summary)."""
+        the same evaluation (``cached`` in its summary). One started ahead by :meth:`prefetch_official`
+        is waited for; and since an official evaluation is asked for when the episode ends, every one
+        started ahead stops waiting for idle cores from then on."""
+        key = sha256_hex(req.model_dump())
+        with self._lock:
+            ahead = self._prefetched.pop(key, None)
+            gates = list(self._gates.values())  # the episode is ending: what was started ahead is needed now
+            self._gates.clear()
+        for gate in gates:
+            gate.open()
+        if ahead is not None:
+            try:
+                return ahead.result()
+            except Exception as exc:  # noqa: BLE001 - e.g. a sandbox failure while it ran: evaluate afresh
+                log.warning("the official evaluation started ahead failed (%s: %s); running it again",
+                            type(exc).__name__, exc)
+        return self._official(req)
+
+    def _official(self, req: EvalRequest, idle_gate: str | None = None) -> Billed[EvalResult]:
         tasks = self._plan(req, "official")
         key = self._cache_key(req, tasks, "official")
         if key is not None and (hit := self._cached(key)) is not None:
@@ -356,7 +415,7 @@ class HarborEvalService:
         # its own thread: Harbor's job needs an event loop of its own, whatever the caller's thread runs
         with cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rsigym-official") as pool:
             billed = pool.submit(self._evaluate, req, "official", eval_id, tasks,
-                                 self._quote(len(tasks) * req.k)).result()
+                                 self._quote(len(tasks) * req.k), idle_gate).result()
         if key is not None:
             self._store(key, billed)
         return billed
@@ -480,15 +539,23 @@ class HarborEvalService:
         self._closed = True
         with self._lock:
             running = list(self._running.values())
+            ahead = list(self._prefetched.values())
+            gates = list(self._gates.values())
+            self._prefetched.clear()
+            self._gates.clear()
+        for gate in gates:
+            gate.open()
         for loop, task in running:
             loop.call_soon_threadsafe(task.cancel)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        cf.wait(ahead, timeout=CANCEL_WAIT_S)  # (cancelled above with the running evaluations)
         if self._own_private:
             shutil.rmtree(self.private_dir, ignore_errors=True)
 
     # ---- one evaluation ----------------------------------------------------------------------------
 
-    def _evaluate(self, req: EvalRequest, split: str, eval_id: str, tasks: list[Path], quote: Quote) -> Billed[EvalResult]:
+    def _evaluate(self, req: EvalRequest, split: str, eval_id: str, tasks: list[Path], quote: Quote,
+                  idle_gate: str | None = None) -> Billed[EvalResult]:
         self.environment.check()
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,100}", eval_id) or ".." in eval_id:
             raise ActionError("invalid_args", f"evaluation id {eval_id!r}: letters, digits and _.@- only")
@@ -521,7 +588,7 @@ class HarborEvalService:
             with self._lock:
                 self._live[eval_id] = (session, started)
             try:
-                results = self._run_job(req, tasks, work_dir, harness_dir, session_key, eval_id)
+                results = self._run_job(req, tasks, work_dir, harness_dir, session_key, eval_id, idle_gate)
                 usage = session.usage()
             finally:
                 with self._lock:
@@ -551,7 +618,7 @@ class HarborEvalService:
         return Billed[EvalResult](value=value, cost_usd=cost, seconds=seconds)
 
     def _job_config(self, req: EvalRequest, tasks: list[Path], work_dir: Path, harness_dir: Path,
-                    session_key: str) -> Any:
+                    session_key: str, idle_gate: str | None = None) -> Any:
         from harbor.models.job.config import JobConfig
         from harbor.models.trial.config import AgentConfig, TaskConfig, VerifierConfig
 
@@ -563,16 +630,16 @@ class HarborEvalService:
                   for attempt in range(req.k)]
         return JobConfig(job_name="harbor", jobs_dir=work_dir, n_attempts=1, n_concurrent_trials=self.concurrency,
                          quiet=True, tasks=[TaskConfig(path=t.resolve()) for t in tasks], agents=agents,
-                         environment=self.environment.config(self.sandboxes_dir, self.memory_gib),
+                         environment=self.environment.config(self.sandboxes_dir, self.memory_gib, idle_gate),
                          verifier=VerifierConfig(max_timeout_sec=self.verifier_timeout_s))
 
     def _run_job(self, req: EvalRequest, tasks: list[Path], work_dir: Path, harness_dir: Path,
-                 session_key: str, eval_id: str) -> list[Any]:
+                 session_key: str, eval_id: str, idle_gate: str | None = None) -> list[Any]:
         """Harbor's ``Job`` over the tasks, in a fresh event loop in this thread (cancelled by :meth:`close`)."""
         from harbor.job import Job as HarborJob
 
         tune_harbor()
-        config = self._job_config(req, tasks, work_dir, harness_dir, session_key)
+        config = self._job_config(req, tasks, work_dir, harness_dir, session_key, idle_gate)
 
         async def run() -> list[Any]:
             task = asyncio.current_task()

@@ -22,6 +22,8 @@ Time is wall time: jobs run in worker threads and ``wait`` blocks until one fini
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rsigym_env.errors import ActionError
 from rsigym_env.home import cache_dir
+from rsigym_env.numerics import CORE_ENV, blas_core, blas_core_is_pinned
 from rsigym_env.prices import DEFAULT_PRICES, PriceList, TeacherPrice
 from rsigym_env.scenario import Scenario
 from rsigym_env.serving import ModelRegistry, OpenAIServer
@@ -43,6 +46,8 @@ from ..common.train import TinkerTrainService
 from ..common.world import ServiceWorld
 from .lm.inference_pool import InferencePool
 from .teachers import CONTEXT_TOKENS
+
+log = logging.getLogger("rsigym_env.local")
 
 BASE_MODEL = "rsigym-base"
 INFER_TOKENS_PER_SECOND = 1500.0   # for quotes only; actual time is measured
@@ -61,9 +66,15 @@ class LocalOptions(BaseModel):
     official_split: SplitMode = Field(
         "secret", description="secret: drawn from the platform's secret (rsigym_env.splits); public: reproducible.")
     sampling_workers: int = Field(2, ge=0, description="Processes sampling the policy model (0: in this process).")
-    training_process: bool = Field(False, description="Train in a process of its own (lm/train_worker), apart from "
-                                                      "the evaluations' GIL; the checkpoints are the same either way. "
-                                                      "Off: on 2 cores it measured no faster (bench/README.md).")
+    training_process: bool | None = Field(
+        None, description="Train in a process of its own (lm/train_worker), apart from the evaluations' GIL; the "
+                          "checkpoints are the same either way. None (default): only when this process computes "
+                          "with other OpenBLAS kernels than the pinned ones (rsigym_env.numerics: NumPy was loaded "
+                          "before rsigym_env); otherwise in process, which on 2 cores measured no slower.")
+    early_official: bool = Field(True, description="Start the initial system's official evaluation when an episode "
+                                                   "starts, beside it (every episode's reward needs it and nothing "
+                                                   "the researcher does changes it), so submit waits only for the "
+                                                   "submission's own. The same evaluation either way.")
 
 
 def local_prices(teachers: dict[str, TeacherPrice]) -> PriceList:
@@ -128,14 +139,22 @@ class LocalWorld(ServiceWorld):
             model_for=self.chat_model, tasks=self.tasks, run_dir=self.run_dir / "evals", prices=self.prices,
             seed=seed, server=self.server, vcpus=self.vcpus, memory_gib=self.memory_gib, clock=self.clock.now,
             concurrency=self.options.eval_concurrency, seed_key=self.split.key("trial-seeds"),
-            cache_dir=cache_dir("evaluations"), model_identity=self._model_identity)
+            cache_dir=cache_dir("evaluations"), model_identity=self._model_identity,
+            prefetch=self.options.early_official)
 
     def _training_process(self) -> Any:
         """Where training jobs run: a process of their own when the base model loads there (see ``train_worker``)."""
         from .lm.tinker_client import loadable_elsewhere
         from .lm.train_worker import TrainingProcess
 
-        if self.options.training_process and loadable_elsewhere(self.base_model):
+        wanted = self.options.training_process
+        if wanted is None:
+            wanted = not blas_core_is_pinned()
+            if wanted:
+                log.warning("NumPy was loaded with other OpenBLAS kernels (%s) than the pinned ones (%s) before "
+                            "rsigym_env was imported: training runs in a process of its own, with the pinned ones, so "
+                            "its checkpoints are those of every other machine", blas_core(), os.environ.get(CORE_ENV))
+        if wanted and loadable_elsewhere(self.base_model):
             return TrainingProcess(self.run_dir / "tinker")
         return None
 
@@ -158,7 +177,8 @@ class LocalWorld(ServiceWorld):
             return None
         from .lm.base import manifest
 
-        base = f"{BASE_MODEL}:{manifest()['sha256']['weights.npz']}"
+        # the weights, and the kernels the sampling workers compute with (rsigym_env.numerics)
+        base = f"{BASE_MODEL}:{manifest()['sha256']['weights.npz']}:blas={os.environ.get(CORE_ENV, 'native')}"
         if checkpoint == "base":
             return base
         path = self.checkpoints.get(checkpoint)

@@ -133,6 +133,9 @@ class RecursiveEvaluation:
     def official(self, req: EvalRequest) -> Billed[EvalResult]:
         return self._run(req, billed=False)
 
+    def prefetch_official(self, req: EvalRequest) -> None:
+        """Not started ahead: the inner episodes it would run are billed to the outer key when they run."""
+
 
 class RecursiveWorld(WorldLifecycle):
     """A world whose target system is a researcher spec (see the module docstring).

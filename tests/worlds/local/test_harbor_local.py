@@ -342,6 +342,77 @@ def test_eval_service_timeout_is_a_harness_error_and_close_cancels(tmp_path, tas
     assert not list((tmp_path / "c" / "evals" / "ev-5").rglob("sandbox/app"))  # sandboxes stopped and removed
 
 
+def official_request(files: dict[str, str], k: int = 2) -> EvalRequest:
+    return EvalRequest(checkpoint="base", harness_version="v1", harness_files=files, split="official", k=k)
+
+
+def official_runs(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "evals").glob("official-*"))
+
+
+def test_an_official_evaluation_started_ahead_is_the_one_official_returns(tmp_path, tasks):
+    ahead = service(tmp_path / "ahead", tasks, p=0.5, prefetch=True)
+    try:
+        ahead.prefetch_official(official_request(harness()))
+        ahead.prefetch_official(official_request(harness()))  # asked twice: started once
+        deadline = time.monotonic() + 60
+        while not official_runs(tmp_path / "ahead") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert official_runs(tmp_path / "ahead") == ["official-1"]  # it ran before anyone asked for it
+        got = ahead.official(official_request(harness()))
+        other = ahead.official(official_request(harness(), k=1))  # another request: evaluated on its own
+    finally:
+        ahead.close()
+    plain = service(tmp_path / "plain", tasks, p=0.5)
+    try:
+        plain.prefetch_official(official_request(harness()))  # without prefetch=True: a no-op
+        time.sleep(0.3)
+        assert official_runs(tmp_path / "plain") == []
+        fresh = plain.official(official_request(harness()))
+    finally:
+        plain.close()
+    assert official_runs(tmp_path / "ahead") == ["official-1", "official-2"]  # the prefetched one was not run again
+    timing = {"sandbox_seconds"}  # (wall time: it varies run to run; everything else is the same evaluation)
+    assert got.value.model_dump(exclude=timing) == fresh.value.model_dump(exclude=timing) and not got.value.cached
+    assert 0.0 < got.value.score < 1.0 and other.value.k == 1
+
+
+def test_a_failed_prefetch_is_run_again_and_close_stops_one_running(tmp_path, tasks):
+    svc = service(tmp_path / "f", tasks, prefetch=True)
+    calls = {"n": 0}
+    model_for = svc.model_for
+
+    def flaky(checkpoint: str):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("the model store was busy")
+        return model_for(checkpoint)
+
+    svc.model_for = flaky
+    try:
+        svc.prefetch_official(official_request(harness()))
+        deadline = time.monotonic() + 30
+        while calls["n"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        again = svc.official(official_request(harness()))  # the prefetch failed: evaluated afresh, not an error
+    finally:
+        svc.close()
+    assert again.value.score == 1.0 and official_runs(tmp_path / "f") == ["official-1"]
+
+    hanging = service(tmp_path / "c", tasks, agent_timeout_s=30.0, prefetch=True)
+    hanging.prefetch_official(official_request(harness("hang")))
+    deadline = time.monotonic() + 30
+    while not list((tmp_path / "c" / "private" / "sandboxes").glob("*/app")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list((tmp_path / "c" / "private" / "sandboxes").glob("*/app"))  # a trial is running (hanging)
+    started = time.monotonic()
+    hanging.close()
+    assert time.monotonic() - started < 10
+    assert not any(p.is_file() for p in (tmp_path / "c" / "private").rglob("*"))  # sandboxes and the job removed
+    hanging.prefetch_official(official_request(harness()))  # closed: nothing starts
+    assert official_runs(tmp_path / "c") == []
+
+
 def test_environment_phases_transfers_and_symlinks(tmp_path):
     """The environment on its own: agent mounts only before the tests arrive, tests only after, and host-side
     transfers that never follow a symlink made inside the sandbox."""

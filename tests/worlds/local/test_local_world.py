@@ -6,6 +6,8 @@ The fast tests run on a tiny random base model (registered under its own name, s
 
 from __future__ import annotations
 
+import json
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -197,3 +199,49 @@ def test_training_in_a_process_of_its_own_gives_the_same_checkpoint(tiny_base, t
         finally:
             env.close()
     assert seen[0] == seen[1] and seen[0][1] is not None
+
+
+def test_the_initial_systems_official_evaluation_starts_with_the_episode(tiny_base, tmp_path, monkeypatch):
+    """world_options.early_official (default on): the initial system's official evaluation is started when the
+    episode starts, so it is official-1 even when another system is submitted first; off, submit runs the
+    submission's first. Either way the episode ends with the same scores."""
+    from rsigym_env.scenario import load_scenario
+
+    monkeypatch.setenv("RSIGYM_HOME", str(tmp_path / "home"))
+    ends, first = {}, {}
+    for early in (True, False):
+        scenario = load_scenario("local-joint-aime").model_copy(update={
+            "official_k": 1, "world_options": {"base_model": tiny_base, "early_official": early}})
+        env = gym.make("RSIGym/Joint-v0", scenario=scenario, run_dir=tmp_path / f"run-{early}")
+        try:
+            env.reset(seed=4)
+            initial = env.unwrapped.run.harness.initial
+            _, info = step(env, "edit_harness", path="harness.toml", old="persistent = false", new="persistent = true")
+            _, end = step(env, "submit", harness=info["result"]["version"])
+        finally:
+            env.close()
+        evals = tmp_path / f"run-{early}" / "evals"
+        first[early] = json.loads((evals / "official-1" / "summary.json").read_text())["harness_version"]
+        ends[early] = (end["initial_score"], end["official_score"], end["normalized_gain"],
+                       sorted(p.name for p in evals.glob("official-*")))
+        assert first[early] == (initial if early else info["result"]["version"])
+    assert ends[True] == ends[False] and ends[True][3] == ["official-1", "official-2"]
+
+
+def test_training_moves_to_a_process_of_its_own_when_this_one_has_other_blas_kernels(tiny_base, tmp_path, monkeypatch):
+    """training_process left at None: in process while this process computes with the pinned OpenBLAS kernels,
+    in a worker (which loads them) when NumPy was loaded with others first (rsigym_env.numerics)."""
+    from rsigym_env.worlds.local import world as local_world
+
+    monkeypatch.setenv("RSIGYM_HOME", str(tmp_path / "home"))
+    runners = []
+    for pinned in (True, False):
+        monkeypatch.setattr(local_world, "blas_core_is_pinned", lambda pinned=pinned: pinned)
+        env = gym.make("RSIGym/Joint-v0", world="local", benchmark="aime", run_dir=tmp_path / f"run-{pinned}",
+                       world_options={"base_model": tiny_base})
+        try:
+            env.reset(seed=0)
+            runners.append(env.unwrapped.run.world.train.runner)
+        finally:
+            env.close()
+    assert runners[0] is None and runners[1] is not None

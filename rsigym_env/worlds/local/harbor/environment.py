@@ -65,6 +65,7 @@ from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import EnvironmentConfig, NetworkMode
 from harbor.models.trial.paths import EnvironmentPaths, TrialPaths
 
+from ...common.idle import wait_at
 from ..sandbox import isolation
 from ..benchmarks.base import PROBE_SOCKET
 from ..sandbox.isolation import Limits, Mount
@@ -200,7 +201,8 @@ class BubblewrapEnvironment(BaseEnvironment):
     run unisolated when bubblewrap does not work), ``sandbox_dir`` (where each trial's sandbox directory is
     made, as ``<sandbox_dir>/<random id>``; default ``<trial_dir>/sandbox``), ``group_memory_mb``,
     ``group_processes``, ``disk_mb`` (the trial's aggregate limits, :class:`~.isolation.SandboxGroup`;
-    ``group=False`` for none).
+    ``group=False`` for none), ``idle_gate`` (the key of an :class:`~rsigym_env.worlds.common.idle.IdleGate` to
+    wait at before starting: background evaluations).
     """
 
     def __init__(self, environment_dir: Path, environment_name: str, session_id: str, trial_paths: TrialPaths,
@@ -208,13 +210,14 @@ class BubblewrapEnvironment(BaseEnvironment):
                  cpu_s: int = 120, processes: int = 128, output_bytes: int = 1 << 20, file_mb: int = 256,
                  default_timeout_s: float = 600.0, require_isolation: bool = True, sandbox_dir: str | None = None,
                  group_memory_mb: int = 2048, group_processes: int = 256, disk_mb: int = 512, group: bool = True,
-                 **kwargs: Any):
+                 idle_gate: str | None = None, **kwargs: Any):
         super().__init__(environment_dir=environment_dir, environment_name=environment_name,
                          session_id=session_id, trial_paths=trial_paths, task_env_config=task_env_config, **kwargs)
         self._network_allowed = bool(network)
         self._limits = Limits(wall_s=default_timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, processes=processes,
                               output_bytes=output_bytes, file_mb=file_mb)
         self._require_isolation = require_isolation
+        self._idle_gate = idle_gate
         # An opaque root: nothing of the task, trial or evaluation in any path the sandbox can see (mountinfo).
         self.root = Path(sandbox_dir) / secrets.token_hex(8) if sandbox_dir else trial_paths.trial_dir / "sandbox"
         self.app_dir, self.tests_dir, self.solution_dir = self.root / "app", self.root / "tests", self.root / "solution"
@@ -349,9 +352,11 @@ class BubblewrapEnvironment(BaseEnvironment):
     # ---- lifecycle --------------------------------------------------------------------------------
 
     async def start(self, force_build: bool) -> None:
-        """Make the trial's directories and copy the task's ``environment/`` into ``/app``."""
+        """Make the trial's directories and copy the task's ``environment/`` into ``/app`` (a background
+        evaluation's trial first waits at its idle gate, before the sandbox and its clock exist)."""
         if self._require_isolation and not isolation.bwrap_available():
             raise isolation.IsolationUnavailable(isolation.INSTALL_HINT)
+        await wait_at(self._idle_gate)
         self.record = SandboxRecord(started_at=time.time())
         if self.root.exists():
             shutil.rmtree(self.root)

@@ -32,11 +32,12 @@ class BubblewrapTrials:
         if not isolation.bwrap_available():
             raise isolation.IsolationUnavailable(isolation.INSTALL_HINT)
 
-    def config(self, sandboxes_dir: Path, memory_gib: float) -> Any:
+    def config(self, sandboxes_dir: Path, memory_gib: float, idle_gate: str | None = None) -> Any:
         from harbor.models.trial.config import EnvironmentConfig
 
         return EnvironmentConfig(import_path=IMPORT_PATH, kwargs={"sandbox_dir": str(sandboxes_dir),
                                                                   "group_memory_mb": max(64, int(memory_gib * 1024)),
+                                                                  **({"idle_gate": idle_gate} if idle_gate else {}),
                                                                   **self.kwargs})
 
     def trial_seconds(self, trial_dir: Path, result: Any) -> float:
