@@ -17,6 +17,10 @@ an instant rule (no NumPy model), so what is measured is the evaluation machiner
   ``run_isolated_async``, read the reward; same concurrency, same model server.
 * ``sandbox_start``: one ``run_isolated_async("true")`` (bubblewrap start-up, the floor of any command).
 
+Both paths run ``--rounds`` times, interleaved (the machine's speed drifts by ±10% within minutes); the
+median round of each is reported, with the CPU each trial cost: the whole machine's (``/proc/stat``:
+sandboxes and kernel included) and the evaluating process's own.
+
     python bench/bench_eval.py [--tasks 10] [--k 3] [--concurrency 2]
 """
 
@@ -87,6 +91,28 @@ def make_tasks(root: Path, n: int) -> Path:
     return root
 
 
+class CpuMeter:
+    """CPU seconds since it was made: the whole machine's (``/proc/stat``: every process, the sandboxes'
+    and the kernel's included) and this process's own."""
+
+    def __init__(self) -> None:
+        self.machine, self.own = self._machine(), time.process_time()
+
+    @staticmethod
+    def _machine() -> float:
+        with open("/proc/stat") as fh:
+            ticks = [int(x) for x in fh.readline().split()[1:]]
+        return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+    def used(self) -> tuple[float, float]:
+        return self._machine() - self.machine, time.process_time() - self.own
+
+
+def per_trial(used: tuple[float, float], n: int) -> dict[str, float]:
+    """Milliseconds of CPU per trial: the machine's and the evaluating (this) process's."""
+    return {"machine_cpu_ms": 1000 * used[0] / n, "process_cpu_ms": 1000 * used[1] / n}
+
+
 def _seconds(timing: Any) -> float:
     if timing is None or timing.started_at is None or timing.finished_at is None:
         return 0.0
@@ -100,9 +126,11 @@ def harbor(root: Path, n_tasks: int, k: int, concurrency: int) -> dict[str, floa
                            prices=DEFAULT_PRICES, concurrency=concurrency, private_dir=root / "private")
     req = EvalRequest(checkpoint="base", harness_version="bench", harness_files={"agent.py": HARNESS}, k=k)
     try:
+        cpu = CpuMeter()
         start = time.perf_counter()
         billed = svc.start(req, "bench").future.result()
         wall = time.perf_counter() - start
+        used = cpu.used()
     finally:
         svc.close()
     assert billed.value.score == 1.0, billed.value
@@ -120,7 +148,7 @@ def harbor(root: Path, n_tasks: int, k: int, concurrency: int) -> dict[str, floa
         phases["harbor"].append(total - sum(parts.values()))
         phases["trial"].append(total)
     n = n_tasks * k
-    return {"trials": n, "wall_s": wall, "trials_per_s": n / wall,
+    return {"trials": n, "wall_s": wall, "trials_per_s": n / wall, **per_trial(used, n),
             **{f"{key}_ms": 1000 * statistics.mean(v) for key, v in phases.items() if v}}
 
 
@@ -160,17 +188,19 @@ async def _direct(root: Path, n_tasks: int, k: int, concurrency: int) -> float:
             group.close()
 
     with OpenAIServer(ModelRegistry({"m": Solver()}), port=None, uds=sock):
+        cpu = CpuMeter()
         start = time.perf_counter()
         await asyncio.gather(*(trial(t, a) for t in tasks for a in range(k)))
         wall = time.perf_counter() - start
+        used = cpu.used()
     shutil.rmtree(sock.parent, ignore_errors=True)
     assert rewards == [1.0] * len(rewards), rewards
-    return wall
+    return wall, used
 
 
 def direct(root: Path, n_tasks: int, k: int, concurrency: int) -> dict[str, float]:
-    wall = asyncio.run(_direct(root, n_tasks, k, concurrency))
-    return {"wall_s": wall, "trials_per_s": n_tasks * k / wall}
+    wall, used = asyncio.run(_direct(root, n_tasks, k, concurrency))
+    return {"wall_s": wall, "trials_per_s": n_tasks * k / wall, **per_trial(used, n_tasks * k)}
 
 
 def sandbox_start(root: Path, n: int = 20) -> float:
@@ -212,19 +242,30 @@ def task_work(task_dir: Path) -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(n_tasks: int = 10, k: int = 3, concurrency: int = 2) -> dict[str, Any]:
+def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The run with the median trials/s, with every round's trials/s beside it."""
+    ranked = sorted(runs, key=lambda r: r["trials_per_s"])
+    return ranked[len(ranked) // 2] | {"rounds_per_s": [r["trials_per_s"] for r in runs]}
+
+
+def measure(n_tasks: int = 10, k: int = 3, concurrency: int = 2, rounds: int = 3) -> dict[str, Any]:
+    """Both paths ``rounds`` times, interleaved (the machine's speed drifts); the median round of each."""
     if not isolation.bwrap_available():
         return {"skipped": "bubblewrap does not work here"}
     root = Path(tempfile.mkdtemp(prefix="rsigym-bench-eval-"))
     try:
         direct(root / "warm", 1, 1, 1)  # imports, page cache
-        h = harbor(root / "harbor", n_tasks, k, concurrency)
-        d = direct(root / "direct", n_tasks, k, concurrency)
+        harbor(root / "warm-harbor", 1, 1, 1)
+        runs: dict[str, list[dict[str, float]]] = {"harbor": [], "direct": []}
+        for i in range(rounds):
+            runs["harbor"].append(harbor(root / f"harbor-{i}", n_tasks, k, concurrency))
+            runs["direct"].append(direct(root / f"direct-{i}", n_tasks, k, concurrency))
+        h, d = _median_run(runs["harbor"]), _median_run(runs["direct"])
         floor = sandbox_start(root)
-        work = task_work(next(p for p in (root / "harbor" / "tasks").iterdir() if p.is_dir()))
+        work = task_work(next(p for p in (root / "harbor-0" / "tasks").iterdir() if p.is_dir()))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return {"n_tasks": n_tasks, "k": k, "concurrency": concurrency, "harbor": h, "direct": d,
+    return {"n_tasks": n_tasks, "k": k, "concurrency": concurrency, "rounds": rounds, "harbor": h, "direct": d,
             "sandbox_start_ms": floor, "direct_over_harbor": d["trials_per_s"] / h["trials_per_s"], "task_work": work}
 
 
@@ -233,8 +274,9 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=10)
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of each path (medians)")
     args = parser.parse_args()
-    json.dump(measure(args.tasks, args.k, args.concurrency), sys.stdout, indent=1)
+    json.dump(measure(args.tasks, args.k, args.concurrency, args.rounds), sys.stdout, indent=1)
     print()
 
 

@@ -10,11 +10,12 @@ episode (sampling workers, sandboxes, verifiers), ``cores`` that over the wall t
 two cores the episode kept busy.
 
 Each benchmark runs twice in a private ``$RSIGYM_HOME``: **cold** (an empty evaluation cache, as on
-a fresh machine: a new official-split secret, task directories built) and **warm** (the same
-episode again: the evaluations of systems already seen come from the cache). Both must end with
-the same result; the rows say whether they did.
+a fresh machine: task directories built) and **warm** (the same episode again: the evaluations of
+systems already seen come from the cache). Both must end with the same result; the rows say whether
+they did. The official split's secret is fixed (``--secret``, through ``$RSIGYM_SPLIT_SECRET``), so two
+runs of this script, before and after a change, measure the same work.
 
-    python bench/bench_local_episode.py [--benchmarks aime gpqa-diamond] [--seed 0]
+    python bench/bench_local_episode.py [--benchmarks aime gpqa-diamond] [--seed 0] [--secret S]
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import gymnasium as gym
 import rsigym_env  # noqa: F401  (registers the ids)
 from rsigym_env.baselines import ScriptedResearcher
 from rsigym_env.catalog import BENCHMARKS as CATALOG_BENCHMARKS
+from rsigym_env.splits import SECRET_ENV
 
 BENCHMARKS = list(CATALOG_BENCHMARKS)
 
@@ -43,12 +45,12 @@ def _cpu_seconds() -> float:
                                                   resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
-def episode_phases(benchmark: str, seed: int = 0) -> dict[str, Any]:
+def episode_phases(benchmark: str, seed: int = 0, world_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Seconds per phase of one scripted local episode, the episode's total, CPU time and result."""
     phases: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
     cpu0, t0 = _cpu_seconds(), time.perf_counter()
-    env = gym.make("RSIGym/Joint-v0", world="local", benchmark=benchmark)
+    env = gym.make("RSIGym/Joint-v0", world="local", benchmark=benchmark, world_options=world_options or {})
     researcher = ScriptedResearcher()
     try:
         t = time.perf_counter()
@@ -74,25 +76,36 @@ def episode_phases(benchmark: str, seed: int = 0) -> dict[str, Any]:
             "reward": float(reward), "initial": info.get("initial_score"), "official": info.get("official_score")}
 
 
-def measure(benchmarks: list[str] | None = None, seed: int = 0) -> list[dict[str, Any]]:
-    """Every benchmark cold, then warm, in a private ``$RSIGYM_HOME`` (restored afterwards)."""
+SECRET = "bench-local-episode"
+
+
+def measure(benchmarks: list[str] | None = None, seed: int = 0, secret: str = SECRET,
+            world_options: dict[str, Any] | None = None, warm: bool = True) -> list[dict[str, Any]]:
+    """Every benchmark cold, then warm, in a private ``$RSIGYM_HOME`` with the split secret ``secret``
+    (the environment is restored afterwards); ``world_options`` of the local world (e.g. to compare one off)."""
     rows = []
-    saved = os.environ.get("RSIGYM_HOME")
+    saved = {name: os.environ.get(name) for name in ("RSIGYM_HOME", SECRET_ENV)}
+    os.environ[SECRET_ENV] = secret
     try:
         for benchmark in benchmarks or BENCHMARKS:
             with tempfile.TemporaryDirectory(prefix="rsigym-bench-home-") as home:
                 os.environ["RSIGYM_HOME"] = home
-                cold = episode_phases(benchmark, seed) | {"cache": "cold"}
-                warm = episode_phases(benchmark, seed) | {"cache": "warm"}
-            same = all(cold[k] == warm[k] for k in ("reward", "initial", "official"))
-            rows += [cold | {"same_result": same}, warm | {"same_result": same}]
-            print(f"{benchmark}: cold {cold['total_s']:.1f} s, warm {warm['total_s']:.1f} s, same result: {same}",
+                cold = episode_phases(benchmark, seed, world_options) | {"cache": "cold"}
+                if not warm:
+                    rows.append(cold | {"same_result": None})
+                    print(f"{benchmark}: cold {cold['total_s']:.1f} s", flush=True)
+                    continue
+                again = episode_phases(benchmark, seed, world_options) | {"cache": "warm"}
+            same = all(cold[k] == again[k] for k in ("reward", "initial", "official"))
+            rows += [cold | {"same_result": same}, again | {"same_result": same}]
+            print(f"{benchmark}: cold {cold['total_s']:.1f} s, warm {again['total_s']:.1f} s, same result: {same}",
                   flush=True)
     finally:
-        if saved is None:
-            os.environ.pop("RSIGYM_HOME", None)
-        else:
-            os.environ["RSIGYM_HOME"] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return rows
 
 
@@ -114,9 +127,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--benchmarks", nargs="*", default=BENCHMARKS)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--secret", default=SECRET, help="the official split's secret (the same work run to run)")
+    parser.add_argument("--world-options", type=json.loads, default={}, metavar="JSON",
+                        help='local world options, e.g. \'{"early_official": false}\'')
+    parser.add_argument("--cold-only", action="store_true", help="skip the warm run of each benchmark")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
-    rows = measure(args.benchmarks, args.seed)
+    rows = measure(args.benchmarks, args.seed, args.secret, args.world_options, warm=not args.cold_only)
     print("\n".join(table(rows)))
     if args.json:
         with open(args.json, "w") as fh:

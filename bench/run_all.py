@@ -171,6 +171,12 @@ def eval_table(e: dict) -> list[str]:
         f"| Harbor's `Job` (environment, agent, verifier, bookkeeping) | {h['trials_per_s']:.1f} | "
         f"{h['trials_per_s'] / d['trials_per_s']:.2f} |",
         "",
+        f"Medians of {e.get('rounds', 1)} interleaved rounds (trials/s of each round: Harbor "
+        f"{', '.join(f'{x:.1f}' for x in h.get('rounds_per_s', []))}; direct "
+        f"{', '.join(f'{x:.1f}' for x in d.get('rounds_per_s', []))}). CPU per trial, the whole machine's (sandboxes "
+        f"and kernel included) / the evaluating process's: Harbor {h.get('machine_cpu_ms', 0):.0f} / "
+        f"{h.get('process_cpu_ms', 0):.0f} ms, direct {d.get('machine_cpu_ms', 0):.0f} / {d.get('process_cpu_ms', 0):.0f} ms.",
+        "",
         f"Per trial: environment start {h.get('env_start_ms', 0):.0f} ms, agent {h.get('agent_ms', 0):.0f} ms, verifier "
         f"{h.get('verifier_ms', 0):.0f} ms, Harbor's own bookkeeping {h.get('harbor_ms', 0):.0f} ms; an empty sandbox "
         f"starts in {e['sandbox_start_ms']:.0f} ms.",
