@@ -87,13 +87,15 @@ class TreeMemory:
 
 
 def measure_episode(benchmark: str = "terminal-bench-2") -> dict[str, Any]:
-    """``rsigym run`` (local world, scripted researcher, seed 0) as a child process."""
+    """``rsigym run`` (local world, scripted researcher, seed 0) as a child process, cold: in a fresh
+    ``$RSIGYM_HOME`` (no cached evaluation, as on a fresh machine) with a fixed split secret."""
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="rsigym-mem-") as tmp:
         cmd = [sys.executable, "-m", "rsigym_env.cli", "run", "--world", "local", "--benchmark", benchmark,
                "--seed", "0", "--run-dir", str(Path(tmp) / "run"), "--quiet"]
+        env = {**os.environ, "RSIGYM_HOME": str(Path(tmp) / "home"), "RSIGYM_SPLIT_SECRET": "bench-memory"}
         started = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         with TreeMemory(proc.pid) as memory:
             _, err = proc.communicate()
         if proc.returncode:
