@@ -61,7 +61,8 @@ def test_streaming_callbacks_and_stdin(sbx: Sandbox) -> None:
     seen: list[str] = []
     r = sbx.commands.run("for i in 1 2 3; do echo line$i; sleep 0.05; done", on_stdout=seen.append)
     assert "".join(seen) == r.stdout == "line1\nline2\nline3\n"
-    handle = sbx.commands.run("read a; read b; echo got $a $b", background=True, stdin=True)
+    # the third read ends only at EOF, so the command is alive until close_stdin (else it could exit before it)
+    handle = sbx.commands.run("read a; read b; read c || echo got $a $b", background=True, stdin=True)
     sbx.commands.send_stdin(handle.pid, "x\n")
     handle.send_stdin("y\n")
     sbx.commands.close_stdin(handle.pid)
