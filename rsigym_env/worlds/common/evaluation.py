@@ -366,8 +366,6 @@ class HarborEvalService:
             gate = self._gates[key] = IdleGate()
 
         def run() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
             gate_key = register_gate(gate)
             try:
                 future.set_result(self._official(req, idle_gate=gate_key))

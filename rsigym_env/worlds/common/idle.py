@@ -29,9 +29,6 @@ import threading
 import time
 from typing import Callable
 
-CpuTimes = tuple[float, float]  # (idle seconds summed over cores, when)
-
-
 def machine_idle_seconds() -> float | None:
     """Seconds all cores have been idle since boot (idle + iowait in ``/proc/stat``), None if unreadable."""
     try:
