@@ -19,9 +19,9 @@ import statistics
 import time
 from typing import Callable
 
-import gymnasium as gym
+import rsigym_env  # noqa: F401  (first: it pins NumPy's BLAS kernels; registers the ids)
 
-import rsigym_env  # noqa: F401  (registers the ids)
+import gymnasium as gym  # noqa: E402
 from rsigym_env.baselines import ScriptedResearcher
 from rsigym_env.episode import run_episode
 from rsigym_env.sweep import resolve_agent

@@ -29,9 +29,9 @@ import time
 from collections import defaultdict
 from typing import Any
 
-import gymnasium as gym
+import rsigym_env  # noqa: F401  (first: it pins NumPy's BLAS kernels; registers the ids)
 
-import rsigym_env  # noqa: F401  (registers the ids)
+import gymnasium as gym  # noqa: E402
 from rsigym_env.baselines import ScriptedResearcher
 from rsigym_env.catalog import BENCHMARKS as CATALOG_BENCHMARKS
 from rsigym_env.splits import SECRET_ENV
