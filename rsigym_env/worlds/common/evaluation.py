@@ -710,21 +710,25 @@ _TREE_CACHE_MAX = 4096
 
 
 def tune_harbor() -> None:
-    """Three adjustments to Harbor 0.25 (pinned), applied once per process.
+    """Four adjustments to Harbor 0.25 (pinned), applied once per process.
 
     * its job draws a rich progress bar even when ``quiet``: disabled;
     * every trial hashes its task directory's whole content twice (the trial lock's digest and the
       deprecated ``Task.checksum``), about a third of Harbor's own per-trial work here;
     * every trial checks its task's input tree against the ``.harborignore`` rules (pathspec matching
       of every path and its ancestors) when it loads the task and again when the verifier selects the
-      test files: ~15 ms of the main process per trial here, the same answers every time.
+      test files: ~15 ms of the main process per trial here, the same answers every time;
+    * every trial's lock is built twice (the job's lock, then the trial's own), each time parsing and
+      validating the task's ``task.toml`` twice (its package version, its verifier mode): ~2 ms of the
+      main process per trial here, ~5% of Harbor's per-trial work.
 
-    All are memoized by the directory's entries (path, type, size, mtime, inode of each): a changed
-    file gives a new key, so the value is always the one Harbor would compute; a check that fails is
-    not memoized and fails again (``tests/worlds/local/test_harbor_local.py`` checks them against
-    Harbor's own)."""
+    The first three are memoized by the directory's entries (path, type, size, mtime, inode of each),
+    the last by ``task.toml``'s content: a changed file gives a new key, so the value is always the one
+    Harbor would compute; a check that fails is not memoized and fails again
+    (``tests/worlds/local/test_harbor_local.py`` checks them against Harbor's own)."""
     with _TUNED:
         import harbor.job
+        import harbor.models.job.lock as job_lock
         from harbor.models.task.file_filter import TaskFileFilter
         from harbor.models.task.task import Task
         from harbor.publisher.packager import Packager
@@ -757,7 +761,36 @@ def tune_harbor() -> None:
         Packager.compute_content_hash = staticmethod(cached_content_hash)
         Task.checksum = property(cached_checksum, doc=Task.checksum.__doc__)
         _memoize_task_filters(TaskFileFilter, Task)
+        for name in ("_task_package_version", "_task_verifier_environment_mode"):
+            setattr(job_lock, name, _memoized_by_task_toml(getattr(job_lock, name)))
         harbor.job._rsigym_tuned = True
+
+
+_TOML_MEMO_MAX = 64 << 10  # a larger task.toml is read by Harbor each time
+
+
+def _memoized_by_task_toml(read: Callable[[Path], Any]) -> Callable[[Path], Any]:
+    """``read(task_dir)``, a function of the task's ``task.toml`` alone, memoized by that file's content
+    (no readable file: not memoized)."""
+    memo: dict[bytes, Any] = {}
+
+    @functools.wraps(read)
+    def memoized(task_dir: Path) -> Any:
+        try:
+            with open(os.path.join(task_dir, "task.toml"), "rb") as f:
+                key = f.read(_TOML_MEMO_MAX + 1)
+        except OSError:
+            return read(task_dir)
+        if len(key) > _TOML_MEMO_MAX:
+            return read(task_dir)
+        value = memo.get(key, memo)  # the memo itself marks "not there" (trials run in threads)
+        if value is memo:
+            value = read(task_dir)
+            if len(memo) >= _TREE_CACHE_MAX:
+                memo.clear()
+            memo[key] = value
+        return value
+    return memoized
 
 
 def _memoize_task_filters(filter_class: Any, task_class: Any) -> None:

@@ -504,6 +504,32 @@ def test_tuned_harbor_hashes_exactly_as_harbor(tmp_path):
     assert changed != plain_sum and Packager.compute_content_hash(task)[0] != plain_hash
 
 
+
+def test_tuned_harbor_reads_task_toml_exactly_as_harbor(tmp_path):
+    """The trial lock's memoized task.toml readers (evaluation.tune_harbor) give Harbor's own answers, follow a
+    rewritten task.toml, and leave a task without one to Harbor."""
+    import harbor.models.job.lock as job_lock
+
+    from rsigym_env.worlds.common.evaluation import tune_harbor
+
+    tune_harbor()
+    readers = [job_lock._task_package_version, job_lock._task_verifier_environment_mode]
+    assert all(hasattr(r, "__wrapped__") for r in readers)  # tuned (Harbor's own is the wrapped one)
+    task = make_tasks(tmp_path / "tasks", {"t-add": 42}) / "t-add"
+    toml = task / "task.toml"
+
+    def answers() -> list:
+        return [(r(task), r(task), r.__wrapped__(task)) for r in readers]
+
+    first = answers()
+    assert first == [(None, None, None), ("shared",) * 3]
+    toml.write_text('schema_version = "1.4"\n[task]\nname = "org/t-add"\nversion = "2.1"\n'
+                    '[verifier]\ntimeout_sec = 30.0\nenvironment_mode = "separate"\n[agent]\ntimeout_sec = 30.0\n')
+    assert answers() == [("2.1",) * 3, ("separate",) * 3]
+    toml.unlink()
+    assert answers() == [(None,) * 3, (None,) * 3]
+
+
 TUNED_FILTER_PROBE = r'''
 import json, os, sys
 from pathlib import Path
