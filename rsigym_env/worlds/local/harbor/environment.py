@@ -48,6 +48,7 @@ ValueError: sandbox path '/app/src/../x.py' must be absolute and normalised (no 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import re
@@ -87,6 +88,7 @@ PROBE_MAX_CALLS = 8
 DOWNLOAD_MAX_BYTES = 8 << 20  # of one directory copied out of a trial's sandbox (its logs, artifacts)
 
 
+@functools.lru_cache(maxsize=4096)  # a handful of paths, asked for on every command and transfer
 def sandbox_path_parts(path: str) -> tuple[str, ...]:
     """The parts of an absolute, normalised sandbox path (``ValueError`` for ``..`` or a relative path)."""
     pure = PurePosixPath(path)
