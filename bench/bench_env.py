@@ -21,7 +21,7 @@ from typing import Callable
 
 import rsigym_env  # noqa: F401  (first: it pins NumPy's BLAS kernels; registers the ids)
 
-import gymnasium as gym  # noqa: E402
+import gymnasium as gym
 from rsigym_env.baselines import ScriptedResearcher
 from rsigym_env.episode import run_episode
 from rsigym_env.sweep import resolve_agent

@@ -31,7 +31,7 @@ from typing import Any
 
 import rsigym_env  # noqa: F401  (first: it pins NumPy's BLAS kernels; registers the ids)
 
-import gymnasium as gym  # noqa: E402
+import gymnasium as gym
 from rsigym_env.baselines import ScriptedResearcher
 from rsigym_env.catalog import BENCHMARKS as CATALOG_BENCHMARKS
 from rsigym_env.splits import SECRET_ENV

@@ -719,13 +719,13 @@ def tune_harbor() -> None:
       of every path and its ancestors) when it loads the task and again when the verifier selects the
       test files: ~15 ms of the main process per trial here, the same answers every time;
     * every trial's lock is built twice (the job's lock, then the trial's own), each time parsing and
-      validating the task's ``task.toml`` twice (its package version, its verifier mode): ~2 ms of the
-      main process per trial here, ~5% of Harbor's per-trial work.
+      validating the task's ``task.toml`` twice (its package version, its verifier mode): ~0.8 ms of the
+      main process per trial here.
 
-    The first three are memoized by the directory's entries (path, type, size, mtime, inode of each),
-    the last by ``task.toml``'s content: a changed file gives a new key, so the value is always the one
-    Harbor would compute; a check that fails is not memoized and fails again
-    (``tests/worlds/local/test_harbor_local.py`` checks them against Harbor's own)."""
+    The hashes and the ``.harborignore`` checks are memoized by the directory's entries (path, type, size,
+    mtime, inode of each), the ``task.toml`` readers by the file's content: a changed file gives a new key,
+    so the value is always the one Harbor would compute; a check that fails is not memoized and fails
+    again (``tests/worlds/local/test_harbor_local.py`` checks them against Harbor's own)."""
     with _TUNED:
         import harbor.job
         import harbor.models.job.lock as job_lock
@@ -772,24 +772,16 @@ _TOML_MEMO_MAX = 64 << 10  # a larger task.toml is read by Harbor each time
 def _memoized_by_task_toml(read: Callable[[Path], Any]) -> Callable[[Path], Any]:
     """``read(task_dir)``, a function of the task's ``task.toml`` alone, memoized by that file's content
     (no readable file: not memoized)."""
-    memo: dict[bytes, Any] = {}
+    cached = functools.lru_cache(maxsize=_TREE_CACHE_MAX)(lambda content, task_dir: read(task_dir))
 
     @functools.wraps(read)
     def memoized(task_dir: Path) -> Any:
         try:
             with open(os.path.join(task_dir, "task.toml"), "rb") as f:
-                key = f.read(_TOML_MEMO_MAX + 1)
+                content = f.read(_TOML_MEMO_MAX + 1)
         except OSError:
             return read(task_dir)
-        if len(key) > _TOML_MEMO_MAX:
-            return read(task_dir)
-        value = memo.get(key, memo)  # the memo itself marks "not there" (trials run in threads)
-        if value is memo:
-            value = read(task_dir)
-            if len(memo) >= _TREE_CACHE_MAX:
-                memo.clear()
-            memo[key] = value
-        return value
+        return read(task_dir) if len(content) > _TOML_MEMO_MAX else cached(content, task_dir)
     return memoized
 
 

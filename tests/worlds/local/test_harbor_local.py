@@ -504,7 +504,6 @@ def test_tuned_harbor_hashes_exactly_as_harbor(tmp_path):
     assert changed != plain_sum and Packager.compute_content_hash(task)[0] != plain_hash
 
 
-
 def test_tuned_harbor_reads_task_toml_exactly_as_harbor(tmp_path):
     """The trial lock's memoized task.toml readers (evaluation.tune_harbor) give Harbor's own answers, follow a
     rewritten task.toml, and leave a task without one to Harbor."""
