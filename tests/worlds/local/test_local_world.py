@@ -203,28 +203,45 @@ def test_training_in_a_process_of_its_own_gives_the_same_checkpoint(tiny_base, t
 
 def test_the_initial_systems_official_evaluation_starts_with_the_episode(tiny_base, tmp_path, monkeypatch):
     """world_options.early_official (default on): the initial system's official evaluation is started when the
-    episode starts, so it is official-1 even when another system is submitted first; off, submit runs the
-    submission's first. Either way the episode ends with the same scores."""
+    episode starts (at reset, before any step) and submit waits for that one; off, nothing starts early and
+    submit runs the submission's first. Either way the episode ends with the same scores. (Which of the two
+    gets the name official-1 when it is on depends on which thread gets there first: not asserted.)"""
     from rsigym_env.scenario import load_scenario
+    from rsigym_env.worlds.common.evaluation import HarborEvalService
 
     monkeypatch.setenv("RSIGYM_HOME", str(tmp_path / "home"))
-    ends, first = {}, {}
+    started: list[str] = []
+    prefetch = HarborEvalService.prefetch_official
+
+    def spy(self, req):
+        if self.prefetch:
+            started.append(req.harness_version)
+        return prefetch(self, req)
+
+    monkeypatch.setattr(HarborEvalService, "prefetch_official", spy)
+    ends, early_starts = {}, {}
     for early in (True, False):
         scenario = load_scenario("local-joint-aime").model_copy(update={
             "official_k": 1, "world_options": {"base_model": tiny_base, "early_official": early}})
         env = gym.make("RSIGym/Joint-v0", scenario=scenario, run_dir=tmp_path / f"run-{early}")
         try:
+            started.clear()
             env.reset(seed=4)
+            early_starts[early] = list(started)
             initial = env.unwrapped.run.harness.initial
             _, info = step(env, "edit_harness", path="harness.toml", old="persistent = false", new="persistent = true")
             _, end = step(env, "submit", harness=info["result"]["version"])
         finally:
             env.close()
         evals = tmp_path / f"run-{early}" / "evals"
-        first[early] = json.loads((evals / "official-1" / "summary.json").read_text())["harness_version"]
+        versions = {json.loads((evals / name / "summary.json").read_text())["harness_version"]
+                    for name in ("official-1", "official-2")}
+        assert versions == {initial, info["result"]["version"]}
+        if not early:  # submit evaluates the submission first
+            assert json.loads((evals / "official-1" / "summary.json").read_text())["harness_version"] != initial
         ends[early] = (end["initial_score"], end["official_score"], end["normalized_gain"],
                        sorted(p.name for p in evals.glob("official-*")))
-        assert first[early] == (initial if early else info["result"]["version"])
+    assert early_starts == {True: [initial], False: []}
     assert ends[True] == ends[False] and ends[True][3] == ["official-1", "official-2"]
 
 
