@@ -77,6 +77,22 @@ def test_answer_is_written_and_requests_carry_trial_seeds(server, tmp_path):
     assert reqs[0].messages[0].role == "system" and traj["usage"]["requests"] == 1
 
 
+
+def test_the_harness_starts_without_what_only_commands_need():
+    """Every trial starts a fresh interpreter and imports are most of its start-up (~10 ms of ~55 here):
+    what only running a command needs, and the URL parser a socket client never uses, load when used."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import agent, llm; llm.Client(socket_path='/m.sock'); "
+            "print(sorted({'subprocess', 'tempfile', 'shlex', 'urllib.parse'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(HARNESS_DIR)], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.strip() == "[]"
+    shell = harness_agent.Shell(str(HARNESS_DIR), persistent=True, timeout=10)
+    try:
+        assert shell.run("echo hi") == ("hi\n", 0)  # imported on first use
+    finally:
+        shell.close()
+
+
 LONG = "12+30=42 42*3=126 126-7=119 119+20=139 139*2=278 ANSWER: 278"
 
 

@@ -136,6 +136,22 @@ def test_solution_scores_one_and_an_empty_attempt_zero(built, tmp_path, name):
             assert run_test_sh(task, app, tmp_path / f"v-{task.name}-{solve}") == want, (task, solve)
 
 
+
+def test_test_sh_finds_its_check_however_it_is_started(built, tmp_path):
+    """tests/test.sh locates check.py beside itself without starting a process for it: by absolute path
+    (Harbor), by a relative one, and from its own directory."""
+    task = sorted(p for p in built["local-math"]["dev"].iterdir() if p.is_dir())[0]
+    app = tmp_path / "app"
+    shutil.copytree(task / "environment", app)
+    run_solve_sh(task, app)
+    for n, (argv, cwd) in enumerate([(["bash", str(task / "tests" / "test.sh")], tmp_path),
+                                     (["bash", "tests/test.sh"], task), (["bash", "test.sh"], task / "tests")]):
+        out = tmp_path / f"verifier-{n}"
+        env = {"PATH": os.environ["PATH"], "RSIGYM_APP_DIR": str(app), "RSIGYM_VERIFIER_DIR": str(out)}
+        subprocess.run(argv, cwd=cwd, env=env, check=True, timeout=60, capture_output=True)
+        assert (out / "reward.txt").read_text() == "1\n", argv
+
+
 def test_visible_check_passes_only_after_the_fix(built, tmp_path):
     task = sorted(p for p in built["local-code"]["dev"].iterdir() if p.is_dir())[0]
     app = tmp_path / "app"

@@ -41,10 +41,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
-import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -140,10 +137,19 @@ class Shell:
         self.app, self.persistent, self.timeout = app, persistent, timeout
         self.cwd = app
         self.exports = ""
-        self._state = tempfile.NamedTemporaryFile(prefix="rsigym-shell-", delete=False).name
+        self._state: str | None = None  # the persistent shell's state file, made by its first command
 
     def run(self, command: str) -> tuple[str, int]:
+        # imported when first needed: every trial starts a fresh interpreter, and imports are most of its
+        # start-up (an attempt that only answers never runs a command)
+        import subprocess
+
         if self.persistent:
+            import shlex
+            import tempfile
+
+            if self._state is None:
+                self._state = tempfile.NamedTemporaryFile(prefix="rsigym-shell-", delete=False).name
             script = (f"cd {shlex.quote(self.cwd)} 2>/dev/null || cd {shlex.quote(self.app)}\n{self.exports}\n"
                       f"{command}\n__rc=$?\n{{ pwd; export -p; }} > {shlex.quote(self._state)}\nexit $__rc\n")
         else:
@@ -166,6 +172,8 @@ class Shell:
         return out, code
 
     def close(self) -> None:
+        if self._state is None:
+            return
         try:
             os.unlink(self._state)
         except OSError:
@@ -189,7 +197,8 @@ def py_files(app: str) -> dict[str, bytes]:
 
 
 def compiles(path: str) -> bool:
-    import py_compile  # only the [edits] check needs it (imports are a trial's start-up cost)
+    import py_compile  # see Shell.run
+    import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -327,6 +336,8 @@ class Agent:
 
     def check_script(self) -> tuple[str, int]:
         """Run the task's visible ``check.sh`` → (output, exit code)."""
+        import subprocess  # see Shell.run
+
         try:
             proc = subprocess.run(["bash", "check.sh"], cwd=self.app, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, timeout=30)

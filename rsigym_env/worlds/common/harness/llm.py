@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import urllib.parse
-from typing import Any
 
 
 class LLMError(RuntimeError):
@@ -65,10 +63,14 @@ class Client:
         if not socket_path and not url:
             raise LLMError("no model endpoint: set RSIGYM_MODEL_SOCKET or RSIGYM_MODEL_URL")
         self.socket_path, self.timeout, self.api_key = socket_path, timeout, api_key
-        parsed = urllib.parse.urlparse(url or "http://localhost/v1")
-        self.host, self.port = parsed.hostname or "localhost", parsed.port
-        self.https = parsed.scheme == "https"
-        self.prefix = parsed.path.rstrip("/") if url else "/v1"
+        self.host, self.port, self.https, self.prefix = "localhost", None, False, "/v1"
+        if url:  # the stdlib's URL parser, imported only then (imports are a trial's start-up cost)
+            import urllib.parse
+
+            parsed = urllib.parse.urlparse(url)
+            self.host, self.port = parsed.hostname or "localhost", parsed.port
+            self.https = parsed.scheme == "https"
+            self.prefix = parsed.path.rstrip("/")
 
     @classmethod
     def from_env(cls) -> "Client":
@@ -91,7 +93,7 @@ class Client:
                 conn.close()
         if self.socket_path:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            address: Any = self.socket_path
+            address: str | tuple[str, int] = self.socket_path
         else:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             address = (self.host, self.port or 80)
@@ -102,7 +104,7 @@ class Client:
         finally:
             sock.close()
 
-    def chat(self, model: str, messages: list[dict[str, Any]], **params: Any) -> dict[str, Any]:
+    def chat(self, model: str, messages: list[dict[str, object]], **params: object) -> dict[str, object]:
         """POST /chat/completions → ``{"content", "finish_reason", "usage"}`` of the first choice."""
         body = json.dumps({"model": model, "messages": messages, **{k: v for k, v in params.items() if v is not None}})
         try:
