@@ -275,7 +275,8 @@ class HarborEvalService:
         self._counter = 0
         self._running: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = {}
         self._live: dict[str, tuple[ModelSession, float]] = {}  # eval id -> (its model session, when it started)
-        self._prefetched: dict[str, cf.Future] = {}  # official evaluations started ahead (prefetch_official)
+        # official evaluations started ahead (prefetch_official): request key -> (future, the id it was given)
+        self._prefetched: dict[str, tuple[cf.Future, str | None]] = {}
         self._gates: dict[str, IdleGate] = {}  # ... and the gates their trials wait at for idle cores
         self._closed = False
 
@@ -354,21 +355,38 @@ class HarborEvalService:
         researcher). Until it is asked for, each trial starts only when the machine has a core to spare
         (:class:`~.idle.IdleGate`), so it fills the episode's idle time instead of slowing it. Asking twice
         starts it once; one that fails is run again by :meth:`official`. Only with ``prefetch=True`` (the
-        local world's ``early_official`` option); otherwise a no-op."""
+        local world's ``early_official`` option); otherwise a no-op.
+
+        It is numbered now, so official evaluations are named in the order they were asked for whichever
+        thread gets to them first (a cached one takes no number: it makes no directory)."""
         if not self.prefetch or req.split != "official" or self._closed:
             return
         key = sha256_hex(req.model_dump())
         with self._lock:
             if key in self._prefetched:
                 return
+        try:
+            tasks = self._plan(req, "official")
+            cache_key = self._cache_key(req, tasks, "official")
+            hit = self._cached(cache_key) if cache_key is not None else None
+        except Exception:  # noqa: BLE001 - the evaluation itself reports it (it runs again in official())
+            hit = None
+        with self._lock:
+            if key in self._prefetched or self._closed:
+                return
             future: cf.Future = cf.Future()
-            self._prefetched[key] = future
+            if hit is not None:
+                future.set_result(hit)
+                self._prefetched[key] = (future, None)
+                return
+            eval_id = self._next_official_id()
+            self._prefetched[key] = (future, eval_id)
             gate = self._gates[key] = IdleGate()
 
         def run() -> None:
             gate_key = register_gate(gate)
             try:
-                future.set_result(self._official(req, idle_gate=gate_key))
+                future.set_result(self._official(req, idle_gate=gate_key, eval_id=eval_id))
             except BaseException as exc:  # noqa: BLE001 - official() runs it again and reports its own failure
                 future.set_exception(exc)
             finally:
@@ -395,21 +413,28 @@ class HarborEvalService:
         for gate in gates:
             gate.open()
         if ahead is not None:
+            future, eval_id = ahead
             try:
-                return ahead.result()
+                return future.result()
             except Exception as exc:  # noqa: BLE001 - e.g. a sandbox failure while it ran: evaluate afresh
                 log.warning("the official evaluation started ahead failed (%s: %s); running it again",
                             type(exc).__name__, exc)
+            return self._official(req, eval_id=eval_id)  # under the name it was given (it left no directory)
         return self._official(req)
 
-    def _official(self, req: EvalRequest, idle_gate: str | None = None) -> Billed[EvalResult]:
+    def _next_official_id(self) -> str:
+        """The next official evaluation's id (under ``self._lock``)."""
+        self._counter += 1
+        return f"official-{self._counter}"
+
+    def _official(self, req: EvalRequest, idle_gate: str | None = None, eval_id: str | None = None) -> Billed[EvalResult]:
         tasks = self._plan(req, "official")
         key = self._cache_key(req, tasks, "official")
         if key is not None and (hit := self._cached(key)) is not None:
             return hit
-        with self._lock:
-            self._counter += 1
-            eval_id = f"official-{self._counter}"
+        if eval_id is None:
+            with self._lock:
+                eval_id = self._next_official_id()
         # its own thread: Harbor's job needs an event loop of its own, whatever the caller's thread runs
         with cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rsigym-official") as pool:
             billed = pool.submit(self._evaluate, req, "official", eval_id, tasks,
@@ -537,7 +562,7 @@ class HarborEvalService:
         self._closed = True
         with self._lock:
             running = list(self._running.values())
-            ahead = list(self._prefetched.values())
+            ahead = [future for future, _ in self._prefetched.values()]
             gates = list(self._gates.values())
             self._prefetched.clear()
             self._gates.clear()

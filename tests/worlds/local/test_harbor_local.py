@@ -13,6 +13,7 @@ import json
 import os
 import random
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -377,15 +378,49 @@ def test_an_official_evaluation_started_ahead_is_the_one_official_returns(tmp_pa
     assert 0.0 < got.value.score < 1.0 and other.value.k == 1
 
 
+
+def test_official_evaluations_are_numbered_in_the_order_they_were_asked_for(tmp_path, tasks):
+    """The one started ahead is official-1 however long it takes (the later request cannot take its name);
+    one started ahead that is already cached takes no number: it makes no directory."""
+    cache = {"cache_dir": tmp_path / "cache", "model_identity": lambda checkpoint: checkpoint}
+    first = service(tmp_path / "a", tasks, prefetch=True, **cache)
+    model_for = first.model_for
+
+    def slow_ahead(checkpoint: str):  # the evaluation started ahead gets going only after the next request
+        if threading.current_thread().name == "rsigym-official-prefetch":
+            time.sleep(0.5)
+        return model_for(checkpoint)
+
+    first.model_for = slow_ahead
+    try:
+        first.prefetch_official(official_request(harness()))
+        other = first.official(official_request(harness(), k=1))
+        ahead = first.official(official_request(harness()))
+    finally:
+        first.close()
+    summaries = {n: json.loads((tmp_path / "a" / "evals" / n / "summary.json").read_text())["k"]
+                 for n in official_runs(tmp_path / "a")}
+    assert summaries == {"official-1": ahead.value.k, "official-2": other.value.k} and ahead.value.k != other.value.k
+    again = service(tmp_path / "b", tasks, prefetch=True, **cache)
+    try:
+        again.prefetch_official(official_request(harness()))  # cached: nothing runs, no number taken
+        hit = again.official(official_request(harness()))
+        fresh = again.official(official_request(harness(), k=3))
+    finally:
+        again.close()
+    assert hit.value.cached and not fresh.value.cached and official_runs(tmp_path / "b") == ["official-1"]
+
+
 def test_a_failed_prefetch_is_run_again_and_close_stops_one_running(tmp_path, tasks):
     svc = service(tmp_path / "f", tasks, prefetch=True)
     calls = {"n": 0}
     model_for = svc.model_for
 
-    def flaky(checkpoint: str):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("the model store was busy")
+    def flaky(checkpoint: str):  # fails the first time the prefetch's own thread asks
+        if threading.current_thread().name == "rsigym-official-prefetch":
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("the model store was busy")
         return model_for(checkpoint)
 
     svc.model_for = flaky
