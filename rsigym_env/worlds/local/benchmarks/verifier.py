@@ -88,10 +88,11 @@ def is_dir(app, rel):
 def probe(app, module, calls, local=False):
     """Run the calls in the code under test's own sandbox (``local``: a subprocess); parsed results or None."""
     import socket  # only code tasks run anything (imports are a trial's start-up cost)
-    import subprocess
 
     request = {"module": module, "calls": calls, "app": app if local else "/app"}
     if local:
+        import subprocess  # host-side checks only
+
         try:
             out = subprocess.run([sys.executable, "-I", "-c", PROBE], input=json.dumps(request).encode(), cwd=app,
                                  capture_output=True, timeout=10).stdout.decode("utf-8", "replace")
