@@ -566,10 +566,10 @@ class HarborEvalService:
             gates = list(self._gates.values())
             self._prefetched.clear()
             self._gates.clear()
+        for loop, task in running:  # first: a trial at its gate is cancelled there, never let through to start
+            loop.call_soon_threadsafe(task.cancel)
         for gate in gates:
             gate.open()
-        for loop, task in running:
-            loop.call_soon_threadsafe(task.cancel)
         self._pool.shutdown(wait=True, cancel_futures=True)
         cf.wait(ahead, timeout=CANCEL_WAIT_S)  # (cancelled above with the running evaluations)
         if self._own_private:
