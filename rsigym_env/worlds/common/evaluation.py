@@ -366,9 +366,7 @@ class HarborEvalService:
             if key in self._prefetched:
                 return
         try:
-            tasks = self._plan(req, "official")
-            cache_key = self._cache_key(req, tasks, "official")
-            hit = self._cached(cache_key) if cache_key is not None else None
+            hit = self._plan_official(req)[2]
         except Exception:  # noqa: BLE001 - the evaluation itself reports it (it runs again in official())
             hit = None
         with self._lock:
@@ -427,10 +425,15 @@ class HarborEvalService:
         self._counter += 1
         return f"official-{self._counter}"
 
-    def _official(self, req: EvalRequest, idle_gate: str | None = None, eval_id: str | None = None) -> Billed[EvalResult]:
+    def _plan_official(self, req: EvalRequest) -> tuple[list[Path], str | None, Billed[EvalResult] | None]:
+        """The official tasks of ``req``, its cache key and its cached result (None: not cached)."""
         tasks = self._plan(req, "official")
         key = self._cache_key(req, tasks, "official")
-        if key is not None and (hit := self._cached(key)) is not None:
+        return tasks, key, self._cached(key) if key is not None else None
+
+    def _official(self, req: EvalRequest, idle_gate: str | None = None, eval_id: str | None = None) -> Billed[EvalResult]:
+        tasks, key, hit = self._plan_official(req)
+        if hit is not None:
             return hit
         if eval_id is None:
             with self._lock:

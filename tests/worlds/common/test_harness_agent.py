@@ -77,7 +77,6 @@ def test_answer_is_written_and_requests_carry_trial_seeds(server, tmp_path):
     assert reqs[0].messages[0].role == "system" and traj["usage"]["requests"] == 1
 
 
-
 def test_the_harness_starts_without_what_only_commands_need():
     """Every trial starts a fresh interpreter and imports are most of its start-up (~10 ms of ~55 here):
     what only running a command needs, and the URL parser a socket client never uses, load when used."""

@@ -389,7 +389,6 @@ def test_an_official_evaluation_started_ahead_is_the_one_official_returns(tmp_pa
     assert 0.0 < got.value.score < 1.0 and other.value.k == 1
 
 
-
 def test_official_evaluations_are_numbered_in_the_order_they_were_asked_for(tmp_path, tasks, ungated):
     """The one started ahead is official-1 however long it takes (the later request cannot take its name);
     one started ahead that is already cached takes no number: it makes no directory."""

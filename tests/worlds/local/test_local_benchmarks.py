@@ -136,7 +136,6 @@ def test_solution_scores_one_and_an_empty_attempt_zero(built, tmp_path, name):
             assert run_test_sh(task, app, tmp_path / f"v-{task.name}-{solve}") == want, (task, solve)
 
 
-
 def test_test_sh_finds_its_check_however_it_is_started(built, tmp_path):
     """tests/test.sh locates check.py beside itself without starting a process for it: by absolute path
     (Harbor), by a relative one, and from its own directory."""
