@@ -18,6 +18,9 @@ import rsigym_env  # noqa: F401  (first: it pins OpenBLAS's kernels before NumPy
 # The official split of the local world is drawn from a secret (rsigym_env.splits); the suite pins it so
 # its runs are reproducible and never touch the machine's own secret.
 os.environ.setdefault("RSIGYM_SPLIT_SECRET", "rsigym-test-suite-split-secret")
+# Every episode draws official tasks of its own; the suite pins that draw too, so two runs of a test score on
+# the same tasks. Tests of the per-episode draw unset it (tests/security/test_official_draw.py).
+os.environ.setdefault("RSIGYM_SPLIT_NONCE", "rsigym-test-suite-draw")
 # The platform's state (agents, secrets, caches, tasks) in a home of the test run's own, not the user's.
 os.environ.setdefault("RSIGYM_HOME", tempfile.mkdtemp(prefix="rsigym-test-home-"))
 

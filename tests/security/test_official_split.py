@@ -10,6 +10,7 @@ split they were scored on, and nothing the researcher can read names an official
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import textwrap
@@ -47,14 +48,19 @@ def public_table(name: str) -> str:
 
 @pytest.mark.parametrize("name", sorted(benchmarks.BENCHMARKS))
 def test_secret_split_shares_nothing_with_what_the_package_computes(name):
+    """The public split shares with a secret draw no more than any independent draw does (small task spaces —
+    local-skills has ~240 instructions — share a few tasks by chance), and never a dev task."""
     b = benchmarks.BENCHMARKS[name]
-    secret = b.split("official", official_split("secret", secret="a secret nobody ships"))
     computable = {p.key for s in ("dev", "official") for p in b.split(s)}  # public: anyone can generate these
-    overlap = [p for p in secret if p.key in computable]
-    assert len(secret) == 30 and len(overlap) <= 1, [p.instruction for p in overlap]
-    assert not {p.key for p in secret} & {p.key for p in b.split("dev")}  # never a dev task
-    other = b.split("official", official_split("secret", secret="another secret"))
-    assert [p.key for p in other] != [p.key for p in secret]
+    shared = chance = 0
+    for i in range(20):
+        secret = b.split("official", official_split("secret", secret="a secret nobody ships", nonce=str(i)))
+        other = {p.key for p in b.split("official", official_split("secret", secret="another secret", nonce=str(i)))}
+        assert len(secret) == 30 and [p.key for p in secret] != sorted(other)
+        assert not {p.key for p in secret} & {p.key for p in b.split("dev")}  # never a dev task
+        shared += sum(p.key in computable for p in secret)
+        chance += sum(p.key in other for p in secret)
+    assert shared <= chance + 3 * math.sqrt(chance + 1), (shared, chance)
 
 
 @pytest.mark.skipif(not isolation.bwrap_available(), reason="bubblewrap does not work here")
@@ -72,7 +78,7 @@ def test_shipping_the_packages_official_answers_gains_nothing(tmp_path):
             env.close()
 
     public, secret = official_with_table("public"), official_with_table("secret")
-    assert public["official_split"] == {"mode": "public", "id": "public"}
+    assert public["official_split"] == {"mode": "public", "id": "public", "draw": "fixed"}
     assert public["official_score"] == 1.0          # the table is right: the public split is computable...
     assert secret["official_split"]["mode"] == "secret"
     assert secret["official_score"] <= 1 / 30      # ...the secret one is not

@@ -233,6 +233,8 @@ class HarborEvalService:
     aliases there. Per trial at most ``tokens_per_trial`` tokens are served, the harness may run
     ``agent_timeout_s`` and the tests ``verifier_timeout_s``; ``vcpus``/``memory_gib`` price the
     sandbox. ``private_dir`` holds official jobs while they run (default: a fresh temporary directory).
+    ``cache_official``: official results may be cached (their tasks are a fixed draw); off when every
+    episode draws official tasks of its own.
     """
 
     def __init__(self, *, environment: TrialEnvironment, model_for: Callable[[str], ChatModel],
@@ -244,9 +246,10 @@ class HarborEvalService:
                  model_endpoint: ModelEndpoint | None = None,
                  seed_key: bytes = b"", logs_quota_bytes: int = 1 << 30, cache_dir: Path | None = None,
                  model_identity: Callable[[str], str | None] | None = None, cache_quota_bytes: int = 256 << 20,
-                 prefetch: bool = False):
+                 prefetch: bool = False, cache_official: bool = True):
         self.model_for = model_for
         self.prefetch = prefetch  # whether prefetch_official starts anything
+        self.cache_official = cache_official  # False: official tasks are the episode's own draw (never again)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None  # official results of fixed systems
         self.model_identity = model_identity  # checkpoint -> content identity (None: not cacheable)
         self.cache_quota_bytes = cache_quota_bytes  # cached dev evaluations' trial logs, all together
@@ -428,7 +431,7 @@ class HarborEvalService:
     def _plan_official(self, req: EvalRequest) -> tuple[list[Path], str | None, Billed[EvalResult] | None]:
         """The official tasks of ``req``, its cache key and its cached result (None: not cached)."""
         tasks = self._plan(req, "official")
-        key = self._cache_key(req, tasks, "official")
+        key = self._cache_key(req, tasks, "official") if self.cache_official else None
         return tasks, key, self._cached(key) if key is not None else None
 
     def _official(self, req: EvalRequest, idle_gate: str | None = None, eval_id: str | None = None) -> Billed[EvalResult]:

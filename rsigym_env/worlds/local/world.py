@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -105,9 +107,9 @@ class LocalWorld(ServiceWorld):
         self.prices = local_prices(teachers.TEACHER_PRICES)
         sandbox = scenario.permissions.sandbox
         self.vcpus, self.memory_gib = sandbox.vcpus, sandbox.memory_gib
-        self.split = official_split(self.options.official_split)
+        self.split = official_split(self.options.official_split)  # secret: this episode's own draw
         self.official_split = self.split.info  # recorded in every result: which held-out split it was scored on
-        self.tasks = self.benchmark.build(tasks_cache(), self.split)
+        self.tasks = self._build_tasks()
         self.tinker = LocalServiceClient(root_dir=self.run_dir / "tinker")
         # the policy model samples in worker processes: evaluations then use every core
         workers = self.options.sampling_workers
@@ -140,7 +142,20 @@ class LocalWorld(ServiceWorld):
             seed=seed, server=self.server, vcpus=self.vcpus, memory_gib=self.memory_gib, clock=self.clock.now,
             concurrency=self.options.eval_concurrency, seed_key=self.split.key("trial-seeds"),
             cache_dir=cache_dir("evaluations"), model_identity=self._model_identity,
-            prefetch=self.options.early_official)
+            prefetch=self.options.early_official, cache_official=self.split.fixed)
+
+    def _build_tasks(self) -> dict[str, Path]:
+        """The task directories: dev (public, the same in every episode) from the shared cache; the official
+        split from the cache when its draw is fixed, else (an episode's own draw) in a private directory of
+        this world's, outside every sandbox and gone when the world closes (its answers are worth nothing
+        later, and a shared cache would only collect them)."""
+        cache = tasks_cache()
+        root = cache
+        if not self.split.fixed:
+            self._official_dir = Path(tempfile.mkdtemp(prefix="rsigym-ot-"))  # mode 0700
+            root = self._official_dir
+        return {"dev": self.benchmark.build(cache, splits=("dev",))["dev"],
+                "official": self.benchmark.build(root, self.split, splits=("official",))["official"]}
 
     def _training_process(self) -> Any:
         """Where training jobs run: a process of their own when the base model loads there (see ``train_worker``)."""
@@ -222,6 +237,8 @@ class LocalWorld(ServiceWorld):
         if getattr(self, "sampling", None) is not None:
             self.sampling.close()
         self.tinker.close("success") if hasattr(self.tinker, "close") else None
+        if getattr(self, "_official_dir", None) is not None:
+            shutil.rmtree(self._official_dir, ignore_errors=True)
 
     # ---- artifacts the researcher can read ---------------------------------------------------------
 

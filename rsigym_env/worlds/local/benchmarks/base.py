@@ -303,21 +303,24 @@ class LocalBenchmark:
         """
         if split not in SPLIT_SIZES:
             raise ValueError(f"unknown split {split!r} (dev, official)")
-        stream = "dev" if split == "dev" else (official or PUBLIC_SPLIT).stream(self.name)
-        cache = self.__dict__.setdefault("_splits", {})
-        if stream not in cache:
-            taken = set() if split == "dev" else {p.key for p in self.split("dev")}
-            excluded = self.excluded_keys()
-            out, i = [], 0
-            while len(out) < SPLIT_SIZES[split]:
-                p = self._raw(stream, i)
-                i += 1
-                if p.key not in taken and p.key not in excluded:
-                    taken.add(p.key)
-                    p.id = self.task_id(p)
-                    out.append(p)
+        official = official or PUBLIC_SPLIT
+        stream = "dev" if split == "dev" else official.stream(self.name)
+        cache = self.__dict__.setdefault("_splits", {})  # dev and fixed draws only: an episode's own is drawn once
+        if stream in cache:
+            return cache[stream]
+        taken = set() if split == "dev" else {p.key for p in self.split("dev")}
+        excluded = self.excluded_keys()
+        out, i = [], 0
+        while len(out) < SPLIT_SIZES[split]:
+            p = self._raw(stream, i)
+            i += 1
+            if p.key not in taken and p.key not in excluded:
+                taken.add(p.key)
+                p.id = self.task_id(p)
+                out.append(p)
+        if split == "dev" or official.fixed:
             cache[stream] = out
-        return cache[stream]
+        return out
 
     def stream(self, stream: str, seed: int = 0) -> Iterator[Problem]:
         """Endless problems of the ``synthetic`` or ``pretrain`` stream (``seed`` picks a sub-stream),
@@ -395,20 +398,22 @@ class LocalBenchmark:
                 lines.append(f"echo {json.dumps(arg)} > answer.txt")
         return "\n".join(lines) + "\n"
 
-    def build(self, root: Path, official: OfficialSplit | None = None) -> dict[str, Path]:
-        """Write the dev and official (``official``'s draw, default public) task directories under ``root``
-        → ``{"dev": dir, "official": dir}``.
+    def build(self, root: Path, official: OfficialSplit | None = None,
+              splits: tuple[str, ...] = ("dev", "official")) -> dict[str, Path]:
+        """Write the task directories of ``splits`` (dev; official: ``official``'s draw, default public) under
+        ``root`` → ``{"dev": dir, "official": dir}``.
 
         Idempotent: a content-hashed subdirectory, skipped when present, readable by its owner only
         (it holds the hidden answers). Each split directory lists its tasks in order in ``index.json``
-        (task directory names are hashes, the same form in every split).
+        (task directory names are hashes, the same form in every split). An episode's own official draw
+        goes to a directory of the episode's (``splits=("official",)``), never to a shared cache.
         """
         root = Path(root)
-        problems = {"dev": self.split("dev"), "official": self.split("official", official)}
+        problems = {s: self.split(s, official) for s in splits}
         trees = {s: {p.id: self.task_files(p) for p in ps} for s, ps in problems.items()}
         digest = sha256_hex(trees, compact=False)[:12]
         base = root / f"{self.name}-v{GENERATOR_VERSION}-{digest}"
-        out = {s: base / s for s in SPLIT_SIZES}
+        out = {s: base / s for s in splits}
         if (base / ".complete").exists():
             return out
         root.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,8 @@
 
 A sandbox sees its host directory ``workdir`` as ``/app`` (writable, the default cwd), the host's
 programs read-only (``/usr`` and the ``/bin``, ``/lib*`` links, a copy of a few ``/etc`` files in one
-mount (:func:`etc_directory`), the Python installs under ``/root/.pyenv/versions``), a fresh ``/tmp``, ``/proc`` and a minimal ``/dev``, plus any extra
+mount (:func:`etc_directory`), the Python installs under ``/root/.pyenv/versions``), a fresh ``/tmp``, ``/proc`` (its
+host-wide load and CPU counters masked: :data:`MASKED_PROC`) and a minimal ``/dev``, plus any extra
 :class:`Mount`. Nothing else of the host exists inside: not ``/root``, ``/work``, ``/home``, the
 host's ``/tmp`` nor any run directory. With ``network=False`` the sandbox has its own network
 namespace holding only a loopback device. It has its own PID namespace, runs in a new session and
@@ -343,6 +344,47 @@ def etc_directory() -> str:
     return str(final)
 
 
+MASKED_PROC = ("loadavg", "stat")
+"""Host-wide counters of ``/proc`` shown inside every sandbox as a still picture: the load average and
+the global last-PID (``loadavg``), CPU times, context switches, interrupts and forks since boot (``stat``)
+would otherwise let one sandbox see the work of another, or a later one see traces of an earlier one.
+Others remain (``vmstat``, ``meminfo``, ``diskstats``, ``interrupts``, ``pressure/``: README, known limits)."""
+
+
+@lru_cache(maxsize=1)
+def masked_proc_files() -> tuple[tuple[str, str], ...]:
+    """``(host file, /proc path)`` pairs bound read-only over :data:`MASKED_PROC`: the same shape as the
+    host's files (one ``cpu`` line per CPU, the boot time), every counter zero, built once per process.
+
+    >>> dict((t, open(h).read().split()[:4]) for h, t in masked_proc_files())["/proc/loadavg"]
+    ['0.00', '0.00', '0.00', '1/1']
+    """
+    btime, cpus = "0", 1
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/stat").read_text().splitlines()
+        btime = next((l.split()[1] for l in lines if l.startswith("btime ")), "0")
+        cpus = max(1, sum(1 for l in lines if re.match(r"cpu\d+ ", l)))
+    zeros = " ".join(["0"] * 10)
+    stat_text = "".join([f"cpu  {zeros}\n", *(f"cpu{i} {zeros}\n" for i in range(cpus)),
+                         "intr 0\nctxt 0\n", f"btime {btime}\n", "processes 0\nprocs_running 1\nprocs_blocked 0\n",
+                         "softirq 0 0 0 0 0 0 0 0 0 0 0\n"])
+    texts = {"loadavg": "0.00 0.00 0.00 1/1 1\n", "stat": stat_text}
+    root = Path(tempfile.gettempdir()) / "rsigym-isolation"
+    root.mkdir(mode=0o755, exist_ok=True)
+    final = root / f"proc-{hashlib.sha256(repr(sorted(texts.items())).encode()).hexdigest()[:16]}"
+    if not final.is_dir():
+        staging = Path(tempfile.mkdtemp(prefix=".proc-", dir=root))
+        for name, text in texts.items():
+            (staging / name).write_text(text)
+            (staging / name).chmod(0o444)
+        staging.chmod(0o755)
+        try:
+            os.rename(staging, final)
+        except OSError:  # another process made it first: the same content
+            shutil.rmtree(staging, ignore_errors=True)
+    return tuple((str(final / name), f"/proc/{name}") for name in MASKED_PROC)
+
+
 def _write_identity(root: Path, uid: int) -> tuple[str, str]:
     """Write (if changed) the passwd and group files for ``uid`` into ``root``; their paths."""
     root.mkdir(mode=0o755, exist_ok=True)
@@ -432,7 +474,10 @@ def _bwrap_options(*, workdir: Path, cwd: str, mounts: Sequence[Mount], env: Map
             argv += ["--ro-bind", path, path]
     passwd, group = identity or _identity_files(uid)
     argv += ["--ro-bind", passwd, "/etc/passwd", "--ro-bind", group, "/etc/group"]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(limits.file_mb << 20), "--tmpfs", "/tmp",
+    argv += ["--proc", "/proc"]
+    for host, target in masked_proc_files():
+        argv += ["--ro-bind", host, target]
+    argv += ["--dev", "/dev", "--perms", "1777", "--size", str(limits.file_mb << 20), "--tmpfs", "/tmp",
              "--bind", str(workdir), APP]
     made = {"/", "/etc", "/root", "/tmp", "/proc", "/dev", APP}
     system = _system_paths()
