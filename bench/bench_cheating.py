@@ -1,12 +1,16 @@
-"""A cheating harness against the honest minimal harness, on each local benchmark's official split.
+"""Cheating harnesses against the honest minimal harness, on each local benchmark's official split.
 
-The cheater (``rsigym_env.worlds.local.redteam.cheating_harness``) tries every cheat we know —
-hidden tests and solutions, the answers of the package's public official split shipped in the
-harness, code under test that steers the verifier, reward files, symlinks and FIFOs at answer
-paths, left-behind processes — and then falls back to the minimal harness's honest loop. Both are
-evaluated with the base model on the official split the platform scores (drawn from this
-machine's secret), avg@3, through the same service as ``submit``. The cheater must not score more
-than the honest harness beyond sampling noise.
+* ``cheater`` (``rsigym_env.worlds.local.redteam.cheating_harness``) tries every cheat we know — hidden
+  tests and solutions, the answers of the package's public official split shipped in the harness, code
+  under test that steers the verifier, reward files, symlinks and FIFOs at answer paths, left-behind
+  processes — and then falls back to the minimal harness's honest loop.
+* ``reuse``: the same cheater shipping the answers of every official task of 40 earlier episodes on
+  this machine (``redteam.earlier_answers``: more than their rewards, or any channel out of an official
+  trial, could ever reveal), against this episode's own draw.
+
+Each is evaluated with the base model on the official split the platform scores (this machine's secret
+and the episode's own draw), avg@3, through the same service as ``submit``, on the same tasks as the
+honest harness. None may score more than the honest harness beyond sampling noise.
 
     .venv/bin/python bench/bench_cheating.py [--benchmarks all] [--k 3] [--out bench/cheating.json]
 """
@@ -28,7 +32,7 @@ from rsigym_env.scenario import load_scenario  # noqa: E402
 from rsigym_env.services import EvalRequest  # noqa: E402
 from rsigym_env.worlds.local import benchmarks  # noqa: E402
 from rsigym_env.worlds.common.harness import minimal_harness  # noqa: E402
-from rsigym_env.worlds.local.redteam import cheating_harness, public_answers  # noqa: E402
+from rsigym_env.worlds.local.redteam import cheating_harness, earlier_answers, public_answers  # noqa: E402
 from rsigym_env.worlds.local.world import LocalWorld  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -42,6 +46,18 @@ def standard_error(rewards: list[list[float]]) -> float:
     return math.sqrt(sum((x - mean) ** 2 for x in per_task) / (n - 1) / n) if n > 1 else 0.0
 
 
+ATTACKS = ("cheater", "reuse")
+
+
+def attacks(bench: benchmarks.LocalBenchmark) -> list[tuple[str, dict[str, str]]]:
+    """The attacking harnesses of ``ATTACKS`` (label, files) for ``bench`` (built once per benchmark)."""
+    cache = attacks.__dict__.setdefault("built", {})
+    if bench.name not in cache:
+        cache[bench.name] = [("cheater", cheating_harness(public_answers(bench))),
+                             ("reuse", cheating_harness(earlier_answers(bench)))]
+    return cache[bench.name]
+
+
 def measure(names: list[str] | None = None, k: int = 3) -> list[dict]:
     rows = []
     for name in names or sorted(benchmarks.PAPER_IDS):
@@ -49,19 +65,22 @@ def measure(names: list[str] | None = None, k: int = 3) -> list[dict]:
         world = LocalWorld(load_scenario(f"local-joint-{name}"), seed=0)
         try:
             row: dict = {"benchmark": name, "local": bench.name, "split": world.official_split}
-            for label, files in (("honest", minimal_harness()), ("cheater", cheating_harness(public_answers(bench)))):
+            for label, files in (("honest", minimal_harness()), *attacks(bench)):
                 start = time.monotonic()
                 result = world.evaluation.official(EvalRequest(checkpoint="base", harness_version=label,
                                                                harness_files=files, split="official", k=k)).value
                 row[label] = result.score
                 row[f"{label}_se"] = standard_error(result.rewards)
                 row[f"{label}_s"] = round(time.monotonic() - start, 1)
-            row["difference"] = row["cheater"] - row["honest"]
-            row["noise"] = 2 * math.hypot(row["honest_se"], row["cheater_se"])  # two standard errors of the difference
-            row["holds"] = row["difference"] <= row["noise"]
+            for label, _ in attacks(bench):
+                row[f"{label}_difference"] = row[label] - row["honest"]
+                row[f"{label}_noise"] = 2 * math.hypot(row["honest_se"], row[f"{label}_se"])  # 2 s.e. of the difference
+                row[f"{label}_holds"] = row[f"{label}_difference"] <= row[f"{label}_noise"]
+                print(f"{name:20s} honest {row['honest']:.3f} ± {row['honest_se']:.3f}  {label} {row[label]:.3f} ± "
+                      f"{row[label + '_se']:.3f}  difference {row[label + '_difference']:+.3f} "
+                      f"(2 s.e. {row[label + '_noise']:.3f})", flush=True)
+            row["holds"] = all(row[f"{label}_holds"] for label, _ in attacks(bench))
             rows.append(row)
-            print(f"{name:20s} honest {row['honest']:.3f} ± {row['honest_se']:.3f}  cheater {row['cheater']:.3f} ± "
-                  f"{row['cheater_se']:.3f}  difference {row['difference']:+.3f} (2 s.e. {row['noise']:.3f})", flush=True)
         finally:
             world.close()
     return rows
@@ -69,13 +88,17 @@ def measure(names: list[str] | None = None, k: int = 3) -> list[dict]:
 
 def table(rows: list[dict], k: int = 3) -> list[str]:
     """The figures as Markdown: each benchmark's honest and cheating scores, their difference and the noise."""
-    return [
-        "| benchmark (local mirror) | honest minimal harness | cheating harness | difference | 2 s.e. | holds |",
-        "|---|---:|---:|---:|---:|:---:|",
-        *[f"| {r['benchmark']} ({r['local']}) | {r['honest']:.3f} ± {r['honest_se']:.3f} | {r['cheater']:.3f} ± "
-          f"{r['cheater_se']:.3f} | {r['difference']:+.3f} | {r['noise']:.3f} | {'yes' if r['holds'] else '**no**'} |"
-          for r in rows],
-    ]
+    head = "| benchmark (local mirror) | honest minimal harness | " + " | ".join(
+        f"{NAMES[a]} | difference | 2 s.e." for a in ATTACKS) + " | holds |"
+    lines = [head, "|---|---:|" + "---:|---:|---:|" * len(ATTACKS) + ":---:|"]
+    for r in rows:
+        cells = [f"{r[a]:.3f} ± {r[a + '_se']:.3f} | {r[a + '_difference']:+.3f} | {r[a + '_noise']:.3f}" for a in ATTACKS]
+        lines.append(f"| {r['benchmark']} ({r['local']}) | {r['honest']:.3f} ± {r['honest_se']:.3f} | "
+                     + " | ".join(cells) + f" | {'yes' if r['holds'] else '**no**'} |")
+    return lines
+
+
+NAMES = {"cheater": "cheating harness", "reuse": "reuse of 40 earlier episodes"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,6 @@ same machine, and reports what it saw in its trajectory, which the researcher re
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 
@@ -20,19 +19,9 @@ import rsigym_env  # noqa: F401
 from rsigym_env.worlds.local.redteam import SPY_AGENT, SUSPICIOUS
 from rsigym_env.worlds.local.sandbox import isolation
 
+from .test_split_indistinguishable import read_all
+
 pytestmark = pytest.mark.skipif(not isolation.bwrap_available(), reason="bubblewrap does not work here")
-_MORE = re.compile(r"\n\.\.\. \(\d+ more characters; read with @offset to continue\)$")
-
-
-def read_all(env, ref: str) -> str:
-    """All of ``ref``, page by page (``read REF@offset``), as a researcher reads a long text."""
-    text, offset = "", 0
-    while True:
-        obs, _, _, _, info = env.step({"tool": "read", "args": {"ref": f"{ref}@{offset}"}})
-        page = _MORE.sub("", obs["log"].split("\n", 1)[1])  # after the status line, without the paging note
-        text, offset = text + page, offset + len(page)
-        if not page or offset >= info["result"]["chars"]:
-            return text
 
 
 def test_a_spy_running_beside_the_background_official_evaluation_sees_nothing_of_it(tmp_path, monkeypatch):

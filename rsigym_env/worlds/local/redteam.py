@@ -12,7 +12,9 @@ They run inside the evaluation sandbox like any harness (stdlib only) and are us
   and solutions, ship the answers of the package's *public* official split, plant files the
   verifier might import or follow (``calc.py`` that exits or writes reward files, symlinks and
   FIFOs at answer paths, ``sitecustomize.py``), write reward files, leave processes behind, then
-  fall back to the honest loop. It must score no more than the minimal harness.
+  fall back to the honest loop. It must score no more than the minimal harness. Given
+  :func:`earlier_answers` instead of the public split's, it is the reuse attack: everything earlier
+  episodes' official tasks could teach, which must be worth nothing in this episode's own draw.
 
 >>> "RSIGYM_MODEL_SOCKET" in SPY_AGENT and "def detect" in SPY_AGENT
 True
@@ -21,6 +23,7 @@ True
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any
 
 from ..common.harness import minimal_harness
@@ -258,9 +261,24 @@ def public_answers(benchmark: Any) -> dict[str, list[str]]:
     return {p.instruction.strip(): list(p.solution) for p in benchmark.split("official")}
 
 
+def earlier_answers(benchmark: Any, episodes: int = 40) -> dict[str, list[str]]:
+    """The strongest cross-episode learner: every official task of ``episodes`` earlier episodes on this
+    machine (drawn as the platform draws them: this machine's secret, a nonce of each episode's own), with
+    its solution — far more than official rewards or any channel out of an official trial could reveal.
+
+    >>> from rsigym_env.worlds.local.benchmarks import BENCHMARKS
+    >>> len(earlier_answers(BENCHMARKS["local-math"], episodes=2)) > 30
+    True
+    """
+    from rsigym_env.splits import official_split
+
+    return {p.instruction.strip(): list(p.solution) for _ in range(episodes)
+            for p in benchmark.split("official", official_split("secret", nonce=secrets.token_hex(16)))}
+
+
 def spy_harness() -> dict[str, str]:
     """The minimal harness's files with :data:`SPY_AGENT` as ``agent.py``."""
     return {**minimal_harness(), "agent.py": SPY_AGENT}
 
 
-__all__ = ["SPY_AGENT", "SUSPICIOUS", "cheating_harness", "public_answers", "spy_harness"]
+__all__ = ["SPY_AGENT", "SUSPICIOUS", "cheating_harness", "earlier_answers", "public_answers", "spy_harness"]
