@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import statistics
 import sys
@@ -95,7 +96,9 @@ def measure_list(n: int = 1000) -> dict[str, Any]:
         made = make_runs(root, n)
         made["make_s"] = time.perf_counter() - started
         reference = min(full_read(root) for _ in range(3))
-        with ThreadedASGIServer(create_app([root]), name="bench-watch") as server, httpx.Client(timeout=60) as client:
+        token = secrets.token_urlsafe(32)  # the dashboard's admin token: every route asks for one
+        with ThreadedASGIServer(create_app([root], admin_token=token), name="bench-watch") as server, \
+                httpx.Client(timeout=60, headers={"Authorization": f"Bearer {token}"}) as client:
             client.get(server.url + "/health").raise_for_status()  # the client's own start-up is not the list's
             cold, size = timed_get(client, server.url + "/")
             warm = []

@@ -14,13 +14,13 @@ single constant-time comparison against that run's stored hash, with no search o
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import re
 import secrets
 
+from ..watch.tokens import (MIN_TOKEN_CHARS, bearer_token, load_or_create_token, matches, new_token,  # noqa: F401
+                           read_token_file, secret_hash, write_token_file)
+
 _RUN_KEY = re.compile(r"rsr_([0-9a-f]{16})_[A-Za-z0-9_-]{43}")
-_DUMMY = hashlib.sha256(b"rsigym: no such run").hexdigest()
 
 
 def new_run_id() -> str:
@@ -34,7 +34,8 @@ def new_run_key(run_id: str) -> str:
 
 
 def new_admin_token() -> str:
-    return "rsa_" + secrets.token_urlsafe(32)
+    """A fresh admin token of the service (``rsa_`` and 256 random bits)."""
+    return new_token("rsa_")
 
 
 def parse_run_key(key: str | None) -> str | None:
@@ -43,27 +44,3 @@ def parse_run_key(key: str | None) -> str | None:
         return None
     match = _RUN_KEY.fullmatch(key)
     return match.group(1) if match else None
-
-
-def secret_hash(secret: str) -> str:
-    """sha256 hex digest of a secret (what is stored instead of it)."""
-    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def matches(secret: str | None, stored_hash: str | None) -> bool:
-    """Constant-time check of ``secret`` against a stored hash (``None`` never matches)."""
-    presented = secret_hash(secret) if isinstance(secret, str) else _DUMMY
-    return hmac.compare_digest(presented, stored_hash or _DUMMY) and stored_hash is not None and secret is not None
-
-
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header value (scheme case-insensitive).
-
-    >>> bearer_token("Bearer abc"), bearer_token("bearer  abc "), bearer_token("Basic abc"), bearer_token(None)
-    ('abc', 'abc', None, None)
-    """
-    if not authorization:
-        return None
-    scheme, _, token = authorization.strip().partition(" ")
-    token = token.strip()
-    return token if scheme.lower() == "bearer" and token else None

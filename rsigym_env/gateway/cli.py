@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import stat
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -33,40 +31,55 @@ def _home() -> Path:
 
 def _admin_token(args: argparse.Namespace, state_dir: Path, console: Console) -> str | None:
     """The admin token from ``--admin-token-file``, or a new one written to ``<state>/admin-token`` (0600)."""
-    from .auth import new_admin_token
+    from .auth import new_admin_token, read_token_file, write_token_file
 
     if args.admin_token_file:
-        path = Path(args.admin_token_file)
         try:
-            token = path.read_text().strip()
-        except OSError as exc:
-            console.print(f"[red]error:[/] cannot read the admin token file {path}: {exc}")
+            token, warning = read_token_file(args.admin_token_file)
+        except ValueError as exc:
+            console.print(f"[red]error:[/] {exc}", highlight=False)
             return None
-        if len(token) < 16:
-            console.print(f"[red]error:[/] the admin token in {path} is shorter than 16 characters")
-            return None
-        if path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            console.print(f"[yellow]warning:[/] {path} is readable by other users (chmod 600 it)")
+        if warning:
+            console.print(f"[yellow]warning:[/] {warning}", highlight=False)
         return token
     path = state_dir / "admin-token"
     state_dir.mkdir(parents=True, exist_ok=True)
     token = new_admin_token()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
+    write_token_file(path, token)
     console.print(f"admin token (new): {path}")
     return token
 
 
+def serve_app(service: Any, *, watch: bool = False, **watch_options: Any) -> Any:
+    """The ASGI app ``rsigym serve`` runs: REST, MCP over streamable HTTP at ``/mcp`` (the same run keys)
+    and, with ``watch``, the dashboard at ``/watch`` (the admin token sees every run, a run key its own
+    run, redacted; anything else is 401: :mod:`rsigym_env.watch.auth`)."""
+    from .mcp_server import mcp_http_app
+    from .rest import create_app
+
+    mcp_app = mcp_http_app(service.backend_for_key)
+    mounts: dict[str, Any] = {"/mcp": mcp_app}
+    if watch:
+        from ..watch.app import create_app as watch_app
+        from ..watch.auth import WatchAuth
+        from ..watch.catalog import ServiceSource
+
+        mounts["/watch"] = watch_app([service.runs_dir], live=ServiceSource(service), auth=WatchAuth.for_service(service),
+                                     **watch_options)
+    return create_app(service, mounts=mounts, lifespan=lambda _: mcp_app.lifespan())
+
+
 def cmd_serve(args: argparse.Namespace, console: Console) -> int:
     """Run the session service until SIGINT/SIGTERM; open sim runs resume when it starts again."""
-    from .rest import create_app
     from ..serving.listen import bind, is_loopback, url_of, uvicorn_server
     from .service import SessionService
 
     if not is_loopback(args.host) and not (args.allow_remote and args.admin_token_file):
         console.print(f"[red]error:[/] {args.host} is not a loopback address: serving beyond this machine needs "
                       "--allow-remote and --admin-token-file (and a TLS-terminating proxy in front)")
+        return 2
+    if args.watch and not is_loopback(args.host):
+        console.print("[red]error:[/] --watch serves the dashboard over plain HTTP: only on a loopback --host")
         return 2
     state_dir = Path(args.state_dir or _home() / "gateway")
     token = _admin_token(args, state_dir, console)
@@ -86,23 +99,13 @@ def cmd_serve(args: argparse.Namespace, console: Console) -> int:
         return 2
     runs = service.list_runs()
     states = {s: sum(1 for r in runs if r["state"] == s) for s in ("active", "done", "closed", "interrupted")}
-    from .mcp_server import mcp_http_app
-
-    mcp_app = mcp_http_app(service.backend_for_key)  # MCP over streamable HTTP at /mcp, the same run keys
-    mounts: dict[str, Any] = {"/mcp": mcp_app}
-    if args.watch:  # the live dashboard of these runs (its pages have no login: loopback only)
-        if not is_loopback(args.host):
-            console.print("[red]error:[/] --watch serves pages without a login: only on a loopback --host")
-            sock.close()
-            return 2
-        from ..watch.app import create_app as watch_app
-        from ..watch.catalog import ServiceSource
-
-        mounts["/watch"] = watch_app([service.runs_dir], live=ServiceSource(service))
-    app = create_app(service, mounts=mounts, lifespan=lambda _: mcp_app.lifespan())
+    app = serve_app(service, watch=args.watch)
     server = uvicorn_server(app, args.log_level)
     console.print(f"state {state_dir}: " + ", ".join(f"{n} {s}" for s, n in states.items()), highlight=False)
     print(f"rsigym serve: listening on {url_of(sock)}", flush=True)
+    if args.watch:  # the URL without the token itself: the admin token stays out of logs
+        token_file = args.admin_token_file or state_dir / "admin-token"
+        console.print(f"dashboard: {url_of(sock)}/watch/?token=<the admin token, in {token_file}>", highlight=False)
     try:
         server.run(sockets=[sock])  # handles SIGINT/SIGTERM itself
     finally:
@@ -222,7 +225,8 @@ def register(subparsers: Any) -> None:
                                                         "or 'local' to start a Ray here")
     serve.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --host")
     serve.add_argument("--watch", action="store_true", help="also serve the live dashboard of the runs at /watch "
-                                                            "(loopback only)")
+                                                            "(loopback only; open /watch/?token=<admin token>; a run "
+                                                            "key sees its own run only)")
     serve.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(func=cmd_serve)
 

@@ -56,6 +56,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..tools import TOOL_NAMES
+from ..watch.redact import Redactor, host_paths, split_secrets
 from .backend import RunBackend, ToolReply, jsonable
 from .local_runs import LocalRunFactory, add_openenv_arguments
 
@@ -156,6 +157,13 @@ def _error(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"type": "error", "data": {"message": message, "code": code, **extra}}
 
 
+def _failure(exc: BaseException, *paths: Any) -> str:
+    """An exception as a client may read it: its type and text, without host paths (``paths`` and any
+    absolute one) or the split's secret (OpenEnv clients send no credentials: whoever connects reads this)."""
+    known = host_paths([p for p in paths if p])
+    return Redactor(known, split_secrets()).text(f"{type(exc).__name__}: {exc}")[:2000]
+
+
 class OpenEnvServer:
     """The sessions and routes behind :func:`openenv_app`."""
 
@@ -176,6 +184,7 @@ class OpenEnvServer:
         self.description = description or ("A research run of RSIGym-Env: improve a target system on a benchmark "
                                            "with billed tool calls; reward = normalized gain on a held-out split.")
         self.sessions: dict[str, _Session] = {}
+        self._paths = [getattr(make_run, "run_dir", None), getattr(make_run, "ledger_path", None)]
 
     # -- HTTP ------------------------------------------------------------------------------
 
@@ -280,14 +289,14 @@ class OpenEnvServer:
             run = await anyio.to_thread.run_sync(self.make_run, params.seed)
         except Exception as exc:
             log.exception("OpenEnv session: the run could not be built")
-            return _error("FACTORY_ERROR", f"the run could not be built: {exc}",
+            return _error("FACTORY_ERROR", f"the run could not be built: {_failure(exc, *self._paths)}",
                           factory_name=type(self.make_run).__name__)
         session.run, session.seed, session.steps = run, params.seed, 0
         session.episode_id = params.episode_id or uuid.uuid4().hex
         try:
             obs = await anyio.to_thread.run_sync(run.observation)
         except Exception as exc:
-            return _error("EXECUTION_ERROR", f"the run is unavailable: {exc}")
+            return _error("EXECUTION_ERROR", f"the run is unavailable: {_failure(exc, *self._paths)}")
         observation = observation_of(obs)
         session.done, session.budget_left_usd = observation.done, observation.budget_left_usd
         return {"type": "observation", "data": wire_observation(observation)}
@@ -305,7 +314,7 @@ class OpenEnvServer:
         try:
             observation = await anyio.to_thread.run_sync(call)
         except Exception as exc:  # a bad call is an observation; only an unreachable run raises
-            return _error("EXECUTION_ERROR", f"the run is unavailable: {exc}")
+            return _error("EXECUTION_ERROR", f"the run is unavailable: {_failure(exc, *self._paths)}")
         session.steps += 1
         session.done, session.budget_left_usd = observation.done, observation.budget_left_usd
         return {"type": "observation", "data": wire_observation(observation)}

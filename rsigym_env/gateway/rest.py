@@ -232,8 +232,7 @@ def create_app(service: SessionService, *, mounts: Mapping[str, Any] | None = No
     async def run_info(request: Request) -> dict[str, Any]:
         """This run: id, scenario, state, steps, balance, the tools its key allows."""
         run_id = require_run(request)
-        summary = await in_thread(service.run_summary, run_id)
-        summary.pop("seed", None)  # with the seed, a sim run could be replayed offline to read its held-out score
+        summary = await in_thread(service.researcher_summary, run_id)  # no seed, no host path, no secret
         return {**summary, "tools": service.tools(run_id)}
 
     @app.get("/v1/tools", tags=["run"], dependencies=auth)

@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ..platform.audit import read_records, verify_audit
 from ..platform.ledger import NANO
 from ..scenario import Scenario, list_scenarios, load_scenario, scenario_dir
+from ..watch.redact import Redactor, host_paths, split_secrets
 from ..worlds import WORLDS
 from .auth import matches, new_run_id, new_run_key, parse_run_key, secret_hash
 from .backend import ToolReply
@@ -205,6 +206,8 @@ class SessionService:
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.state_dir, 0o700)
         self._admin_hash = secret_hash(admin_token)
+        self.redactor = Redactor(host_paths([self.state_dir]), split_secrets())
+        """What a researcher is never told about its run: seeds, the split's secret, host paths."""
         self.idle_timeout_s = float(idle_timeout_s)
         self.max_active_runs = max_active_runs
         self.max_inflight_per_run = max_inflight_per_run
@@ -324,7 +327,14 @@ class SessionService:
         return [self._summary(e) for e in sorted(entries, key=lambda e: e.meta.created_at)]
 
     def run_summary(self, run_id: str) -> dict[str, Any]:
+        """A run's summary as the admin sees it (with its seed)."""
         return self._summary(self._entry(run_id))
+
+    def researcher_summary(self, run_id: str) -> dict[str, Any]:
+        """A run's summary as its run key sees it: no seed (with it a sim run could be replayed offline to
+        know any candidate's held-out score), no host path or secret in its messages."""
+        entry = self._entry(run_id)
+        return self.redactor.with_numbers([entry.meta.seed]).data(self._summary(entry))
 
     def close_run(self, run_id: str, code: str = "deleted") -> dict[str, Any]:
         """Close a run: settle its running jobs, audit it, close its env. Idempotent."""
@@ -383,8 +393,8 @@ class SessionService:
 
     def _unavailable(self, entry: _Entry) -> tuple[str, str]:
         meta = entry.meta
-        if meta.state == "interrupted":
-            return "run_interrupted", f"this run was interrupted ({meta.code}): {meta.message or ''}".strip()
+        if meta.state == "interrupted":  # the message may hold an exception's text: no host path in it
+            return "run_interrupted", self.redactor.text(f"this run was interrupted ({meta.code}): {meta.message or ''}".strip())
         return "run_closed", f"this run is closed ({meta.code or 'closed'})"
 
     def _use(self, run_id: str, what: Callable[[Any], T], tool: str | None = None) -> T | ToolReply:

@@ -11,11 +11,17 @@ nothing from the network) and keeps pages current through server-sent events:
 * ``GET /sweeps/{key}``, ``GET /sweeps/{key}/episodes/{i}``, ``GET /sweeps/{key}/files/{name}``.
 * ``GET /api/runs``, ``GET /api/runs/{key}``, ``GET /api/sweeps/{key}`` — the same as JSON.
 
+Every route but ``/static/...`` and ``/health`` needs a token (:mod:`.auth`: the admin token sees
+everything; under ``rsigym serve --watch`` a run key sees its own run, redacted; anything else is 401).
+Each route says what it shows (``run``: the run ``{key}``; ``list``: the rows the viewer may see;
+``admin``: sweeps; ``public``), and the app refuses to build with a route that does not.
+
 >>> import httpx, tempfile
 >>> from rsigym_env.serving.asgi import ThreadedASGIServer
->>> with ThreadedASGIServer(create_app([tempfile.mkdtemp()]), name="watch") as server:
-...     httpx.get(server.url + "/api/runs").json()
-{'runs': [], 'sweeps': [], 'generation': 0}
+>>> with ThreadedASGIServer(create_app([tempfile.mkdtemp()], admin_token="rsw_example-token-0123"), name="watch") as server:
+...     httpx.get(server.url + "/api/runs").status_code, httpx.get(server.url + "/api/runs",
+...         headers={"Authorization": "Bearer rsw_example-token-0123"}).json()
+(401, {'runs': [], 'sweeps': [], 'generation': 0})
 """
 
 from __future__ import annotations
@@ -36,12 +42,16 @@ import anyio.to_thread
 import jinja2
 import markupsafe
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from .auth import CSP, Redactor, Viewer, WatchAuth, WatchAuthMiddleware, host_paths, run_seeds, split_secrets, \
+    viewer_of, wants_html
 from .catalog import Catalog, LiveSource
+from .tokens import new_token
 from .model import STALL_AFTER_S, signature
 from .sweeps import FILES, load_sweep, sweep_view
 from .views import run_view
@@ -51,8 +61,8 @@ POLL_S = 0.5
 """How often a live page's stream looks for changes."""
 TIMELINE_MAX = 2000
 """A run page lists at most this many steps (the last ones); the JSON API has them all."""
-CSP = ("default-src 'self'; img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; script-src 'self'; "
-       "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
+ACCESS = ("public", "list", "run", "admin")
+"""What a route shows: nothing of any run, the rows its viewer may see, the run ``{key}``, or sweeps (admin)."""
 
 
 def plotly_js() -> Path | None:
@@ -179,7 +189,8 @@ def templates() -> jinja2.Environment:
 
 def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_after_s: float = STALL_AFTER_S,
                live: LiveSource | None = None, catalog: Catalog | None = None, poll_s: float = POLL_S,
-               title: str = "rsigym watch") -> Starlette:
+               title: str = "rsigym watch", admin_token: str | None = None, auth: WatchAuth | None = None,
+               private_paths: Iterable[str | os.PathLike[str]] = ()) -> Starlette:
     """The watch app over ``roots`` (run directories, sweep directories or folders of them).
 
     Args:
@@ -187,8 +198,18 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
         live: runs of a session service (:class:`~.catalog.ServiceSource`, :class:`~.catalog.URLSource`).
         catalog: use this catalog instead of making one from ``roots``.
         poll_s: how often live pages look for changes.
+        admin_token: the token that sees everything (default: a new random one, ``app.state.admin_token``).
+        auth: who may see what (:class:`~.auth.WatchAuth`; e.g. ``WatchAuth.for_service(service)``);
+            default: ``admin_token`` alone.
+        private_paths: more host paths never shown to a run key (besides the roots, ``$RSIGYM_HOME``,
+            the home and working directories).
     """
     catalog = catalog or Catalog(list(roots), stall_after_s=stall_after_s, live=live)
+    if auth is None:
+        admin_token = admin_token or new_token("rsw_")
+        auth = WatchAuth(admin_token)
+    hidden = [*catalog.roots, *private_paths, *getattr(auth, "private_paths", ())]
+    redactor = Redactor(host_paths(hidden), split_secrets())
     env = templates()
     plotly = plotly_js()
     state: dict[str, Any] = {"stop": False}
@@ -204,8 +225,10 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
 
     rendered: dict[tuple[str, str], tuple[dict[str, Any], str]] = {}
 
-    def row_html(row: dict[str, Any], base: str) -> str:
+    def row_html(row: dict[str, Any], base: str, viewer: Viewer) -> str:
         """A list row's HTML, rendered again only when the catalog has a new row object for it."""
+        if not viewer.admin:
+            return render_row(row, base)  # a redacted copy: not cached
         cached = rendered.get((row["key"], base))
         if cached is not None and cached[0] is row:
             return cached[1]
@@ -218,26 +241,84 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
     async def thread(fn: Any, *args: Any) -> Any:
         return await anyio.to_thread.run_sync(fn, *args)
 
+    # ---------------------------------------------------------------- who sees what
+
+    def scrubber(viewer: Viewer) -> Redactor:
+        """The redactor of a run key's views: host paths, secrets and its run's seeds."""
+        return redactor.with_numbers(run_seeds(viewer.run_dir))
+
+    def own_row(row: dict[str, Any], viewer: Viewer) -> dict[str, Any]:
+        return scrubber(viewer).data({k: v for k, v in row.items() if k != "path"})
+
+    def visible_rows(viewer: Viewer, since: int | None = None) -> list[dict[str, Any]]:
+        """The list rows ``viewer`` may see (a run key: its own run's alone, redacted)."""
+        rows = catalog.rows(since)
+        if viewer.admin:
+            return rows
+        mine = [r for r in rows if r["key"] == viewer.run_id]
+        if not mine or not viewer.may_see(catalog.entry(viewer.run_id or "")):
+            return []
+        return [own_row(r, viewer) for r in mine]
+
+    def visible_keys(viewer: Viewer) -> set[str]:
+        keys = catalog.keys()
+        if viewer.admin:
+            return keys
+        return {k for k in keys if k == viewer.run_id and viewer.may_see(catalog.entry(k))}
+
+    def refused(request: Request, status: int, what: str, message: str) -> Response:
+        if wants_html(request):
+            return page(request, "missing.html", status, what=what)
+        return JSONResponse({"ok": False, "error": "not_found" if status == 404 else "forbidden", "message": message},
+                            status_code=status)
+
+    def access(kind: str) -> Any:
+        """The route's guard: ``run`` routes show the run ``{key}`` only to a viewer who may see it
+        (another run is not found: 404), ``admin`` routes only to the admin (403)."""
+        assert kind in ACCESS
+
+        def wrap(fn: Any) -> Any:
+            async def endpoint(request: Request) -> Response:
+                viewer = viewer_of(request) if kind != "public" else None
+                if kind == "admin" and not viewer.admin:  # type: ignore[union-attr]
+                    return refused(request, 403, "sweep for this key (a run key opens its own run only)",
+                                   "sweeps need the dashboard's admin token (a run key opens its own run only)")
+                if kind == "run" and not viewer.admin:  # type: ignore[union-attr]
+                    key = request.path_params["key"]
+                    if not viewer.may_see(await thread(catalog.entry, key)):  # type: ignore[union-attr]
+                        return refused(request, 404, f"run {key!r} for this key",
+                                       f"no run {key!r} for this key (a run key opens its own run only)")
+                return await fn(request, viewer)
+
+            endpoint.__name__ = fn.__name__
+            endpoint.access = kind  # type: ignore[attr-defined]
+            return endpoint
+        return wrap
+
     # ---------------------------------------------------------------- the list
 
-    def _index(base: str) -> dict[str, Any]:
-        rows = catalog.rows()
-        return {"rows_html": markupsafe.Markup("".join(row_html(r, base) for r in rows)), "n_rows": len(rows),
+    def _index(base: str, viewer: Viewer) -> dict[str, Any]:
+        rows = visible_rows(viewer)
+        return {"rows_html": markupsafe.Markup("".join(row_html(r, base, viewer) for r in rows)), "n_rows": len(rows),
                 "scenarios": sorted({str(r["scenario"]) for r in rows}),
-                "researchers": sorted({str(r["researcher"]) for r in rows}), "sweeps": catalog.sweeps(),
-                "generation": catalog.generation}
+                "researchers": sorted({str(r["researcher"]) for r in rows}),
+                "sweeps": catalog.sweeps() if viewer.admin else [], "generation": catalog.generation}
 
-    async def index(request: Request) -> Response:
-        context = await thread(_index, request.scope.get("root_path", "").rstrip("/"))
-        live_error = getattr(catalog.live, "error", None) if catalog.live is not None else None
-        return page(request, "runs.html", roots=[str(r) for r in catalog.roots], live_error=live_error, **context)
+    @access("list")
+    async def index(request: Request, viewer: Viewer) -> Response:
+        context = await thread(_index, request.scope.get("root_path", "").rstrip("/"), viewer)
+        live_error = getattr(catalog.live, "error", None) if catalog.live is not None and viewer.admin else None
+        roots = [str(r) for r in catalog.roots] if viewer.admin else []
+        return page(request, "runs.html", roots=roots, live_error=live_error, admin=viewer.admin, **context)
 
-    async def api_runs(request: Request) -> Response:
-        rows = await thread(catalog.rows)
-        return JSONResponse({"runs": _nan_free(rows), "sweeps": await thread(catalog.sweeps),
+    @access("list")
+    async def api_runs(request: Request, viewer: Viewer) -> Response:
+        rows = await thread(visible_rows, viewer)
+        return JSONResponse({"runs": _nan_free(rows), "sweeps": await thread(catalog.sweeps) if viewer.admin else [],
                              "generation": catalog.generation})
 
-    async def list_events(request: Request) -> Response:
+    @access("list")
+    async def list_events(request: Request, viewer: Viewer) -> Response:
         from sse_starlette import EventSourceResponse
 
         try:
@@ -252,10 +333,10 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
             while not state["stop"]:
                 generation = await thread(catalog.refresh)
                 if generation != since:
-                    rows = await thread(catalog.rows, since)
-                    now_keys = catalog.keys()
+                    rows = await thread(visible_rows, viewer, since)
+                    now_keys = await thread(visible_keys, viewer)
                     payload: dict[str, Any] = {"gen": generation,
-                                               "rows": {r["key"]: row_html(r, base) for r in rows}}
+                                               "rows": {r["key"]: row_html(r, base, viewer) for r in rows}}
                     if keys is not None and now_keys != keys or keys is None:
                         payload["keys"] = sorted(now_keys)
                     keys = now_keys
@@ -267,13 +348,18 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
 
     # ---------------------------------------------------------------- a run
 
-    def _view(key: str) -> dict[str, Any] | None:
+    def _view(key: str, viewer: Viewer) -> dict[str, Any] | None:
         entry = catalog.entry(key)
-        if entry is None or entry.path is None:
+        if entry is None or entry.path is None or not viewer.may_see(entry):
             return None
         reader = catalog.reader(key)
         assert reader is not None
-        return run_view(entry.path, reader, catalog.stall_after_s, key=key, live=catalog.live_run(key))
+        view = run_view(entry.path, reader, catalog.stall_after_s, key=key, live=catalog.live_run(key))
+        if viewer.admin:
+            return view
+        view = {k: v for k, v in view.items() if k != "path"}
+        view["row"] = {k: v for k, v in view["row"].items() if k != "path"}
+        return scrubber(viewer).data(view)
 
     def _parts(view: dict[str, Any], base: str, after: int) -> dict[str, Any]:
         steps = [s for s in view["steps"] if s["step"] > after]
@@ -286,26 +372,33 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
             "charts": _nan_free(view["charts"]),
         }
 
-    async def run_page(request: Request) -> Response:
+    def _live_run(key: str, viewer: Viewer) -> dict[str, Any] | None:
+        run = catalog.live_run(key)
+        return run if viewer.admin or run is None else scrubber(viewer).data(run)
+
+    @access("run")
+    async def run_page(request: Request, viewer: Viewer) -> Response:
         key = request.path_params["key"]
         entry = await thread(catalog.entry, key)
         if entry is not None and entry.kind == "live":
-            return page(request, "live.html", key=key, run=await thread(catalog.live_run, key))
-        view = await thread(_view, key)
+            return page(request, "live.html", key=key, run=await thread(_live_run, key, viewer))
+        view = await thread(_view, key, viewer)
         if view is None:
             return not_found(request, f"run {key!r}")
         shown = view["steps"][-TIMELINE_MAX:]
         return page(request, "run.html", v=view, shown=shown, hidden=len(view["steps"]) - len(shown))
 
-    async def api_run(request: Request) -> Response:
-        view = await thread(_view, request.path_params["key"])
+    @access("run")
+    async def api_run(request: Request, viewer: Viewer) -> Response:
+        view = await thread(_view, request.path_params["key"], viewer)
         if view is None:
             return JSONResponse({"error": "unknown_run"}, status_code=404)
         return JSONResponse(_nan_free({k: v for k, v in view.items() if k != "versions"}
                                       | {"versions": [{k: x for k, x in v.items() if k != "files"}
                                                       for v in view["versions"]]}))
 
-    async def run_events(request: Request) -> Response:
+    @access("run")
+    async def run_events(request: Request, viewer: Viewer) -> Response:
         from sse_starlette import EventSourceResponse
 
         key = request.path_params["key"]
@@ -327,7 +420,7 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
                 row = await thread(catalog.row, key)
                 mark = (sig, (row or {}).get("status"), (row or {}).get("status_note"))
                 if mark != seen:
-                    view = await thread(_view, key)
+                    view = await thread(_view, key, viewer)
                     if view is None:
                         return
                     if seen is not None or view["n_steps"] != after:
@@ -339,7 +432,8 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
 
         return EventSourceResponse(stream(), ping=15, send_timeout=30)
 
-    async def observation(request: Request) -> Response:
+    @access("run")
+    async def observation(request: Request, viewer: Viewer) -> Response:
         key, n = request.path_params["key"], request.path_params["n"]
         reader = await thread(catalog.reader, key)
         if reader is None:
@@ -351,19 +445,23 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
             if step is None:
                 return PlainTextResponse(f"no step {n}", status_code=404)
             text = _rendered(step)
-        return PlainTextResponse(text)
+        return PlainTextResponse(text if viewer.admin else scrubber(viewer).text(text))
 
-    async def harness_diff(request: Request) -> Response:
+    @access("run")
+    async def harness_diff(request: Request, viewer: Viewer) -> Response:
         reader = await thread(catalog.reader, request.path_params["key"])
         if reader is None:
             return PlainTextResponse("no such run", status_code=404)
         st = await thread(reader.state)
         a, b = request.query_params.get("a", ""), request.query_params.get("b", "")
         diff = st.harness_diff(a, b)
+        if diff is not None and not viewer.admin:
+            diff = scrubber(viewer).data(diff)
         html = env.get_template("_diff.html").render(diff=diff, a=a, b=b)
         return HTMLResponse(html, status_code=200 if diff is not None else 404)
 
-    async def trajectory(request: Request) -> Response:
+    @access("run")
+    async def trajectory(request: Request, viewer: Viewer) -> Response:
         entry = await thread(catalog.entry, request.path_params["key"])
         if entry is None or entry.path is None:
             return JSONResponse({"error": "unknown_run"}, status_code=404)
@@ -374,11 +472,15 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
         except ImportError as exc:
             return JSONResponse({"error": "unavailable", "message": f"the ATIF export needs harbor: {exc}"}, 501)
         except (ValueError, OSError) as exc:
-            return JSONResponse({"error": "no_trajectory", "message": str(exc)}, status_code=404)
-        return Response(json.dumps(t.to_json_dict(), indent=1, ensure_ascii=False), media_type="application/json",
+            message = str(exc) if viewer.admin else scrubber(viewer).text(str(exc))
+            return JSONResponse({"error": "no_trajectory", "message": message}, status_code=404)
+        data = t.to_json_dict()
+        if not viewer.admin:
+            data = scrubber(viewer).data(data)
+        return Response(json.dumps(data, indent=1, ensure_ascii=False), media_type="application/json",
                         headers={"Content-Disposition": f'attachment; filename="{entry.key}.atif.json"'})
 
-    # ---------------------------------------------------------------- sweeps
+    # ---------------------------------------------------------------- sweeps (the admin's alone)
 
     def _sweep(key: str) -> tuple[Any, dict[str, Any]] | None:
         entry = catalog.entry(key)
@@ -387,7 +489,8 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
         data = load_sweep(entry.path)
         return entry, sweep_view(data)
 
-    async def sweep_page(request: Request) -> Response:
+    @access("admin")
+    async def sweep_page(request: Request, viewer: Viewer) -> Response:
         found = await thread(_sweep, request.path_params["key"])
         if found is None:
             return not_found(request, f"sweep {request.path_params['key']!r}")
@@ -396,7 +499,8 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
         runs = catalog.keys()
         return page(request, "sweep.html", s=view, key=entry.key, path=str(entry.path), files=files, runs=runs)
 
-    async def episode_page(request: Request) -> Response:
+    @access("admin")
+    async def episode_page(request: Request, viewer: Viewer) -> Response:
         found = await thread(_sweep, request.path_params["key"])
         i = request.path_params["i"]
         if found is None or not 0 <= i < len(found[1]["episodes"]):
@@ -408,13 +512,15 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
         return page(request, "episode.html", key=entry.key, i=i, e=episode, n=len(view["episodes"]),
                     run_key=run_key if run_key in catalog.keys() else None)
 
-    async def api_sweep(request: Request) -> Response:
+    @access("admin")
+    async def api_sweep(request: Request, viewer: Viewer) -> Response:
         found = await thread(_sweep, request.path_params["key"])
         if found is None:
             return JSONResponse({"error": "unknown_sweep"}, status_code=404)
         return JSONResponse(_nan_free({k: v for k, v in found[1].items() if k != "aggregates"}))
 
-    async def sweep_file(request: Request) -> Response:
+    @access("admin")
+    async def sweep_file(request: Request, viewer: Viewer) -> Response:
         entry = await thread(catalog.entry, request.path_params["key"])
         name = request.path_params["name"]
         if entry is None or entry.kind != "sweep" or entry.path is None or name not in FILES:
@@ -424,15 +530,17 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
             return PlainTextResponse("not found", status_code=404)
         return FileResponse(path)
 
-    # ---------------------------------------------------------------- static
+    # ---------------------------------------------------------------- static (public: no run data)
 
-    async def plotly_file(request: Request) -> Response:
+    @access("public")
+    async def plotly_file(request: Request, viewer: None) -> Response:
         if plotly is None:
             return PlainTextResponse("// plotly is not installed: pip install plotly", media_type="text/javascript",
                                      status_code=404)
         return FileResponse(plotly, media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
 
-    async def health(request: Request) -> Response:
+    @access("public")
+    async def health(request: Request, viewer: None) -> Response:
         return JSONResponse({"ok": True})
 
     from contextlib import asynccontextmanager
@@ -453,8 +561,17 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
         Route("/static/plotly.min.js", plotly_file), Route("/health", health),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    for route in routes:  # every route says what it shows; a new one without a guard is a bug, caught here
+        if isinstance(route, Route):
+            kind = getattr(route.endpoint, "access", None)
+            assert kind in ACCESS, f"route {route.path} has no access rule"
+            assert (kind == "public") == (route.path in ("/health", "/static/plotly.min.js")), route.path
+            assert kind != "run" or "{key}" in route.path, route.path
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    middleware=[Middleware(WatchAuthMiddleware, auth=auth, redactor=redactor)])
     app.state.catalog = catalog
+    app.state.auth = auth
+    app.state.admin_token = admin_token
     return app
 
 

@@ -43,8 +43,11 @@ def test_rsigym_serve_speaks_rest_and_mcp_with_the_same_run_key(tmp_path: Path):
         assert refused.is_error and refused.structured_content["error"] == "invalid_args"
         jobs = httpx.get(f"{url}/v1/jobs", headers={"Authorization": f"Bearer {key}"}, timeout=30).json()
         assert "job-1" in str(jobs)  # the job MCP started is the REST view's job: one run behind both
-        page = httpx.get(f"{url}/watch/", timeout=30)  # the live dashboard of the same runs (--watch)
-        assert page.status_code == 200 and created["run_id"][:8] in page.text
+        page = httpx.get(f"{url}/watch/", timeout=30, headers={"Authorization": f"Bearer {ADMIN}"})
+        assert page.status_code == 200 and created["run_id"][:8] in page.text  # the live dashboard (--watch)
+        assert httpx.get(f"{url}/watch/", timeout=30).status_code == 401  # which needs a token
+        own = httpx.get(f"{url}/watch/api/runs", timeout=30, headers={"Authorization": f"Bearer {key}"}).json()
+        assert [r["key"] for r in own["runs"]] == [created["run_id"]] and "seed" not in own["runs"][0]
         with pytest.raises(Exception):  # noqa: B017 (the MCP client's own error for a refused key)
             anyio.run(lambda: _list_with(url, "wrong-key"))
     finally:

@@ -1,6 +1,8 @@
 """``rsigym watch`` in a real browser: headless Chromium driven by Selenium through ``/usr/bin/chromedriver``.
 
-The pages are checked as a person sees them: the runs list sorts and filters, a finished
+The pages are checked as a person sees them: the browser signs in the way a user does (it opens the
+URL ``rsigym watch`` prints, ``/?token=...``, once; the dashboard sets its cookie and drops the token
+from the address bar; without it every page is a 401), the runs list sorts and filters, a finished
 local-world run's page draws its charts (plotly SVG traces present), a sweep's page draws its
 heatmap and anytime curves, and a live run's page gains steps while the test watches, then shows
 the run as stalled and finished, all without reloading. The browser's console must stay free of
@@ -39,6 +41,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1400,1000"]
 STALL_S = 3.0
 TINY = "rsigym-watch-test-tiny"
+TOKEN = "rsw_browser-test-dashboard-token-8e2f"
 
 selenium = pytest.importorskip("selenium", reason="selenium is not installed (pip install selenium: the dev extra)")
 pytestmark = pytest.mark.skipif(
@@ -104,8 +107,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     result = sweep(make_grid(["random", "scripted"], ["aime", "terminal-bench-2", "skillsbench"], 2), local=True)
     result.save(root / "sweep-small" / "results.json")
     write_report(result.to_dict(), root / "sweep-small")
-    with ThreadedASGIServer(create_app([root], stall_after_s=STALL_S, poll_s=0.2), name="watch-browser",
-                            graceful_s=0.5) as server:
+    with ThreadedASGIServer(create_app([root], stall_after_s=STALL_S, poll_s=0.2, admin_token=TOKEN),
+                            name="watch-browser", graceful_s=0.5) as server:
         yield {"root": root, "url": server.url}
 
 
@@ -119,7 +122,8 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+def browser(site: dict[str, Any]) -> Iterator[Any]:
+    """Headless Chromium, signed in to the dashboard as a user is: the token URL opened once."""
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in FLAGS:
@@ -130,10 +134,17 @@ def browser() -> Iterator[Any]:
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(30)
     try:
+        sign_in(driver, site["url"])
         yield driver
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def sign_in(driver: Any, url: str) -> None:
+    """Open the URL ``rsigym watch`` prints (``/?token=...``): the dashboard sets its cookie and redirects."""
+    driver.get(f"{url}/?token={TOKEN}")
+    assert driver.current_url == f"{url}/", driver.current_url  # the token is gone from the address bar
 
 
 def wait(driver: Any, condition: Callable[[Any], Any], timeout_s: float = 15.0, what: str = "") -> Any:
@@ -166,6 +177,24 @@ def charts_drawn(driver: Any, ids: list[str]) -> bool:
 
 def rows(driver: Any) -> list[Any]:
     return [r for r in driver.find_elements(By.CSS_SELECTOR, "#runs tbody tr") if r.is_displayed()]
+
+
+def test_without_its_token_the_dashboard_shows_nothing_and_the_token_url_signs_in(site: dict[str, Any], browser: Any):
+    browser.delete_all_cookies()
+    try:
+        browser.get(site["url"] + "/runs/sim-aime-random")
+        body = browser.find_element(By.TAG_NAME, "body").text
+        assert "401" in body and "token" in body and "sim-aime-random" not in body and str(site["root"]) not in body
+        browser.get_log("browser")  # the 401 itself is logged as a failed load: not an error of the pages
+        browser.get(site["url"] + f"/runs/sim-aime-random?token={TOKEN}")
+        assert browser.current_url == site["url"] + "/runs/sim-aime-random"
+        wait(browser, lambda d: text_of(d, "run-status") == "finished", what="the run's page, signed in")
+        assert "rsigym-watch" not in browser.execute_script("return document.cookie")  # HttpOnly: no script reads it
+        wait(browser, lambda d: "live" in d.find_element(By.ID, "live").get_attribute("class"),
+             what="the live stream (EventSource), authorized by the cookie")
+        no_console_errors(browser)
+    finally:
+        sign_in(browser, site["url"])
 
 
 def test_the_runs_list_sorts_and_filters(site: dict[str, Any], browser: Any, shots: list[Path]):
