@@ -23,13 +23,22 @@ rest released when a file ledger is next opened, or by :meth:`Ledger.recover`; e
 is audited (``op: "recover"``, ``reason: "owner_gone"``). Owners on other hosts (or in another pid
 namespace, whose processes this one cannot see) are left alone and reported.
 
-**fork.** A connection is never shared across ``fork()``. Before a fork every ledger's lock is taken
-(so no transaction is half done), and in the child the lock is new and the inherited connection is
-closed - it was idle, so closing it only drops the child's copy (the parent's locks on the file
-stay) - and a fresh one is opened at the child's first call; an inherited connection whose state is
-not known (a fork that skipped Python's at-fork handlers) is never used or closed, only kept
-referenced forever. An in-memory ledger in a child is the child's private copy: spending there
-never reaches the parent.
+**fork.** A connection is never shared across ``fork()``. The protection tracks the connections, not
+the ledgers: every connection to a file is registered when it opens and leaves when it closes, because a
+``Ledger`` dropped without ``close()`` is freed at once while its connection lives on in a reference
+cycle until the garbage collector runs. Before a fork every ledger's lock is taken (so no transaction is
+half done). In the child every registered connection is the parent's: an idle one - its ledger's lock
+was held by the fork, or its ledger is gone and no transaction is open - is closed at once, before the
+child opens one of its own. That drops only the child's copy (the parent's locks on the file stay), and
+it must be done: SQLite keeps one lock state per file and process, so with the parent's connection kept
+open the child's own would take no file locks and the parent, closing its last connection, would
+checkpoint and delete the WAL under them. A connection whose state is not known (its ledger's lock was
+busy past ``FORK_WAIT_S``) is never used or closed, only kept referenced forever; and a connection
+opened by another process is never closed or finalised here (``close()`` and the garbage collector keep
+it). The child's ledgers open fresh connections at their first call. A fork that skipped Python's
+at-fork handlers (libc's ``fork()`` called directly) is noticed by the pid at the child's first call,
+which does the same, a ledger whose lock is free counting as idle. An in-memory ledger in a child is
+the child's private copy: spending there never reaches the parent.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ..errors import ActionError, InsufficientBudget
 from ..owners import Owner, OwnerStatus, current_owner, owner_status
@@ -273,10 +282,47 @@ def _label(label: Any, audit: dict[str, Any] | None) -> str | None:
 
 # --- fork -------------------------------------------------------------------------------------------
 
+
+_CONNECTIONS: "weakref.WeakSet[_Connection]" = weakref.WeakSet()
+"""Every connection to a ledger file this process opened (or inherited) and has not closed."""
+
+
+class _Connection(sqlite3.Connection):
+    """A connection to a ledger file, in :data:`_CONNECTIONS` while it is open. Only the process that
+    opened it closes or finalises it: in another (a forked child) ``close()`` keeps it open for good
+    (:func:`_abandon`) and so does the garbage collector, leaving it registered for the child to disown."""
+
+    _pid: int | None = None  # the process that opened it (None until registered)
+    # bound here, not looked up as module globals: __del__ may run at interpreter exit
+    _getpid = staticmethod(os.getpid)
+    _incref = staticmethod(ctypes.pythonapi.Py_IncRef)
+    _py_object = staticmethod(ctypes.py_object)
+    _registry = _CONNECTIONS
+    _kept: "list[_Connection]" = []
+
+    def close(self) -> None:
+        if self._pid not in (None, os.getpid()):
+            _abandon(self)
+            return
+        _CONNECTIONS.discard(self)
+        super().close()
+
+    def __del__(self) -> None:
+        if self._pid not in (None, self._getpid()):  # resurrected: never finalised by a child
+            self._kept.append(self)
+            self._incref(self._py_object(self))
+            self._registry.add(self)  # the collector may have dropped it (a fork that skipped the handlers)
+            return
+        finalize = getattr(super(), "__del__", None)  # sqlite3.Connection has one from Python 3.12 on
+        if finalize is not None:
+            finalize()
+
+
 _LEDGERS: "weakref.WeakSet[Ledger]" = weakref.WeakSet()
 _FORK_HELD: list["Ledger"] = []  # ledgers whose lock the fork in progress holds
 _FORK_SERIAL = threading.Lock()  # one fork at a time takes the ledgers' locks
 _ABANDONED: list[Any] = []
+_PID = os.getpid()  # the process the registry belongs to
 
 
 def _before_fork() -> None:
@@ -293,12 +339,33 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _FORK_SERIAL
     held = {id(ledger) for ledger in _FORK_HELD}
     _FORK_HELD.clear()
+    _disown_all(lambda ledger: id(ledger) in held)
+
+
+def _after_unannounced_fork() -> None:
+    """The first call in a child whose fork skipped the at-fork handlers: what they would have done,
+    a ledger whose lock is free counting as idle (no statement of it was running)."""
+    if _PID != os.getpid():
+        _disown_all(lambda ledger: ledger._lock.acquire(blocking=False))
+
+
+def _disown_all(idle: Callable[["Ledger"], bool]) -> None:
+    """In a child, before it opens a connection of its own: disown every connection of the parent,
+    each live ledger's (idle if ``idle(ledger)``), then those of ledgers that are gone."""
+    global _PID, _FORK_SERIAL
+    _PID = os.getpid()
     _FORK_SERIAL = threading.Lock()
     for ledger in list(_LEDGERS):
-        ledger._forked(idle=id(ledger) in held)
+        if ledger._pid != _PID:
+            ledger._forked(idle=idle(ledger))
+    for conn in list(_CONNECTIONS):  # its ledger was dropped without close(): nothing is running on it
+        try:
+            quiet = not conn.in_transaction
+        except sqlite3.Error:
+            quiet = False
+        _disown(conn, idle=quiet)
 
 
 if hasattr(os, "register_at_fork"):
@@ -306,10 +373,28 @@ if hasattr(os, "register_at_fork"):
                         after_in_child=_after_fork_in_child)
 
 
+def _disown(conn: Any, *cursors: Any, idle: bool) -> None:
+    """A parent's connection in a child: closed now if ``idle`` (only the child's copy: the parent's
+    file locks stay), else kept open for good; either way it leaves the registry."""
+    _CONNECTIONS.discard(conn)
+    if idle:
+        try:
+            for cur in cursors:
+                cur.close()
+            conn._pid = os.getpid()  # adopted, to be closed here
+            conn.close()
+            return
+        except Exception:
+            pass
+    _abandon(conn, *cursors)
+
+
 def _abandon(*objects: Any) -> None:
     """Keep SQLite objects inherited in a state we cannot know alive for good: never used, closed or
     finalised (not even at interpreter exit, which would close the connection)."""
     for obj in objects:
+        if isinstance(obj, _Connection):
+            _CONNECTIONS.discard(obj)
         _ABANDONED.append(obj)
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
 
@@ -407,9 +492,13 @@ class Ledger:
         self._next_rid: int | None = None  # the last reservation id handed out (AUTOINCREMENT's)
         self._rid_flushed = 0
         self.recovery = Recovery()
-        self._connect(create=True)
-        _LEDGERS.add(self)
+        if self.path is not None:
+            _after_unannounced_fork()  # the parent's connections go before this process opens its own
+        with _FORK_SERIAL:  # not while a fork walks the set
+            _LEDGERS.add(self)
         try:
+            with self._lock:  # a fork waits until the new connection is set up
+                self._connect(create=True)
             self._prepare()
         except BaseException:
             self.close()
@@ -441,7 +530,7 @@ class Ledger:
         self._columns = {name for name, _ in _RESERVATION_COLUMNS}
 
     def _connect(self, *, create: bool) -> None:
-        """Open this process's connection (``create=False``: the file must still exist)."""
+        """Open this process's connection (``create=False``: the file must still exist), lock held."""
         if self.path is None:
             conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         else:
@@ -449,10 +538,16 @@ class Ledger:
             uri = f"file:{urllib.parse.quote(os.path.abspath(self.path))}?mode={mode}"
             # timeout= is SQLite's busy_timeout: a writer waits this long for another's BEGIN IMMEDIATE.
             conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None,
-                                   check_same_thread=False)
-            if not self.readonly:
-                conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute("PRAGMA synchronous = NORMAL")
+                                   check_same_thread=False, factory=_Connection)
+            conn._pid = os.getpid()
+            _CONNECTIONS.add(conn)
+            try:
+                if not self.readonly:
+                    conn.execute("PRAGMA journal_mode = WAL")
+                    conn.execute("PRAGMA synchronous = NORMAL")
+            except BaseException:
+                conn.close()
+                raise
         self._conn, self._cur = conn, conn.cursor()
 
     def _forked(self, *, idle: bool) -> None:
@@ -466,20 +561,19 @@ class Ledger:
             return  # in memory: the child's private copy of the database, used as it is
         conn, cur = self._conn, self._cur
         self._conn = self._cur = None  # a fresh connection at the first call
-        if idle:
-            try:
-                cur.close()
-                conn.close()
-                return
-            except Exception:
-                pass
-        _abandon(conn, cur)
+        _disown(conn, cur, idle=idle)
+
+    def _unannounced_fork(self) -> None:
+        """This process is a child whose fork skipped the at-fork handlers (see the module doc)."""
+        _after_unannounced_fork()
+        if self._pid != os.getpid():  # made while another thread disowned the parent's ledgers
+            self._forked(idle=False)
 
     def _live(self) -> None:
         """At the start of every call: adopt a fork that skipped the at-fork handlers, and reconnect
         after a fork. Costs one ``getpid`` when nothing happened."""
         if self._pid != os.getpid():
-            self._forked(idle=False)
+            self._unannounced_fork()
         if self._cur is None:
             with self._lock:
                 if self._closed:
@@ -911,7 +1005,7 @@ class Ledger:
     def close(self) -> None:
         """Close the database connection (idempotent). In a forked child it never closes the parent's."""
         if self._pid != os.getpid():
-            self._forked(idle=False)
+            self._unannounced_fork()
         with self._lock:
             if not self._closed:
                 self._closed = True

@@ -12,6 +12,7 @@ deletes the WAL under the workers and their later charges vanish (round ``parent
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import random
@@ -182,7 +183,7 @@ RAW_FORK = textwrap.dedent('''
                 except InsufficientBudget:
                     continue
                 charged += round(ledger.settle(res, rng.uniform(0, 0.01), audit=audit) * 1e9)
-            ledger.close()  # never closes the inherited connection
+            ledger.close()  # closes the child's own connection; the inherited one went at the first call
             os.write(1, f"{charged}\\n".encode())
             os._exit(0)
         children.append(pid)
@@ -194,8 +195,9 @@ RAW_FORK = textwrap.dedent('''
 
 
 def test_a_fork_that_skips_the_at_fork_handlers_still_gets_its_own_connection(tmp_path: Path) -> None:
-    """libc's fork() called directly: the ledger notices the new pid, leaves the inherited connection
-    alone (never used or closed) and opens its own."""
+    """libc's fork() called directly: the ledger notices the new pid at the child's first call, disowns
+    the inherited connection (closed in the child only: its lock was free, so nothing ran on it) and
+    opens its own."""
     path = tmp_path / "ledger.db"
     proc = subprocess.run([sys.executable, "-c", RAW_FORK, str(path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -209,3 +211,163 @@ def test_a_fork_that_skips_the_at_fork_handlers_still_gets_its_own_connection(tm
         assert nano(led.balance("run").spent_usd) == charged + nano(0.3)
         assert led.balance("run").reserved_usd == 0.0 and led.books().ok
     assert verify_audit(path).ok
+
+
+# --- a Ledger dropped without close() (issue 25, class 6) -------------------------------------------
+# ``Ledger(p).open_account(...)`` and no close(): the Ledger is freed at once, but its connection lives on
+# in a reference cycle until the garbage collector runs - in the parent, and in every forked child. The
+# workers then spend on their own ``Ledger(p)``; each forces a collection mid-run (where the inherited
+# connection would be finalised), and so does the parent (its last connection to the file closes while
+# they spend). Before the fix the children's own connections took no file locks (SQLite shared the lock
+# state of the inherited one), so the parent's close checkpointed and deleted the WAL under them: charges
+# they had been told of vanished and reservations stayed open (each test below failed in 4 or 5 runs of
+# 5; the issue also saw a malformed file and $108.58 spent of $60). Keeping the inherited connection open
+# in the child is worse: nearly every charge vanished, 6 runs of 6.
+
+DROPPED = textwrap.dedent('''
+    import ctypes, gc, multiprocessing, os, random, sys, time, traceback
+    from rsigym_env.errors import InsufficientBudget
+    from rsigym_env.platform.ledger import Ledger
+    how, variant, folder, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    AUDIT = {"tool": "infer", "decision": "allowed"}
+    WORKERS, BUDGET = 4, 60.0
+    gc.disable()  # the dropped ledgers' connections wait for the collections this script forces
+
+    def spend(paths, go, out, early):
+        os.read(go, 1)  # the workers start together
+        if early:  # also before the first call (libc_fork, odd rounds): the finaliser must keep it open
+            gc.collect()
+        ledgers = [Ledger(p) for p in paths]
+        rng, charged, refused, n = random.Random(os.getpid()), [0] * len(paths), [0] * len(paths), 0
+        while live := [i for i, k in enumerate(refused) if k < 4]:  # until the budgets, not the tries, stop them
+            i = rng.choice(live)
+            try:
+                res = ledgers[i].reserve("run", rng.uniform(0.2, 2.0), audit=AUDIT)
+            except InsufficientBudget:
+                refused[i] += 1
+                continue
+            n += 1
+            if n in (1, 5):
+                gc.collect()  # finalises whatever of the parent's is garbage here
+            charged[i] += round(ledgers[i].settle(res, res.usd * rng.uniform(0.3, 1.3), audit=AUDIT) * 1e9)
+        for led in ledgers:
+            led.close()
+        gc.collect()
+        os.write(out, ("charged " + " ".join(map(str, charged)) + "\\n").encode())
+
+    def child(paths, go, out, early):
+        code = 1
+        try:
+            spend(paths, go, out, early)
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+
+    for r in range(rounds):
+        paths = [os.path.join(folder, f"r{r}-{i}.db") for i in range(2 if variant == "two_files_one_hold" else 1)]
+        for p in paths:
+            Ledger(p).open_account("run", BUDGET)  # dropped at once, never closed
+        hold = None
+        if variant == "two_files_one_hold":
+            led = Ledger(paths[1])
+            hold = led.reserve("run", 10.0, audit=AUDIT)  # in flight on a dropped ledger
+            del led
+        go_r, go_w = os.pipe()
+        out_r, out_w = os.pipe()
+        pids, procs, early = [], [], how == "libc_fork" and r % 2 == 1
+        for _ in range(WORKERS):
+            if how == "multiprocessing":
+                proc = multiprocessing.get_context("fork").Process(target=child, args=(paths, go_r, out_w, early))
+                proc.start()
+                procs.append(proc)
+                continue
+            # libc's fork() keeping the GIL skips Python's at-fork handlers; os.fork() runs them
+            pid = os.fork() if how == "os.fork" else ctypes.PyDLL(None).fork()
+            if pid == 0:
+                child(paths, go_r, out_w, early)
+            pids.append(pid)
+        os.close(out_w)
+        os.write(go_w, b"x" * WORKERS)
+        time.sleep(0.01)
+        gc.collect()  # the parent's copies close while the workers spend
+        if hold is not None:
+            with Ledger(paths[1]) as led:
+                print("charged 0", round(led.settle(hold, 7.5, audit=AUDIT) * 1e9))
+        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+        for proc in procs:
+            proc.join()
+            codes.append(proc.exitcode)
+        with os.fdopen(out_r) as f:
+            print(f.read(), end="")
+        print("round", r, "codes", *codes, flush=True)
+        os.close(go_r)
+        os.close(go_w)
+''')
+
+DROPPED_BUDGET = 60.0
+
+
+def _check_dropped_round(paths: list[Path], told: list[int], slack: list[float]) -> None:
+    for path, charged, freed in zip(paths, told, slack):
+        conn = sqlite3.connect(path)
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",), path
+        conn.close()
+        report = verify_audit(path)
+        assert report.ok, str(report)
+        with Ledger(path) as led:
+            assert led.recovery.settled == () and led.open_reservations() == []
+            bal, books = led.balance("run"), led.books()
+        assert nano(bal.spent_usd) == charged, f"{path.name}: spent ${bal.spent_usd} but charges of ${charged / NANO} were told"
+        assert charged <= nano(DROPPED_BUDGET) and bal.available_usd >= 0 and bal.reserved_usd == 0.0
+        assert books.ok, books.problems
+        assert bal.available_usd < 8.0 + freed  # the workers ran the budget down (``freed``: released after)
+
+
+def _run_dropped(tmp_path: Path, how: str, variant: str, rounds: int) -> None:
+    proc = subprocess.run([sys.executable, "-c", DROPPED, how, variant, str(tmp_path), str(rounds)],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    files = 2 if variant == "two_files_one_hold" else 1
+    told = [0] * files
+    seen = 0
+    for line in proc.stdout.splitlines():
+        word, *rest = line.split()
+        if word == "charged":
+            told = [t + int(v) for t, v in zip(told, rest)]
+        elif word == "round":
+            assert rest[1:] == ["codes"] + ["0"] * 4, (line, proc.stderr)
+            _check_dropped_round([tmp_path / f"r{rest[0]}-{i}.db" for i in range(files)], told, [0.0, 2.5][:files])
+            told, seen = [0] * files, seen + 1
+    assert seen == rounds, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("how", ["os.fork", "multiprocessing", "libc_fork"])
+def test_workers_forked_after_a_dropped_ledger_keep_the_books(tmp_path: Path, how: str) -> None:
+    """The issue's case: one dropped ledger, four forked workers, collections in the children and the
+    parent. ``libc_fork`` skips the at-fork handlers: the children notice the new pid at their first
+    call and disown the parent's connections then (see the module doc of ledger.py)."""
+    _run_dropped(tmp_path, how, "one_file", rounds=6)
+
+
+def test_two_dropped_ledgers_one_with_a_reservation_in_flight(tmp_path: Path) -> None:
+    """Two files, each opened by a dropped ledger; on one the parent holds $10 while the workers spend
+    and settles it ($7.50) on a fresh ledger after its collection, while they still run."""
+    _run_dropped(tmp_path, "os.fork", "two_files_one_hold", rounds=4)
+
+
+def test_the_fork_registry_holds_open_connections_only(tmp_path: Path) -> None:
+    """Closed connections leave the registry at once, dropped ones when the collector frees them: the
+    parent does not keep what it no longer uses."""
+    from rsigym_env.platform import ledger as module
+
+    before = len(module._CONNECTIONS)
+    with Ledger(tmp_path / "a.db") as led:
+        led.open_account("run", 1.0)
+        assert len(module._CONNECTIONS) == before + 1
+    assert len(module._CONNECTIONS) == before
+    Ledger(tmp_path / "b.db").open_account("run", 1.0)  # dropped: its connection waits for the collector
+    gc.collect()
+    assert len(module._CONNECTIONS) == before
+    assert not any(isinstance(obj, sqlite3.Connection) for obj in module._ABANDONED)  # this is the parent
