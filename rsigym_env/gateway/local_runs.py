@@ -89,3 +89,6 @@ def add_openenv_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-runs", type=int, help="start at most this many runs (every reset starts one)")
     parser.add_argument("--allow-remote", action="store_true",
                         help="allow a non-loopback --host (OpenEnv clients send no credentials)")
+    parser.add_argument("--public-seeds", action="store_true",
+                        help="reset with the client's seed as it is (default: a keyed hash of it, so a client "
+                             "cannot replay its episode offline)")

@@ -20,7 +20,11 @@ call is an observation with ``ok=False`` and its ``error`` code, costing nothing
 checks the message's shape. The reward is ``None`` until the episode ends, then the normalized gain.
 Sessions are isolated (each its own run, its own key), at most ``max_sessions`` at once, and a session
 that sends nothing for ``session_timeout_s`` is closed and its run ended. The seed is the only thing a
-client chooses: the scenario, budget and world are the server's.
+client chooses: the scenario, budget and world are the server's. With a ``seed_key`` (``rsigym openenv``'s
+default, derived from the platform's secret) the episode is reset with a keyed hash of the client's seed:
+the same seed gives the same episode on this machine, but a client cannot replay it offline (a sim
+episode replayed from its seed would tell any candidate's held-out score before it is submitted);
+``--public-seeds`` uses the client's seed as it is, for comparisons with runs elsewhere.
 
 >>> from starlette.testclient import TestClient
 >>> from rsigym_env.gateway.local_runs import LocalRunFactory
@@ -37,6 +41,8 @@ client chooses: the scenario, budget and world are the server's.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import ipaddress
 import json
 import logging
@@ -55,6 +61,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from ..splits import official_split
 from ..tools import TOOL_NAMES
 from ..watch.redact import Redactor, host_paths, split_secrets
 from .backend import RunBackend, ToolReply, jsonable
@@ -111,7 +118,7 @@ class ResearchState(BaseModel):
     model_config = ConfigDict(extra="forbid")
     episode_id: str | None = Field(None, description="The episode's id (the client's, or a new one).")
     step_count: int = Field(0, ge=0, description="Steps taken in this episode.")
-    seed: int | None = Field(None, description="The seed the episode was reset with.")
+    seed: int | None = Field(None, description="The seed the client reset with (with keyed seeds, not the episode's).")
     done: bool = Field(False, description="True once the episode has ended.")
     budget_left_usd: float | None = Field(None, description="Dollars left (None before the first reset).")
 
@@ -153,6 +160,15 @@ class _Session:
     budget_left_usd: float | None = None
 
 
+def keyed_seed(key: bytes, seed: int) -> int:
+    """The episode seed behind a client's ``seed`` under ``key`` (31 bits, as a client's own).
+
+    >>> keyed_seed(b"k", 0) == keyed_seed(b"k", 0) != keyed_seed(b"other", 0), 0 <= keyed_seed(b"k", 7) < 2**31
+    (True, True)
+    """
+    return int.from_bytes(hmac.new(key, f"openenv-seed:{seed}".encode(), hashlib.sha256).digest()[:4], "big") >> 1
+
+
 def _error(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"type": "error", "data": {"message": message, "code": code, **extra}}
 
@@ -169,7 +185,7 @@ class OpenEnvServer:
 
     def __init__(self, make_run: MakeRun, *, max_sessions: int = 8, session_timeout_s: float | None = 900.0,
                  max_message_bytes: int = 1 << 20, max_runs: int | None = None, name: str = "rsigym",
-                 description: str | None = None):
+                 description: str | None = None, seed_key: bytes | None = None):
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
         if session_timeout_s is not None and not session_timeout_s > 0:
@@ -179,6 +195,7 @@ class OpenEnvServer:
         self.session_timeout_s = session_timeout_s
         self.max_message_bytes = max_message_bytes
         self.max_runs = max_runs
+        self.seed_key = seed_key  # None: a client's seed is the episode's (see the module doc)
         self.runs_started = 0
         self.name = name
         self.description = description or ("A research run of RSIGym-Env: improve a target system on a benchmark "
@@ -286,7 +303,8 @@ class OpenEnvServer:
                           factory_name=type(self.make_run).__name__)
         self.runs_started += 1  # counted before the build, so concurrent resets cannot pass the limit
         try:
-            run = await anyio.to_thread.run_sync(self.make_run, params.seed)
+            seed = params.seed if params.seed is None or self.seed_key is None else keyed_seed(self.seed_key, params.seed)
+            run = await anyio.to_thread.run_sync(self.make_run, seed)
         except Exception as exc:
             log.exception("OpenEnv session: the run could not be built")
             return _error("FACTORY_ERROR", f"the run could not be built: {_failure(exc, *self._paths)}",
@@ -339,15 +357,17 @@ class OpenEnvServer:
 
 
 def openenv_app(make_run: MakeRun, *, max_sessions: int = 8, session_timeout_s: float | None = 900.0,
-                max_message_bytes: int = 1 << 20, max_runs: int | None = None) -> Starlette:
+                max_message_bytes: int = 1 << 20, max_runs: int | None = None,
+                seed_key: bytes | None = None) -> Starlette:
     """The OpenEnv-compatible ASGI app; ``make_run(seed)`` builds each session's run on ``reset``.
 
     Every ``reset`` starts a run with the scenario's full budget, so ``max_runs`` bounds how many the
     server ever starts (what a client can spend is at most ``max_runs`` budgets; default: no bound).
+    ``seed_key``: reset with :func:`keyed_seed` of the client's seed (None: the client's seed as it is).
     ``app.state.openenv`` is the :class:`OpenEnvServer` (its ``sessions`` are the open ones).
     """
     server = OpenEnvServer(make_run, max_sessions=max_sessions, session_timeout_s=session_timeout_s,
-                           max_message_bytes=max_message_bytes, max_runs=max_runs)
+                           max_message_bytes=max_message_bytes, max_runs=max_runs, seed_key=seed_key)
     app = server.app()
     app.state.openenv = server
     return app
@@ -371,8 +391,9 @@ def cmd_openenv(args: argparse.Namespace, console: Any = None) -> int:
     except ValueError as exc:
         print(f"rsigym openenv: {exc}", file=sys.stderr)
         return 2
+    seed_key = None if args.public_seeds else official_split("secret", nonce="").key("openenv-seeds")
     app = openenv_app(factory, max_sessions=args.max_sessions, session_timeout_s=args.session_timeout,
-                      max_runs=args.max_runs)
+                      max_runs=args.max_runs, seed_key=seed_key)
     print(f"OpenEnv server on ws://{args.host}:{args.port}/ws (max {args.max_sessions} sessions)", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", ws="websockets-sansio")
     return 0

@@ -198,3 +198,32 @@ def test_every_reset_is_a_new_run_and_the_server_bounds_how_many(capsys):
     assert "--allow-remote" in capsys.readouterr().err
     assert main(["--scenario", "no-such-scenario"]) == 2
     assert "unknown scenario" in capsys.readouterr().err
+
+
+def test_keyed_seeds_repeat_an_episode_on_this_server_and_never_show_its_seed():
+    """``rsigym openenv``'s default: a client's seed picks the episode through a keyed hash, so the same seed
+    gives the same episode here, but the seed a client could replay offline is never the episode's."""
+    from rsigym_env.gateway.openenv_server import keyed_seed
+
+    key, seeds = secrets.token_bytes(32), []
+
+    def make_run(seed):
+        seeds.append(seed)
+        return FACTORY(seed)
+
+    app = openenv_app(make_run, max_sessions=2, seed_key=key)
+    with TestClient(app) as http:
+        texts = []
+        for _ in range(2):
+            with http.websocket_connect("/ws") as ws:
+                ws.send_json({"type": "reset", "data": {"seed": 5}})
+                texts.append(ws.receive_text())
+                seeds += [s.run.env.unwrapped.run.seed for s in app.state.openenv.sessions.values()]
+                for message in ({"type": "step", "data": {"tool": "read", "args": {"ref": "scenario"}}},
+                                {"type": "step", "data": {"tool": "submit", "args": {}}}, {"type": "state"}):
+                    ws.send_json(message)
+                    texts.append(ws.receive_text())
+    assert seeds[0] == seeds[2] == keyed_seed(key, 5) != 5 and seeds[1] == seeds[3]  # (episode seeds: the run's own)
+    assert texts[0] == texts[4]                       # the same seed, the same episode
+    assert not any(str(seed) in text for seed in seeds for text in texts)
+    assert json.loads(texts[3])["data"]["seed"] == 5  # the state says what the client sent
