@@ -6,6 +6,7 @@ import asyncio
 
 import hashlib
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -263,3 +264,70 @@ def test_generator_3_new_bugs_are_fixed_by_the_teachers_solver():
     for p in new:
         assert code.check(p, p.messages + [{"role": "assistant", "content": coding.solve_next(p.messages)},
                                            {"role": "assistant", "content": "DONE"}]), p.instruction
+
+
+# --- local-science: generator 4 states the facts in the question ---------------------------------------
+
+
+def test_science_problems_state_their_facts_and_invent_their_substances():
+    """Every problem's truth is in its lab notes (the solver reads it from the chat alone), its substances
+    are invented for it (never one of the old knowledge base's, which the base model was pretrained on),
+    the other substance's value is always an option, and letters and difficulties are balanced."""
+    from collections import Counter
+
+    from rsigym_env.splits import official_split
+    from rsigym_env.worlds.local.benchmarks import science
+
+    b = B.BENCHMARKS["local-science"]
+    problems = (b.split("dev") + b.split("official") + b.synthetic(400, seed=2)
+                + b.split("official", official_split("secret", secret="s", nonce="n")))
+    for p in problems:
+        assert p.instruction.startswith("Lab notes: ") and p.instruction.endswith("Reply ANSWER: <letter>.")
+        assert B.domain_of(p.messages) == "science" and p.expected["kind"] == "answer"
+        assert science.solve_next(p.messages) == p.solution[0] and p.solution[0].endswith("ANSWER: " + p.expected["answer"])
+        wrong = B.parse_action(science.solve_next(p.messages, random.Random(0), wrong=True))[1]
+        assert wrong in "ABCD" and wrong != p.expected["answer"]
+        assert p.meta["entity"] not in science.KB and p.meta["other"] not in science.KB
+        facts, _ = science.read_notes(p.instruction)
+        assert set(facts) == {p.meta["entity"], p.meta["other"]}
+        options = dict(re.findall(r"^([ABCD])\) (\w+)$", p.instruction, re.M))
+        assert len(set(options.values())) == 4 and set(options.values()) <= set(science.ATTRIBUTES[p.meta["attr"]])
+    letters = Counter(p.expected["answer"] for p in problems)
+    assert min(letters.values()) > 0.18 * len(problems)
+    hard = sum(p.difficulty == "hard" for p in problems) / len(problems)
+    assert 0.3 < hard < 0.5
+
+
+def test_science_answers_are_not_in_the_package():
+    """The same question with other notes has another answer: the notes decide, not a table."""
+    from rsigym_env.worlds.local.benchmarks import science
+
+    p = B.BENCHMARKS["local-science"].split("dev")[3]
+    question = p.instruction.split("\n", 1)[1]
+    options = dict(re.findall(r"^([ABCD])\) (\w+)$", question, re.M))
+    entity, attr = p.meta["entity"], p.meta["attr"]
+    a, b = [science.ATTRIBUTES[k][0] for k in sorted(science.ATTRIBUTES) if k != attr][:2]  # other properties
+    for letter, value in options.items():
+        notes = f"Lab notes: {entity} is {value} and {a}; {p.meta['other']} is {b}."
+        chat = [{"role": "user", "content": notes + "\n" + question}]
+        assert science.solve_next(chat) == f"{entity} {attr} is {value}. ANSWER: {letter}"
+
+
+PRETRAINING_DIGESTS = {(1, 0): "12d4739bef2f3605", (2, 1): "d56f3556de0b40f3", (3, 2): "ef8d23389f67b37c",
+                       (3, 3): "a3b9d81ff74e4662", (4, 4): "10c7d5da152e2357"}
+"""sha256 (first 16 hex digits) of ``pretraining_conversations(2000, seed, mixture)`` for each recorded stage,
+as the shipped base checkpoint was pretrained (generator 3; unchanged by generator 4)."""
+
+
+def test_pretraining_still_draws_what_the_shipped_checkpoint_saw():
+    """Generator 4 changed only the benchmark: pretraining keeps drawing science from generators 1-3
+    (``science.kb_stream``), so the shipped checkpoint stays reproducible from the build script."""
+    import json
+
+    from rsigym_env.worlds.local.benchmarks import arith
+
+    assert set(PRETRAINING_DIGESTS) == {(m, s) for m, s, _ in arith.RECORDED_STAGES}
+    for (mixture, seed), digest in PRETRAINING_DIGESTS.items():
+        chats = B.pretraining_conversations(2000, seed=seed, version=mixture)
+        assert hashlib.sha256(json.dumps(chats, sort_keys=True).encode()).hexdigest()[:16] == digest, (mixture, seed)
+        assert not any("Lab notes:" in m["content"] for c in chats for m in c)  # generator 4 never in pretraining

@@ -83,3 +83,15 @@ def test_complete_reports_token_counts():
     p = B.BENCHMARKS["local-science"].synthetic(1, seed=0)[0]
     choice = t.complete(ChatRequest(model="teacher-large", messages=p.messages, seed=1, n=2))
     assert len(choice) == 2 and choice[0].prompt_tokens > 0 and choice[0].completion_tokens > 0
+
+
+def test_science_teachers_read_the_lab_notes():
+    """Generator 4's truth is in the question: a teacher solves it from the chat alone (both the stated fact
+    and the one-step rule), and an erring one gives another letter."""
+    perfect, never = TeacherModel("oracle", accuracy=1.0), TeacherModel("dunce", accuracy=0.0)
+    probs = B.BENCHMARKS["local-science"].synthetic(200, seed=5)
+    assert {p.difficulty for p in probs} == {"easy", "hard"}
+    for i, p in enumerate(probs):
+        assert parse_action(perfect.answer(p.messages, seed=i))[1] == p.expected["answer"], p.instruction
+        got = parse_action(never.answer(p.messages, seed=i))
+        assert got[0] == "answer" and got[1] in "ABCD" and got[1] != p.expected["answer"]

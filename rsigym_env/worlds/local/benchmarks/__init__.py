@@ -78,7 +78,9 @@ and 2 draw their math from generator 1 (larger numbers, ``arith.legacy_stream``)
 benchmark's generator 2, with drills in its ranges; version 4 (more arithmetic, half of it drills) from
 ``arith.mix4_tokens`` (generator 3's ranges, more operations). The benchmark's splits skip every
 problem any recorded stage could have drawn (``arith.recorded_pretrain_keys``). Code always comes from generator 2 (``coding.gen2_stream``): its
-function names and bug families, so generator 3's new bugs are never shown in pretraining."""
+function names and bug families, so generator 3's new bugs are never shown in pretraining. Science always
+comes from generators 1-3 (``science.kb_stream``: questions about the fixed knowledge base ``science.KB``);
+generator 4's questions, whose facts are stated in the question, are never shown in pretraining."""
 MIXTURE = MIXTURES[3]
 DRILL_SHARE = {1: 0.0, 2: 0.4, 3: 0.3, 4: 0.5}
 
@@ -101,6 +103,7 @@ def pretraining_conversations(n: int, seed: int = 0, version: int = 3) -> list[l
     elif version == 4:
         streams["math"] = arith.mix4_stream(BENCHMARKS["local-math"], seed)
     streams["code"] = coding.gen2_stream(BENCHMARKS["local-code"], seed)
+    streams["science"] = science.kb_stream(BENCHMARKS["local-science"], seed)
     domains, weights = zip(*sorted(MIXTURES[version].items()))
     out: list[list[dict[str, str]]] = []
     while len(out) < n:

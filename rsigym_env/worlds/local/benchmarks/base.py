@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-GENERATOR_VERSION = "3"
+GENERATOR_VERSION = "4"
 """1: first release; 2: local-math on numbers below 100 (6-7 operations when hard); 3: local-math
-mostly 2-3 operations (4-5 when hard), local-code with new function names and bug families."""
+mostly 2-3 operations (4-5 when hard), local-code with new function names and bug families; 4: local-science
+states the facts in the question (substances invented per problem, lab notes, a one-step rule when hard)."""
 SYSTEM_PROMPT = "Reply with one line: $ <command>, ANSWER: <answer>, or DONE."
 """The minimal harness's ``prompt.md`` (the system message every turn-0 prompt starts with)."""
 
