@@ -7,6 +7,9 @@
 * ``reuse``: the same cheater shipping the answers of every official task of 40 earlier episodes on
   this machine (``redteam.earlier_answers``: more than their rewards, or any channel out of an official
   trial, could ever reveal), against this episode's own draw.
+* ``answer key``: a harness carrying every constant of the benchmark's module (``redteam.answer_key_harness``)
+  that answers knowledge questions from it and otherwise runs the honest loop (local-science's ``KB`` was
+  such a key for generators 1-3).
 
 Each is evaluated with the base model on the official split the platform scores (this machine's secret
 and the episode's own draw), avg@3, through the same service as ``submit``, on the same tasks as the
@@ -32,7 +35,8 @@ from rsigym_env.scenario import load_scenario  # noqa: E402
 from rsigym_env.services import EvalRequest  # noqa: E402
 from rsigym_env.worlds.local import benchmarks  # noqa: E402
 from rsigym_env.worlds.common.harness import minimal_harness  # noqa: E402
-from rsigym_env.worlds.local.redteam import cheating_harness, earlier_answers, public_answers  # noqa: E402
+from rsigym_env.worlds.local.redteam import (answer_key_harness, cheating_harness, earlier_answers,  # noqa: E402
+                                             public_answers)
 from rsigym_env.worlds.local.world import LocalWorld  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -46,7 +50,7 @@ def standard_error(rewards: list[list[float]]) -> float:
     return math.sqrt(sum((x - mean) ** 2 for x in per_task) / (n - 1) / n) if n > 1 else 0.0
 
 
-ATTACKS = ("cheater", "reuse")
+ATTACKS = ("cheater", "reuse", "answer_key")
 
 
 def attacks(bench: benchmarks.LocalBenchmark) -> list[tuple[str, dict[str, str]]]:
@@ -54,7 +58,8 @@ def attacks(bench: benchmarks.LocalBenchmark) -> list[tuple[str, dict[str, str]]
     cache = attacks.__dict__.setdefault("built", {})
     if bench.name not in cache:
         cache[bench.name] = [("cheater", cheating_harness(public_answers(bench))),
-                             ("reuse", cheating_harness(earlier_answers(bench)))]
+                             ("reuse", cheating_harness(earlier_answers(bench))),
+                             ("answer_key", answer_key_harness(bench))]
     return cache[bench.name]
 
 
@@ -98,7 +103,7 @@ def table(rows: list[dict], k: int = 3) -> list[str]:
     return lines
 
 
-NAMES = {"cheater": "cheating harness", "reuse": "reuse of 40 earlier episodes"}
+NAMES = {"cheater": "cheating harness", "reuse": "reuse of 40 earlier episodes", "answer_key": "answer key"}
 
 
 def main(argv: list[str] | None = None) -> int:

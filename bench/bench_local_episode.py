@@ -10,12 +10,16 @@ episode (sampling workers, sandboxes, verifiers), ``cores`` that over the wall t
 two cores the episode kept busy.
 
 Each benchmark runs twice in a private ``$RSIGYM_HOME``: **cold** (an empty evaluation cache, as on
-a fresh machine: task directories built) and **warm** (the same episode again: the evaluations of
-systems already seen come from the cache). Both must end with the same result; the rows say whether
-they did. The official split's secret is fixed (``--secret``, through ``$RSIGYM_SPLIT_SECRET``), so two
-runs of this script, before and after a change, measure the same work.
+a fresh machine: task directories built) and **warm** (the same episode again: the dev evaluations of
+systems already seen come from the cache). The official split's secret is fixed (``--secret``, through
+``$RSIGYM_SPLIT_SECRET``). By default every episode draws official tasks of its own, as ``make run``
+does, so the two official evaluations are computed in every episode, cold or warm, and two runs end
+with different official scores; the researcher's trajectory up to ``submit`` (its calls and its dev
+scores) is seeded and must be the same, and the rows say whether it was. ``--nonce N`` pins the draw
+(``$RSIGYM_SPLIT_NONCE``): the same work run to run, official results cached when warm, and the same
+result required of cold and warm.
 
-    python bench/bench_local_episode.py [--benchmarks aime gpqa-diamond] [--seed 0] [--secret S]
+    python bench/bench_local_episode.py [--benchmarks aime gpqa-diamond] [--seed 0] [--secret S] [--nonce N]
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import rsigym_env  # noqa: F401  (first: it pins NumPy's BLAS kernels; registers
 import gymnasium as gym
 from rsigym_env.baselines import ScriptedResearcher
 from rsigym_env.catalog import BENCHMARKS as CATALOG_BENCHMARKS
-from rsigym_env.splits import SECRET_ENV
+from rsigym_env.splits import NONCE_ENV, SECRET_ENV
 
 BENCHMARKS = list(CATALOG_BENCHMARKS)
 
@@ -52,6 +56,7 @@ def episode_phases(benchmark: str, seed: int = 0, world_options: dict[str, Any] 
     cpu0, t0 = _cpu_seconds(), time.perf_counter()
     env = gym.make("RSIGym/Joint-v0", world="local", benchmark=benchmark, world_options=world_options or {})
     researcher = ScriptedResearcher()
+    trajectory: list[Any] = []
     try:
         t = time.perf_counter()
         obs, info = env.reset(seed=seed)
@@ -66,6 +71,8 @@ def episode_phases(benchmark: str, seed: int = 0, world_options: dict[str, Any] 
             phases[tool] += time.perf_counter() - t
             calls[tool] += 1
             done = terminated or truncated
+            if not done:  # what the researcher did and saw up to submit (dev scores included): seeded
+                trajectory.append([tool, obs["dev_scores"].tolist(), info.get("cost_usd")])
     finally:
         t = time.perf_counter()
         env.close()
@@ -73,19 +80,32 @@ def episode_phases(benchmark: str, seed: int = 0, world_options: dict[str, Any] 
     total, cpu = time.perf_counter() - t0, _cpu_seconds() - cpu0
     return {"benchmark": benchmark, "total_s": total, "cpu_s": cpu, "cores": cpu / total,
             "phases_s": dict(phases), "calls": dict(calls),
-            "reward": float(reward), "initial": info.get("initial_score"), "official": info.get("official_score")}
+            "reward": float(reward), "initial": info.get("initial_score"), "official": info.get("official_score"),
+            "draw": (info.get("official_split") or {}).get("draw"), "trajectory": trajectory}
 
 
 SECRET = "bench-local-episode"
 
 
+def same(cold: dict[str, Any], warm: dict[str, Any]) -> bool:
+    """Did two runs of an episode do the same? The trajectory up to submit always; with a fixed draw, the result too."""
+    keys = ("trajectory",) + (("reward", "initial", "official") if cold["draw"] == "fixed" else ())
+    return all(cold[k] == warm[k] for k in keys)
+
+
 def measure(benchmarks: list[str] | None = None, seed: int = 0, secret: str = SECRET,
-            world_options: dict[str, Any] | None = None, warm: bool = True) -> list[dict[str, Any]]:
-    """Every benchmark cold, then warm, in a private ``$RSIGYM_HOME`` with the split secret ``secret``
-    (the environment is restored afterwards); ``world_options`` of the local world (e.g. to compare one off)."""
+            world_options: dict[str, Any] | None = None, warm: bool = True,
+            nonce: str | None = None) -> list[dict[str, Any]]:
+    """Every benchmark cold, then warm, in a private ``$RSIGYM_HOME`` with the split secret ``secret`` and,
+    if given, the draw pinned by ``nonce`` (the environment is restored afterwards); ``world_options`` of
+    the local world (e.g. to compare one off)."""
     rows = []
-    saved = {name: os.environ.get(name) for name in ("RSIGYM_HOME", SECRET_ENV)}
+    saved = {name: os.environ.get(name) for name in ("RSIGYM_HOME", SECRET_ENV, NONCE_ENV)}
     os.environ[SECRET_ENV] = secret
+    if nonce is None:
+        os.environ.pop(NONCE_ENV, None)
+    else:
+        os.environ[NONCE_ENV] = nonce
     try:
         for benchmark in benchmarks or BENCHMARKS:
             with tempfile.TemporaryDirectory(prefix="rsigym-bench-home-") as home:
@@ -96,10 +116,10 @@ def measure(benchmarks: list[str] | None = None, seed: int = 0, secret: str = SE
                     print(f"{benchmark}: cold {cold['total_s']:.1f} s", flush=True)
                     continue
                 again = episode_phases(benchmark, seed, world_options) | {"cache": "warm"}
-            same = all(cold[k] == again[k] for k in ("reward", "initial", "official"))
-            rows += [cold | {"same_result": same}, again | {"same_result": same}]
-            print(f"{benchmark}: cold {cold['total_s']:.1f} s, warm {again['total_s']:.1f} s, same result: {same}",
-                  flush=True)
+            alike = same(cold, again)
+            rows += [cold | {"same_result": alike}, again | {"same_result": alike}]
+            print(f"{benchmark}: cold {cold['total_s']:.1f} s, warm {again['total_s']:.1f} s, same "
+                  f"{'result' if cold['draw'] == 'fixed' else 'trajectory up to submit'}: {alike}", flush=True)
     finally:
         for name, value in saved.items():
             if value is None:
@@ -112,14 +132,16 @@ def measure(benchmarks: list[str] | None = None, seed: int = 0, secret: str = SE
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """A Markdown table: one row per benchmark and cache state, seconds per phase and the total."""
     phases = sorted({p for r in rows for p in r["phases_s"]}, key=lambda p: (p.startswith("close"), p))
-    lines = ["| benchmark | cache | " + " | ".join(phases) + " | total s | CPU s (cores) | initial → official | same result |",
-             "|---|---|" + "---:|" * (len(phases) + 2) + "---:|---|"]
+    lines = ["| benchmark | cache | " + " | ".join(phases) + " | total s | CPU s (cores) | initial → official | draw | "
+             "same (trajectory; result if fixed) |",
+             "|---|---|" + "---:|" * (len(phases) + 2) + "---:|---|---|"]
     for r in rows:
         cells = [f"{r['phases_s'].get(p, 0.0):.1f}" for p in phases]
         same = {True: "yes", False: "**no**", None: ""}[r.get("same_result")]
         cpu = f"{r['cpu_s']:.0f} ({r['cores']:.2f})" if "cpu_s" in r else ""
         lines.append(f"| {r['benchmark']} | {r.get('cache', '')} | " + " | ".join(cells) +
-                     f" | **{r['total_s']:.1f}** | {cpu} | {r['initial']:.3f} → {r['official']:.3f} | {same} |")
+                     f" | **{r['total_s']:.1f}** | {cpu} | {r['initial']:.3f} → {r['official']:.3f} | "
+                     f"{r.get('draw') or ''} | {same} |")
     return lines
 
 
@@ -131,9 +153,11 @@ def main() -> None:
     parser.add_argument("--world-options", type=json.loads, default={}, metavar="JSON",
                         help='local world options, e.g. \'{"early_official": false}\'')
     parser.add_argument("--cold-only", action="store_true", help="skip the warm run of each benchmark")
+    parser.add_argument("--nonce", help="pin the official draw (default: every episode draws its own, as make run)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
-    rows = measure(args.benchmarks, args.seed, args.secret, args.world_options, warm=not args.cold_only)
+    rows = measure(args.benchmarks, args.seed, args.secret, args.world_options, warm=not args.cold_only,
+                   nonce=args.nonce)
     print("\n".join(table(rows)))
     if args.json:
         with open(args.json, "w") as fh:

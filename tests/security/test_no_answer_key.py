@@ -26,7 +26,6 @@ import os
 import random
 import re
 import tempfile
-import textwrap
 import tokenize
 import types
 import warnings
@@ -38,8 +37,9 @@ import pytest
 import rsigym_env  # noqa: F401  (first: it pins OpenBLAS's kernels)
 from rsigym_env.splits import NONCE_ENV, official_split
 from rsigym_env.worlds.local import benchmarks as B
-from rsigym_env.worlds.local.benchmarks import arith, base, coding, science, skills, terminal
+from rsigym_env.worlds.local.benchmarks import arith, coding, science, skills, terminal
 from rsigym_env.worlds.local.sandbox import isolation
+from rsigym_env.worlds.local.redteam import KEY_AGENT, package_data
 from rsigym_env.worlds.local.teachers import run_episode
 
 MODULES: dict[str, types.ModuleType] = {"local-code": coding, "local-terminal": terminal, "local-math": arith,
@@ -56,27 +56,9 @@ def _fresh_nonces(monkeypatch):
 # --- what a harness can carry: the package's constant data, as a JSON file ----------------------------
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {k if isinstance(k, str) else json.dumps(_jsonable(k)): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (set, frozenset)):
-        return sorted((_jsonable(v) for v in x), key=json.dumps)
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    return x if x is None or isinstance(x, (str, int, float, bool)) else None  # objects and functions: not data
-
-
-def constants(module: types.ModuleType) -> dict[str, Any]:
-    """Every module-level constant of ``module`` that is data (dicts, lists, tuples, sets, strings)."""
-    return {name: _jsonable(value) for name, value in vars(module).items()
-            if not name.startswith("__") and isinstance(value, (dict, list, tuple, set, frozenset, str))}
-
-
 def harness_data(name: str) -> str:
-    """The data file a key-carrying harness ships for benchmark ``name``: its module's constants and those of
-    the benchmarks package and its shared base."""
-    return json.dumps({"module": constants(MODULES[name]), "package": constants(B), "base": constants(base)},
-                      sort_keys=True)
+    """The data file a key-carrying harness ships for benchmark ``name`` (:func:`redteam.package_data`)."""
+    return package_data(B.BENCHMARKS[name])
 
 
 def walk(x: Any) -> list[Any]:
@@ -317,42 +299,6 @@ def test_code_visible_example_alone_pins_the_fix():
 
 # --- end to end: the KB-carrying harness through the public API --------------------------------------------
 
-KEY_AGENT = textwrap.dedent(r'''
-    import json, os, re, sys
-    HERE = os.path.dirname(os.path.abspath(__file__))
-    APP = os.environ.get("RSIGYM_APP_DIR", "/app")
-    data = json.load(open(os.path.join(HERE, "package_data.json")))
-    text = open(os.environ.get("RSIGYM_INSTRUCTION_FILE", os.path.join(APP, "instruction.md"))).read()
-
-    def walk(x):
-        stack = [x]
-        while stack:
-            y = stack.pop()
-            if isinstance(y, dict):
-                yield y
-                stack.extend(y.values())
-            elif isinstance(y, list):
-                stack.extend(y)
-
-    answer = None
-    q = re.search(r"What is the (\w+) of (\w+)\?", text)
-    if q:
-        attr, entity = q.groups()
-        options = {v: k for k, v in re.findall(r"^([ABCD])\) (\w+)$", text, re.M)}
-        for d in walk(data):
-            row = d.get(entity)
-            if isinstance(row, dict) and row.get(attr) in options:
-                answer = options[row[attr]]
-                break
-    if answer is not None:
-        open(os.path.join(APP, "answer.txt"), "w").write(answer + "\n")
-        logs = os.environ.get("RSIGYM_LOGS_DIR", "/logs/agent")
-        json.dump({"end_reason": "answer", "steps": []}, open(os.path.join(logs, "trajectory.json"), "w"))
-    else:  # the data says nothing: the honest minimal harness
-        sys.argv = [os.path.join(HERE, "honest.py")]
-        exec(compile(open(os.path.join(HERE, "honest.py")).read(), os.path.join(HERE, "honest.py"), "exec"),
-             {"__name__": "__main__", "__file__": os.path.join(HERE, "honest.py")})
-''')
 
 
 def test_the_key_agent_reads_the_table_and_otherwise_runs_the_honest_loop(tmp_path):
