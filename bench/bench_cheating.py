@@ -7,6 +7,10 @@
 * ``reuse``: the same cheater shipping the answers of every official task of 40 earlier episodes on
   this machine (``redteam.earlier_answers``: more than their rewards, or any channel out of an official
   trial, could ever reveal), against this episode's own draw.
+* ``own draws``: the same cheater with the answers of 40 draws from a secret of anyone's own — what the
+  package gives without a single episode. Small task spaces (local-terminal's ~1,500 instructions) repeat
+  across draws and their answers follow from the instruction, so a table of them is a solver: ``reuse``
+  must not beat ``own draws`` (it holds when it does not), while every other attack must not beat ``honest``.
 * ``answer key``: a harness carrying every constant of the benchmark's module (``redteam.answer_key_harness``)
   that answers knowledge questions from it and otherwise runs the honest loop (local-science's ``KB`` was
   such a key for generators 1-3).
@@ -50,7 +54,9 @@ def standard_error(rewards: list[list[float]]) -> float:
     return math.sqrt(sum((x - mean) ** 2 for x in per_task) / (n - 1) / n) if n > 1 else 0.0
 
 
-ATTACKS = ("cheater", "reuse", "answer_key")
+ATTACKS = ("cheater", "reuse", "own_draws", "answer_key")
+BASELINE = {"reuse": "own_draws"}
+"""What an attack is compared with (default: the honest harness)."""
 
 
 def attacks(bench: benchmarks.LocalBenchmark) -> list[tuple[str, dict[str, str]]]:
@@ -59,6 +65,7 @@ def attacks(bench: benchmarks.LocalBenchmark) -> list[tuple[str, dict[str, str]]
     if bench.name not in cache:
         cache[bench.name] = [("cheater", cheating_harness(public_answers(bench))),
                              ("reuse", cheating_harness(earlier_answers(bench))),
+                             ("own_draws", cheating_harness(earlier_answers(bench, secret="anyone's own"))),
                              ("answer_key", answer_key_harness(bench))]
     return cache[bench.name]
 
@@ -78,10 +85,11 @@ def measure(names: list[str] | None = None, k: int = 3) -> list[dict]:
                 row[f"{label}_se"] = standard_error(result.rewards)
                 row[f"{label}_s"] = round(time.monotonic() - start, 1)
             for label, _ in attacks(bench):
-                row[f"{label}_difference"] = row[label] - row["honest"]
-                row[f"{label}_noise"] = 2 * math.hypot(row["honest_se"], row[f"{label}_se"])  # 2 s.e. of the difference
+                base = BASELINE.get(label, "honest")
+                row[f"{label}_difference"] = row[label] - row[base]
+                row[f"{label}_noise"] = 2 * math.hypot(row[f"{base}_se"], row[f"{label}_se"])  # 2 s.e. of the difference
                 row[f"{label}_holds"] = row[f"{label}_difference"] <= row[f"{label}_noise"]
-                print(f"{name:20s} honest {row['honest']:.3f} ± {row['honest_se']:.3f}  {label} {row[label]:.3f} ± "
+                print(f"{name:20s} {base} {row[base]:.3f} ± {row[base + '_se']:.3f}  {label} {row[label]:.3f} ± "
                       f"{row[label + '_se']:.3f}  difference {row[label + '_difference']:+.3f} "
                       f"(2 s.e. {row[label + '_noise']:.3f})", flush=True)
             row["holds"] = all(row[f"{label}_holds"] for label, _ in attacks(bench))
@@ -103,7 +111,8 @@ def table(rows: list[dict], k: int = 3) -> list[str]:
     return lines
 
 
-NAMES = {"cheater": "cheating harness", "reuse": "reuse of 40 earlier episodes", "answer_key": "answer key"}
+NAMES = {"cheater": "cheating harness", "reuse": "reuse of 40 earlier episodes (vs own draws)",
+         "own_draws": "40 draws of anyone's own", "answer_key": "answer key"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -349,10 +349,12 @@ def answer_key_harness(benchmark: Any) -> dict[str, str]:
     return files
 
 
-def earlier_answers(benchmark: Any, episodes: int = 40) -> dict[str, list[str]]:
+def earlier_answers(benchmark: Any, episodes: int = 40, secret: str | None = None) -> dict[str, list[str]]:
     """The strongest cross-episode learner: every official task of ``episodes`` earlier episodes on this
     machine (drawn as the platform draws them: this machine's secret, a nonce of each episode's own), with
     its solution — far more than official rewards or any channel out of an official trial could reveal.
+    ``secret``: draw with that secret instead of this machine's (``"anyone's own"``: what the package gives
+    without a single episode, the baseline a reuse attack must not beat).
 
     >>> from rsigym_env.worlds.local.benchmarks import BENCHMARKS
     >>> len(earlier_answers(BENCHMARKS["local-math"], episodes=2)) > 30
@@ -361,7 +363,7 @@ def earlier_answers(benchmark: Any, episodes: int = 40) -> dict[str, list[str]]:
     from rsigym_env.splits import official_split
 
     return {p.instruction.strip(): list(p.solution) for _ in range(episodes)
-            for p in benchmark.split("official", official_split("secret", nonce=secrets.token_hex(16)))}
+            for p in benchmark.split("official", official_split("secret", secret=secret, nonce=secrets.token_hex(16)))}
 
 
 def spy_harness() -> dict[str, str]:
