@@ -18,7 +18,8 @@ reproducible comparisons across machines (and the figures in the README); result
 >>> public = official_split("public")
 >>> public.info
 {'mode': 'public', 'id': 'public', 'draw': 'fixed'}
->>> one, two = official_split("secret", secret="test-secret"), official_split("secret", secret="test-secret")
+>>> one = OfficialSplit("secret", "test-secret", nonce=secrets.token_hex(16), fixed=False)  # as a world draws it
+>>> two = OfficialSplit("secret", "test-secret", nonce=secrets.token_hex(16), fixed=False)
 >>> one.info["mode"], one.info["draw"], len(one.info["id"]), one.info["id"] == two.info["id"]
 ('secret', 'per-episode', 16, True)
 >>> one.stream("local-math") != two.stream("local-math") != public.stream("local-math")
