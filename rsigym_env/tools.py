@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import string
 import types
 import typing
@@ -307,11 +308,86 @@ def check_shape(action: Any) -> None:
             stack.append((item, depth + 1))
 
 
+_FENCE = re.compile(r"^```[a-zA-Z0-9_-]*[ \t]*\n?(.*?)\n?```$", re.DOTALL)
+_LENIENT = json.JSONDecoder(strict=False)
+_EMBEDDED_TRIES = 16  # start positions tried when looking for the one JSON object in a text
+
+
+def loads_lenient(text: str | bytes) -> Any:
+    """JSON text as language models write it: strict JSON first; else, where the intent is unambiguous,
+    the same with raw control characters (newlines, tabs) inside strings (``json.loads(strict=False)``),
+    inside a markdown code fence, or the one JSON object a text holds (``Sure: {...}``; two objects
+    are ambiguous). Anything else raises the strict parse's ``json.JSONDecodeError``.
+
+    >>> loads_lenient('{"content": "line 1\\nline 2"}')  # a raw newline inside the string
+    {'content': 'line 1\\nline 2'}
+    >>> loads_lenient('I will evaluate: {"k": 1} and then wait.')
+    {'k': 1}
+    >>> loads_lenient('{"k": 1} or {"k": 2}')
+    Traceback (most recent call last):
+    ...
+    json.decoder.JSONDecodeError: Extra data: line 1 column 10 (char 9)
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        first = exc
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")  # a UnicodeDecodeError is the caller's, as json.loads' own
+    stripped = text.strip()
+    fenced = _FENCE.match(stripped)
+    candidates = [stripped] + ([fenced.group(1).strip()] if fenced else [])
+    for candidate in candidates:
+        try:
+            return _LENIENT.decode(candidate)
+        except json.JSONDecodeError:
+            pass
+    found = _embedded_object(stripped)
+    if found is not None:
+        return found
+    raise first
+
+
+def _embedded_object(text: str) -> dict[str, Any] | None:
+    """The one JSON object (control characters allowed in strings) in ``text`` beside other text;
+    None if there is none, more than one, or it is not found within ``_EMBEDDED_TRIES`` tries."""
+    found: list[Any] = []
+    start, tries = text.find("{"), 0
+    while start != -1:
+        tries += 1
+        if tries > _EMBEDDED_TRIES:
+            return None
+        try:
+            value, end = _LENIENT.raw_decode(text, start)
+        except (json.JSONDecodeError, RecursionError):
+            start = text.find("{", start + 1)
+            continue
+        if isinstance(value, dict):
+            found.append(value)
+            if len(found) > 1:
+                return None
+        start = text.find("{", end)
+    return found[0] if found else None
+
+
+def _decode_args(name: str, args: str | bytes) -> Any:
+    """``"args"`` given as JSON text (as function-calling APIs carry arguments), decoded leniently."""
+    if not args.strip():
+        return {}
+    try:
+        return loads_lenient(args)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ActionError("malformed_action", f"arguments of {name!r} are not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ActionError("malformed_action", f"arguments of {name!r} are nested too deeply") from None
+
+
 def parse_action(action: Any) -> Tool:
     """Turn any accepted action form into a validated :class:`Tool`, or raise :class:`ActionError`.
 
-    Accepted: a ``Tool`` instance; ``{"tool": name, "args": {...}}``; the same as JSON text; and a
-    sample of :func:`action_space` (``(index, {field: value})``). Shapes no action has (deep
+    Accepted: a ``Tool`` instance; ``{"tool": name, "args": {...}}`` (``args`` may also be the JSON
+    text of the object); the same as JSON text; and a sample of :func:`action_space` (``(index,
+    {field: value})``). JSON text is read by :func:`loads_lenient`. Shapes no action has (deep
     nesting, huge or cyclic values) are refused first (:func:`check_shape`).
     """
     if isinstance(action, Tool):
@@ -320,7 +396,7 @@ def parse_action(action: Any) -> Tool:
         if len(action) > ACTION_MAX_BYTES:
             raise ActionError("malformed_action", f"action text is longer than {ACTION_MAX_BYTES} bytes")
         try:
-            action = json.loads(action)
+            action = loads_lenient(action)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ActionError("malformed_action", f"action text is not valid JSON: {exc}") from None
         except RecursionError:
@@ -344,6 +420,9 @@ def parse_action(action: Any) -> Tool:
     args = {} if args is None else args
     if not isinstance(name, str) or name not in TOOLS_BY_NAME:
         raise ActionError("unknown_tool", f"unknown tool {name!r}; tools are: {', '.join(TOOL_NAMES)}")
+    if isinstance(args, (str, bytes)):
+        args = _decode_args(name, args)
+        check_shape({"tool": name, "args": args})
     if not isinstance(args, dict):
         raise ActionError("malformed_action", f'"args" must be an object, got {type(args).__name__}')
     return build_tool(TOOLS_BY_NAME[name], args)
@@ -364,25 +443,104 @@ def build_tool(cls: type[Tool], args: dict[str, Any]) -> Tool:
 # LLM function-calling schemas
 
 
-def tool_schema(cls: type[Tool]) -> dict[str, Any]:
-    """OpenAI function-calling schema of one tool (``{"type": "function", "function": {...}}``)."""
+SCHEMA_MAX_LENGTH = 1000
+"""The longest string ``maxLength`` the schemas of :func:`tool_schemas` show an LLM by default.
+
+Grammar-constrained decoders compile every ``maxLength`` into a bounded repetition: llama.cpp's GBNF
+parser refuses (older builds crash on) a repetition of 2,000 or more, and other engines get slower with
+the bound. The tools themselves accept their models' limits (up to 200,000 characters): only what the
+LLM is shown is capped. ``$RSIGYM_SCHEMA_MAX_LENGTH`` changes the default (``none``: the models' limits)."""
+SCHEMA_MAX_LENGTH_ENV = "RSIGYM_SCHEMA_MAX_LENGTH"
+_NO_CAP = ("", "0", "none", "off", "no")
+
+_LONG_TEXT = {  # how to get longer text through a capped field, told in the field's description
+    ("edit_harness", "content"): "A longer file goes in parts: the first as `content`, then each next part with "
+                                 "`old` = the last line(s) already written (text that occurs once in the file) and "
+                                 "`new` = the same line(s) followed by the part.",
+    ("sandbox_exec", "command"): "A longer script goes in parts: append each to a file (`cat >> job.sh <<'EOF'` ... "
+                                 "`EOF`; the run's sandbox keeps its files between calls), then run the file.",
+}
+
+
+def schema_max_length(value: int | str | None = "default") -> int | None:
+    """The ``maxLength`` cap ``value`` stands for: ``"default"`` is ``$RSIGYM_SCHEMA_MAX_LENGTH`` if set, else
+    :data:`SCHEMA_MAX_LENGTH`; ``None``, ``0`` or ``"none"`` mean no cap (the models' own limits).
+
+    >>> schema_max_length(), schema_max_length(500), schema_max_length("none"), schema_max_length(0)
+    (1000, 500, None, None)
+    """
+    if value == "default":
+        import os
+
+        value = os.environ.get(SCHEMA_MAX_LENGTH_ENV)
+        if value is None:
+            return SCHEMA_MAX_LENGTH
+        where = f"${SCHEMA_MAX_LENGTH_ENV}"
+    else:
+        where = "max_string_length"
+    if value is None or (isinstance(value, str) and value.strip().lower() in _NO_CAP):
+        return None
+    try:
+        cap = int(value)
+    except (TypeError, ValueError):
+        cap = -1
+    if isinstance(value, bool) or cap < 0:
+        raise ValueError(f"{where} must be a whole number of characters (0 or 'none': the tools' own limits), "
+                         f"got {value!r}")
+    return cap or None
+
+
+def _cap_strings(schema: Any, cap: int) -> int:
+    """Lower every ``maxLength`` in ``schema`` above ``cap`` to ``cap``, in place; the largest one lowered (0: none)."""
+    lowered = 0
+    if isinstance(schema, dict):
+        limit = schema.get("maxLength")
+        if isinstance(limit, int) and limit > cap:
+            schema["maxLength"], lowered = cap, limit
+        for value in schema.values():
+            lowered = max(lowered, _cap_strings(value, cap))
+    elif isinstance(schema, list):
+        for value in schema:
+            lowered = max(lowered, _cap_strings(value, cap))
+    return lowered
+
+
+def tool_schema(cls: type[Tool], *, max_string_length: int | str | None = "default") -> dict[str, Any]:
+    """OpenAI function-calling schema of one tool (``{"type": "function", "function": {...}}``); string
+    limits capped as in :func:`tool_schemas`."""
     params = cls.model_json_schema()
     params.pop("title", None)
     params.pop("description", None)
-    for prop in params.get("properties", {}).values():
+    cap = schema_max_length(max_string_length)
+    for name, prop in params.get("properties", {}).items():
         prop.pop("title", None)
+        limit = _cap_strings(prop, cap) if cap is not None else 0
+        if limit:
+            note = (f"At most {cap:,} characters in this schema (the tool accepts up to {limit:,})."
+                    + (" " + _LONG_TEXT[cls.name, name] if (cls.name, name) in _LONG_TEXT else ""))
+            prop["description"] = f"{prop['description']} {note}" if prop.get("description") else note
     doc = " ".join((cls.__doc__ or "").split())
     return {"type": "function", "function": {"name": cls.name, "description": doc, "parameters": params}}
 
 
-def tool_schemas(names: typing.Iterable[str] | None = None) -> list[dict[str, Any]]:
+def tool_schemas(names: typing.Iterable[str] | None = None, *,
+                 max_string_length: int | str | None = "default") -> list[dict[str, Any]]:
     """Schemas of all tools (or of ``names``), ready for ``tools=`` of a chat completion.
+
+    Every string ``maxLength`` is capped at ``max_string_length`` (default :data:`SCHEMA_MAX_LENGTH`,
+    1,000, or ``$RSIGYM_SCHEMA_MAX_LENGTH``) so that grammar-constrained decoders (llama.cpp, xgrammar,
+    outlines, llguidance) compile them; a capped field's description says so and what the tool accepts
+    (validation keeps the models' limits). ``max_string_length=None`` gives the models' own limits.
 
     >>> [s["function"]["name"] for s in tool_schemas(["wait", "submit"])]
     ['wait', 'submit']
+    >>> [tool_schemas(["edit_harness"], max_string_length=n)[0]["function"]["parameters"]["properties"]["content"]
+    ...  ["anyOf"][0]["maxLength"] for n in (None, 1000)]
+    [200000, 1000]
     """
     wanted = TOOL_NAMES if names is None else tuple(names)
-    return [tool_schema(TOOLS_BY_NAME[n]) for n in wanted]
+    cap = schema_max_length(max_string_length)
+    return [tool_schema(TOOLS_BY_NAME[n], max_string_length=cap) for n in wanted]
 
 
 # --------------------------------------------------------------------------------------------

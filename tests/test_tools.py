@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -10,7 +11,8 @@ from hypothesis import strategies as st
 
 from rsigym_env.errors import ActionError
 from rsigym_env.tools import (
-    TOOL_NAMES, Evaluate, Train, action_space, from_space_sample, parse_action, to_space_sample, tool_schemas,
+    SCHEMA_MAX_LENGTH, SCHEMA_MAX_LENGTH_ENV, TOOL_NAMES, TOOLS, Evaluate, Train, action_space, from_space_sample,
+    parse_action, to_space_sample, tool_schemas,
 )
 
 EXAMPLES = {
@@ -126,3 +128,177 @@ def test_parsing_never_raises_anything_but_action_error(action):
     else:
         assert tool.name in TOOL_NAMES
         assert parse_action(tool.model_dump() and {"tool": tool.name, "args": tool.model_dump()}) == tool
+
+
+# --------------------------------------------------------------------------------------------
+# LLM-facing schemas: string limits that grammar-constrained decoders compile
+
+
+def _string_limits(schema: Any) -> list[int]:
+    if isinstance(schema, dict):
+        own = [schema["maxLength"]] if "maxLength" in schema else []
+        return own + [n for value in schema.values() for n in _string_limits(value)]
+    if isinstance(schema, list):
+        return [n for value in schema for n in _string_limits(value)]
+    return []
+
+
+def _parameters(**options: Any) -> dict[str, dict[str, Any]]:
+    return {s["function"]["name"]: s["function"]["parameters"] for s in tool_schemas(**options)}
+
+
+def test_llm_schemas_cap_string_limits_and_validation_keeps_the_models(monkeypatch):
+    monkeypatch.delenv(SCHEMA_MAX_LENGTH_ENV, raising=False)
+    capped, exact = _parameters(), _parameters(max_string_length=None)
+    assert SCHEMA_MAX_LENGTH == 1000
+    assert max(n for p in capped.values() for n in _string_limits(p)) == 1000
+    assert exact == {t.name: {k: v for k, v in t.model_json_schema().items() if k not in ("title", "description")}
+                     | {"properties": {n: {k: v for k, v in prop.items() if k != "title"}
+                                       for n, prop in t.model_json_schema()["properties"].items()}}
+                     for t in TOOLS}  # None: exactly the models' schemas
+    assert max(_string_limits(exact["edit_harness"])) == 200_000 and max(_string_limits(exact["infer"])) == 50_000
+    content = capped["edit_harness"]["properties"]["content"]
+    assert content["anyOf"][0]["maxLength"] == 1000
+    assert content["description"].startswith("New full content of the file. At most 1,000 characters in this schema "
+                                              "(the tool accepts up to 200,000). A longer file goes in parts")
+    assert "`cat >> job.sh" in capped["sandbox_exec"]["properties"]["command"]["description"]
+    assert capped["read"] == exact["read"] and capped["train"] == exact["train"]  # nothing over the cap: unchanged
+    for name in TOOL_NAMES:  # only limits and descriptions differ
+        assert capped[name]["required" if "required" in capped[name] else "type"] == \
+            exact[name]["required" if "required" in exact[name] else "type"]
+        assert list(capped[name]["properties"]) == list(exact[name]["properties"])
+    # the tools still take what their models take: a client that sends more than the schema shows is not refused
+    assert len(parse_action({"tool": "edit_harness", "args": {"path": "p.md", "content": "x" * 150_000}}).content) == 150_000
+    with pytest.raises(ActionError, match="content"):
+        parse_action({"tool": "edit_harness", "args": {"path": "p.md", "content": "x" * 200_001}})
+
+
+def test_schema_string_limit_options(monkeypatch):
+    monkeypatch.delenv(SCHEMA_MAX_LENGTH_ENV, raising=False)
+    assert set(n for p in _parameters(max_string_length=64).values() for n in _string_limits(p)) == {64}
+    assert max(_string_limits(_parameters(max_string_length=0)["edit_harness"])) == 200_000  # 0: no cap
+    monkeypatch.setenv(SCHEMA_MAX_LENGTH_ENV, "300")
+    assert max(n for p in _parameters().values() for n in _string_limits(p)) == 300
+    assert max(_string_limits(_parameters(max_string_length=700)["infer"])) == 700  # an explicit value wins
+    monkeypatch.setenv(SCHEMA_MAX_LENGTH_ENV, "none")
+    assert max(_string_limits(_parameters()["edit_harness"])) == 200_000
+    monkeypatch.setenv(SCHEMA_MAX_LENGTH_ENV, "lots")
+    with pytest.raises(ValueError, match=r"\$RSIGYM_SCHEMA_MAX_LENGTH must be a whole number"):
+        tool_schemas()
+    with pytest.raises(ValueError, match="max_string_length must be"):
+        tool_schemas(max_string_length=-5)
+
+
+def test_rsigym_tools_json_takes_a_max_length(capsys, monkeypatch):
+    from rsigym_env.cli import main
+
+    monkeypatch.delenv(SCHEMA_MAX_LENGTH_ENV, raising=False)
+    for flags, top in (([], 1000), (["--max-length", "250"], 250), (["--max-length", "none"], 200_000)):
+        assert main(["tools", "--json", *flags]) == 0
+        assert max(n for s in json.loads(capsys.readouterr().out) for n in _string_limits(s)) == top
+
+
+def test_llm_schemas_stay_within_llama_cpp_repetition_limit():
+    """llama.cpp compiles ``maxLength: N`` to ``char{0,N}`` (``maxItems`` likewise) and its GBNF parser refuses
+    a repetition of ``MAX_REPETITION_THRESHOLD`` (2000) or more (older builds crash generating under it)."""
+    for params in _parameters().values():
+        assert all(n < 2000 for n in _string_limits(params))
+        assert all(n < 2000 for n in _limits(params, "maxItems"))
+
+
+def _limits(schema: Any, key: str) -> list[int]:
+    if isinstance(schema, dict):
+        return ([schema[key]] if key in schema else []) + [n for v in schema.values() for n in _limits(v, key)]
+    if isinstance(schema, list):
+        return [n for v in schema for n in _limits(v, key)]
+    return []
+
+
+def _sample(schema: dict[str, Any], required_first: bool = False) -> Any:
+    """Schema-valid arguments with every string at its maxLength (properties in schema order, or required first
+    as llama.cpp orders them)."""
+    if "anyOf" in schema:
+        return _sample(next(s for s in schema["anyOf"] if s.get("type") != "null"), required_first)
+    if "enum" in schema:
+        return schema["enum"][-1]
+    kind = schema.get("type")
+    if kind == "string":
+        return "a" * schema.get("maxLength", 8)
+    if kind in ("integer", "number"):
+        return schema.get("maximum", schema.get("minimum", 1))
+    if kind == "array":
+        return [_sample(schema["items"], required_first) for _ in range(schema.get("maxItems", 1))]
+    props = schema.get("properties", {})
+    required = schema.get("required", [])
+    order = [*required, *(k for k in props if k not in required)] if required_first else list(props)
+    return {k: _sample(props[k], required_first) for k in order}
+
+
+def _any_call(params: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One schema for any tool call, as servers build their tool-call grammars."""
+    return {"anyOf": [{"type": "object", "properties": {"name": {"const": name}, "arguments": p},
+                       "required": ["name", "arguments"], "additionalProperties": False} for name, p in params.items()]}
+
+
+VOCAB = [chr(c) for c in range(32, 127)] + ['{"', '"}', '": "', '", "', '":', '",', "aaaa", "null"]
+EOS = len(VOCAB)
+
+
+def _tokens(text: str) -> list[int]:
+    index = {t: i for i, t in enumerate(VOCAB)}
+    out, i = [], 0
+    while i < len(text):
+        n = next(n for n in (4, 3, 2, 1) if text[i:i + n] in index)
+        out.append(index[text[i:i + n]])
+        i += n
+    return out
+
+
+def _llguidance(schema: dict[str, Any], text: str) -> bool:
+    llguidance = pytest.importorskip("llguidance")
+
+    class Tokenizer:
+        eos_token_id, bos_token_id, special_token_ids = EOS, None, [EOS]
+        tokens = [t.encode() for t in VOCAB] + [b"<eos>"]
+
+        def __call__(self, s: Any) -> list[int]:
+            return _tokens(s.decode() if isinstance(s, bytes) else s)
+
+    matcher = llguidance.LLMatcher(llguidance.LLTokenizer(llguidance.TokenizerWrapper(Tokenizer())),
+                                   llguidance.LLMatcher.grammar_from_json_schema(schema))
+    assert not matcher.is_error(), matcher.get_error()
+    return matcher.consume_tokens(_tokens(text)) and matcher.is_accepting()
+
+
+def _outlines_core(schema: dict[str, Any], text: str) -> bool:
+    outlines_core = pytest.importorskip("outlines_core")
+    from outlines_core.json_schema import build_regex_from_schema
+
+    index = outlines_core.Index(build_regex_from_schema(json.dumps(schema)),
+                                outlines_core.Vocabulary(EOS, {t: [i] for i, t in enumerate(VOCAB)}))
+    state = index.get_initial_state()
+    for token in _tokens(text):
+        state = index.get_next_state(state, token)
+        if state is None:
+            return False
+    return index.is_final_state(state)
+
+
+def _xgrammar(schema: dict[str, Any], text: str) -> bool:
+    xgr = pytest.importorskip("xgrammar")  # needs PyTorch to import
+    info = xgr.TokenizerInfo([*VOCAB, "<eos>"], vocab_type=xgr.VocabType.RAW, stop_token_ids=[EOS])
+    compiled = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False).compile_json_schema(
+        json.dumps(schema), any_whitespace=False)
+    matcher = xgr.GrammarMatcher(compiled)
+    return matcher.accept_string(json.dumps(json.loads(text))) and matcher.accept_token(EOS)
+
+
+@pytest.mark.parametrize("engine", [_llguidance, _outlines_core, _xgrammar], ids=["llguidance", "outlines-core", "xgrammar"])
+def test_every_tool_schema_compiles_under_grammar_engines(engine):
+    """Each tool's LLM-facing schema, and one grammar over all of them, compiles with the grammar engine, which
+    then accepts a call whose every string is at its (capped) maxLength; skipped where the engine is not installed."""
+    params = _parameters(max_string_length=SCHEMA_MAX_LENGTH)
+    for name, schema in params.items():
+        assert engine(schema, json.dumps(_sample(schema), separators=(",", ":"))), name
+    call = {"name": "edit_harness", "arguments": _sample(params["edit_harness"])}
+    assert engine(_any_call(params), json.dumps(call, separators=(",", ":")))

@@ -11,15 +11,23 @@ A call may come in any of the usual shapes; all of these do the same thing:
 >>> parse_tool_call('{"tool": "evaluate", "args": {"k": 1}}')
 {'tool': 'evaluate', 'args': {'k': 1}}
 
-A call that cannot be understood is not an exception but an error observation (audited, free):
+Arguments a model writes as near-JSON are read where the intent is unambiguous
+(:func:`~rsigym_env.tools.loads_lenient`): raw newlines or tabs inside strings, a markdown code
+fence, one JSON object inside other text:
+
+>>> parse_tool_call({"name": "edit_harness", "arguments": '{"path": "prompt.md", "content": "a\\nb"}'})
+{'tool': 'edit_harness', 'args': {'path': 'prompt.md', 'content': 'a\\nb'}}
+
+A call that cannot be understood is not an exception but an error observation (audited, free); it
+keeps the tool's name (``info["tool"]``) when the call has one:
 
 >>> env = ToolCallWrapper(gym.make("RSIGym/Harness-v0", benchmark="aime", budget_usd=50))
 >>> log, info = env.reset(seed=0)
 >>> [s["function"]["name"] for s in env.tool_schemas][:3]
 ['infer', 'edit_harness', 'sandbox_exec']
 >>> log, reward, terminated, truncated, info = env.step({"name": "evaluate", "arguments": '{"k": 1'})
->>> info["error"], info["cost_usd"], log.splitlines()[1][:66]
-('malformed_action', 0.0, "ERROR malformed_action: arguments of 'evaluate' are not valid JSON")
+>>> info["error"], info["tool"], info["cost_usd"], log.splitlines()[1][:66]
+('malformed_action', 'evaluate', 0.0, "ERROR malformed_action: arguments of 'evaluate' are not valid JSON")
 >>> log, reward, terminated, truncated, info = env.step(json.dumps({"name": "submit", "arguments": "{}"}))
 >>> terminated, info["observation"]["step"]
 (True, array([2]))
@@ -37,16 +45,21 @@ from gymnasium import spaces
 
 import rsigym_env
 from rsigym_env.env import LOG_MAX, printable
-from rsigym_env.tools import Tool
+from rsigym_env.tools import Tool, loads_lenient
 
 ACTION_MAX = 100_000
 HINT = 'send one function call, e.g. {"name": "evaluate", "arguments": {"k": 1}}'
 _SHAPE_ERRORS = {"malformed_action", "unknown_tool", "invalid_args"}  # the env's codes for a call it cannot read
-_FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n?(.*?)\n?```$", re.DOTALL)
+_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")  # a name worth keeping in the refusal (tool_label keeps 64)
 
 
 class ToolCallError(ValueError):
-    """A tool call that could not be turned into an env action; the message says why."""
+    """A tool call that could not be turned into an env action; the message says why. ``tool`` and
+    ``raw_args`` are the call's function name and arguments when it had a name."""
+
+    def __init__(self, message: str, tool: str | None = None, raw_args: Any = None):
+        super().__init__(message)
+        self.tool, self.raw_args = tool, raw_args
 
 
 def _decode_json(text: str | bytes, what: str) -> Any:
@@ -55,15 +68,13 @@ def _decode_json(text: str | bytes, what: str) -> Any:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ToolCallError(f"{what} is not UTF-8 text: {exc}") from None
-    stripped = text.strip()
-    fenced = _FENCE.match(stripped)  # LLMs like to wrap JSON in a markdown code fence
-    if fenced:
-        stripped = fenced.group(1).strip()
-    try:
-        return json.loads(stripped)
+    try:  # near-JSON too: a code fence, raw newlines in strings, one object inside prose
+        return loads_lenient(text)
     except json.JSONDecodeError as exc:
         raise ToolCallError(f"{what} are not valid JSON: {exc}" if what.startswith("arguments")
                             else f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ToolCallError(f"{what} {'are' if what.startswith('arguments') else 'is'} nested too deeply") from None
 
 
 def _arguments(name: str, raw: Any) -> Any:
@@ -81,7 +92,12 @@ def _named(name: Any, raw_args: Any) -> dict[str, Any]:
     if not isinstance(name, str) or not name.strip():
         raise ToolCallError(f"the call has no function name (got {name!r})")
     name = name.strip()
-    return {"tool": name, "args": _arguments(name, raw_args)}
+    try:
+        return {"tool": name, "args": _arguments(name, raw_args)}
+    except ToolCallError as exc:
+        if _NAME.match(name) and not isinstance(raw_args, bytes):  # bytes: the env might read them otherwise
+            exc.tool, exc.raw_args = name, raw_args
+        raise
 
 
 def parse_tool_call(call: Any, _depth: int = 0) -> dict[str, Any] | Tool | tuple[Any, Any]:
@@ -172,7 +188,10 @@ class ToolCallWrapper(gym.Wrapper[str, str, dict[str, Any], Any], gym.utils.Reco
         try:
             call: Any = parse_tool_call(action)
         except ToolCallError as exc:
-            problem, call = str(exc), action  # the env refuses the original (and audits it)
+            # the env refuses it (and audits it): as {"tool": name, "args": what came} when the call named
+            # a tool, so that the refusal keeps the name (info["tool"], the step log), else as it came
+            problem = str(exc)
+            call = action if exc.tool is None else {"tool": exc.tool, "args": exc.raw_args}
         obs, reward, terminated, truncated, info = self.env.step(call)
         log, info = self._split(obs, info)
         if problem is not None:

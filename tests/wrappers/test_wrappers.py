@@ -196,6 +196,72 @@ def test_malformed_arguments_message_names_the_problem():
     assert info["error"] == "unknown_tool" and "tool_call_error" not in info  # the env's message is clear
 
 
+NEAR_JSON = [  # (call, the action it is): what models write when the intent is unambiguous
+    ({"name": "edit_harness", "arguments": '{"path": "prompt.md", "content": "line 1\nline 2\tend"}'},
+     {"tool": "edit_harness", "args": {"path": "prompt.md", "content": "line 1\nline 2\tend"}}),   # raw control chars
+    ({"name": "evaluate", "arguments": '```json\n{"k": 1}\n```'}, {"tool": "evaluate", "args": {"k": 1}}),
+    ({"name": "evaluate", "arguments": 'Arguments: {"k": 1} (one sample).'}, {"tool": "evaluate", "args": {"k": 1}}),
+    ('I will call {"name": "wait", "arguments": {}} now.', {"tool": "wait", "args": {}}),
+    ('{"name": "read", "arguments": {"ref": "a\nb"}}', {"tool": "read", "args": {"ref": "a\nb"}}),
+]
+STILL_REFUSED = [
+    {"name": "evaluate", "arguments": '{"k": 1} or {"k": 2}'},   # two objects: ambiguous
+    {"name": "evaluate", "arguments": "{'k': 1}"},               # not JSON at all
+    {"name": "evaluate", "arguments": '{"k": 1'},                # cut off
+    '{"name": "wait"} {"name": "submit"}',
+]
+
+
+@pytest.mark.parametrize("call, action", NEAR_JSON)
+def test_near_json_arguments_are_accepted_when_unambiguous(call, action):
+    assert parse_tool_call(call) == action
+    env = ToolCallWrapper(make())
+    env.reset(seed=0)
+    _, _, _, _, info = env.step(call)
+    assert info["tool"] == action["tool"] and "tool_call_error" not in info, info.get("message")
+    assert info["ok"] or info["error"] not in {"malformed_action", "unknown_tool", "invalid_args"}  # read, then ran
+
+
+def test_parse_action_reads_near_json_text_and_arguments_as_text():
+    from rsigym_env.errors import ActionError
+    from rsigym_env.tools import EditHarness, parse_action
+
+    assert parse_action('{"tool": "evaluate", "args": {"k": 2}}') == Evaluate(k=2)
+    assert parse_action({"tool": "evaluate", "args": '{"k": 2}'}) == Evaluate(k=2)
+    assert parse_action({"tool": "evaluate", "args": "  "}) == Evaluate()
+    text = '{"tool": "edit_harness", "args": {"path": "prompt.md", "content": "a\nb"}}'
+    assert parse_action(text) == EditHarness(path="prompt.md", content="a\nb")
+    with pytest.raises(ActionError, match="arguments of 'evaluate' are not valid JSON"):
+        parse_action({"tool": "evaluate", "args": "{broken"})
+    with pytest.raises(ActionError, match="nested deeper"):
+        parse_action({"tool": "evaluate", "args": "[" * 20 + "]" * 20})
+
+
+@pytest.mark.parametrize("call", STILL_REFUSED)
+def test_ambiguous_or_broken_calls_are_still_refused(call):
+    env = ToolCallWrapper(make())
+    env.reset(seed=0)
+    log, _, _, _, info = env.step(call)
+    assert info["ok"] is False and info["error"] == "malformed_action" and info["cost_usd"] == 0, call
+
+
+def test_a_refused_call_keeps_the_tools_name(tmp_path):
+    env = ToolCallWrapper(make(ledger_path=tmp_path / "ledger.sqlite"))
+    env.reset(seed=0)
+    steps: list = []
+    for call in [{"name": "evaluate", "arguments": '{"k": 1'},
+                 {"type": "function", "function": {"name": "read", "arguments": "[1, 2]"}},
+                 SimpleNamespace(function=SimpleNamespace(name="wait", arguments="{nope"))]:
+        steps.append(env.step(call)[-1])
+    assert [i["tool"] for i in steps] == ["evaluate", "read", "wait"]
+    assert all(i["error"] == "malformed_action" and "tool_call_error" in i for i in steps)
+    assert "arguments of 'evaluate' are not valid JSON" in steps[0]["message"]
+    ledger = env.unwrapped.run.platform.ledger
+    refused = [r.event for r in ledger.audit_records() if r.event.get("decision") == "refused"]
+    assert [r["tool"] for r in refused] == ["evaluate", "read", "wait"]  # the audit log keeps it too
+    env.close()
+
+
 @pytest.mark.parametrize("env_id", rsigym_env.ENV_IDS)
 def test_tool_schemas_are_the_scenarios_tools(env_id):
     env = ToolCallWrapper(make(env_id))
