@@ -210,6 +210,8 @@ def choose_researcher(args: argparse.Namespace, run_dir: Path) -> Researcher:
     for field in ("model", "base_url", "api_key"):
         if getattr(args, f"llm_{field}"):
             setattr(llm, field, getattr(args, f"llm_{field}"))
+    if args.llm_context:
+        llm.context_tokens = args.llm_context
     return LLMResearcher(llm)
 
 
@@ -256,6 +258,9 @@ def register(sub: Any) -> None:
     run.add_argument("--llm-model", help="--agent llm: model name (default: $RSIGYM_LLM_MODEL)")
     run.add_argument("--llm-base-url", help="--agent llm: OpenAI-compatible base URL (default: $OPENAI_BASE_URL)")
     run.add_argument("--llm-api-key", help="--agent llm: API key (default: $OPENAI_API_KEY)")
+    run.add_argument("--llm-context", type=int, metavar="TOKENS",
+                     help="--agent llm: the server's context size, checked against the fixed prompt before the "
+                          "first call (default: $RSIGYM_LLM_CONTEXT)")
     run.add_argument("--json", metavar="PATH", help="also write the result as JSON here")
     run.add_argument("--run-dir", help="where to keep the ledger, audit log and step log (default: runs/...)")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no per-step lines")

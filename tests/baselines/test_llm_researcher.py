@@ -9,7 +9,9 @@ import uuid
 import gymnasium as gym
 import pytest
 
-from rsigym_env.baselines.llm_researcher import NOT_EXECUTED, NUDGE, LLMArgs, LLMResearcher
+from rsigym_env.baselines.llm_researcher import (
+    NOT_EXECUTED, NUDGE, LLMArgs, LLMResearcher, RequestFailed, _context_error, estimate_tokens,
+)
 from rsigym_env.episode import run_episode
 from rsigym_env.serving import (
     Call, ChatRequest, EchoModel, ModelRegistry, OpenAIServer, ScriptedChatModel, estimate_prompt_tokens,
@@ -99,8 +101,10 @@ def test_malformed_calls_and_chatter_are_survived(server, env):
         Call("submit", ""),                             # empty arguments mean {}
     ])
     agent = researcher(server, name)
-    result = run_episode(env, agent, seed=1)
+    infos: list = []
+    result = run_episode(env, agent, seed=1, on_step=lambda n, action, obs, info: infos.append(info))
     assert result.terminated and result.steps == 7 and result.info["submitted"]["by"] == "agent"
+    assert [i["tool"] for i in infos[:4]] == ["read", "fly", "evaluate", "train"]  # refusals keep the tool's name
     assert result.info["spend_usd"] == 0.0  # nothing was charged for the refused calls
 
     errors = [tool_messages(model.requests[i])[-1].text for i in range(1, 5)]
@@ -117,6 +121,11 @@ def test_malformed_calls_and_chatter_are_survived(server, env):
     last = model.requests[6].messages
     assert [m.role for m in last[-3:]] == ["assistant", "tool", "tool"]
     assert last[-1].text == NOT_EXECUTED and "job" in last[-2].text
+    assert [m.name for m in last[-2:]] == ["read", "submit"]  # tool results carry tool_call_id and name
+    # what goes back is what every server takes: string content, strict JSON arguments ({} if unreadable)
+    history = model.requests[6].messages
+    assert all(isinstance(m.content, str) for m in history)
+    assert history[2].tool_calls[0].function.arguments == "{}" and "shows them as {}" in history[3].text
 
 
 def test_context_policy_bounds_the_messages(server, env):
@@ -174,3 +183,33 @@ def test_text_only_model_cannot_stall_the_run():
         result = run_episode(env, researcher(srv, "echo"), seed=0)
     assert result.truncated and result.steps == 5 and result.reward == 0.0
     assert result.info["spend_usd"] == 0.0
+
+
+@pytest.mark.parametrize("status, body, expected", [
+    (400, {"message": "This model's maximum context length is 2048 tokens. However, you requested 2733 tokens "
+                      "(2733 in the messages, 0 in the completion).", "code": "context_length_exceeded"},
+     (2048, 2733)),                                                                   # OpenAI, llama-cpp-python
+    (400, {"object": "error", "message": "This model's maximum context length is 4096 tokens. However, you "
+                                         "requested 5000 tokens (4800 in the messages, 200 in the completion).",
+           "type": "BadRequestError", "code": 400}, (4096, 4800)),                    # vLLM
+    (400, {"message": "The input (5000 tokens) is longer than the model's context length (4096 tokens)."},
+     (4096, 5000)),                                                                   # SGLang
+    (400, {"code": 400, "message": "the request exceeds the available context size, try increasing it",
+           "type": "exceed_context_size_error", "n_prompt_tokens": 2733, "n_ctx": 2048}, (2048, 2733)),  # llama.cpp
+    (400, {"message": "Trying to keep the first 2733 tokens when context the overflows. However, the model is "
+                      "loaded with context length of only 2048 tokens, which is not enough."}, (2048, None)),  # LM Studio
+    (400, {"message": "litellm.ContextWindowExceededError: prompt is too long"}, (None, None)),  # LiteLLM
+    (500, {"message": "llama_decode failed: the KV cache is full"}, None),            # transient, not a context error
+    (400, {"message": "Invalid 'messages[1].tool_calls': empty array."}, None),
+])
+def test_context_length_errors_of_every_server_are_recognised(status, body, expected):
+    failure = RequestFailed("http", body["message"], status=status, code=str(body.get("code") or "") or None, body=body)
+    assert _context_error(failure) == expected
+
+
+def test_the_fixed_prompt_estimate_counts_the_tool_schemas(server, env):
+    agent = researcher(server, "unused")
+    agent.reset(*env.reset(seed=0), seed=0)
+    assert agent.fixed_tokens == estimate_tokens(agent.fixed, agent.tools) > estimate_tokens(agent.fixed)
+    assert all(node.get("maxLength", 0) <= 1000 for t in agent.tools
+               for node in t["function"]["parameters"]["properties"].values())  # the schemas' default cap
