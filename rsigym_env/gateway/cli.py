@@ -181,8 +181,9 @@ def register_mcp(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``rsigym mcp`` to ``rsigym``'s subcommands."""
     parser = subparsers.add_parser(
         "mcp", help="serve a research run to an MCP client over stdio (Claude Code, Codex, Cursor, ...)",
-        description="Serve one research run over MCP (stdio): an in-process run from the flags, or, with "
-                    "RSIGYM_URL and RSIGYM_RUN_KEY in the environment and no run flags, a run of the session service.")
+        description="Serve one research run over MCP (stdio): an in-process run from the flags (they win over the "
+                    "environment), or, with RSIGYM_URL and RSIGYM_RUN_KEY in the environment and no run flags, a run "
+                    "of the session service. A server without a run answers every tool call with the reason.")
     add_mcp_arguments(parser)
     parser.set_defaults(func=run_mcp)
     return parser

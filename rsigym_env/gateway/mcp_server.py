@@ -1,7 +1,9 @@
 """The run as an MCP server (official ``mcp`` SDK 2.x): stdio for one run, streamable HTTP per run key.
 
 Every tool of :func:`rsigym_env.tools.tool_schemas` is one MCP tool with the same name, description
-and input schema (the tool model's JSON schema; nothing is written by hand). A call goes to the run's
+and input schema (the tool model's JSON schema; nothing is written by hand), its string limits capped
+at 1,000 characters by default so that grammar-constrained decoders compile it (``--schema-max-length``,
+``$RSIGYM_SCHEMA_MAX_LENGTH``; the run itself accepts the models' limits). A call goes to the run's
 :class:`~rsigym_env.gateway.backend.RunBackend`, which validates, bills, audits and scores it; the
 result is the :class:`~rsigym_env.gateway.backend.ToolReply` as ``structured_content`` (its text as
 the content block). A refused call is an ``is_error`` result whose structured content carries the
@@ -34,8 +36,10 @@ Over stdio (what ``rsigym mcp`` runs; ``claude mcp add rsigym -- rsigym mcp --be
     python -m rsigym_env.gateway.mcp_server --world sim --benchmark aime --budget 50 --seed 0
 
 or, for a run of the session service, ``RSIGYM_URL`` and ``RSIGYM_RUN_KEY`` in the environment and
-no run flags. Over streamable HTTP: :func:`mcp_http_app` (stateless; the bearer run key is checked
-on every request).
+no run flags (run flags win over them: :func:`backend_maker`). ``--run-dir DIR`` writes the run
+directory as ``rsigym run`` does. A server that cannot get its run still answers: every tool call is
+an error result saying why. Over streamable HTTP: :func:`mcp_http_app` (stateless; the bearer run key
+is checked on every request).
 """
 
 from __future__ import annotations
@@ -61,9 +65,9 @@ from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE, Transpo
 from mcp.shared.exceptions import MCPError
 from starlette.types import Receive, Scope, Send
 
-from ..tools import tool_schemas
+from ..tools import SCHEMA_MAX_LENGTH, schema_max_length, tool_schemas
 from .backend import RunBackend, ToolReply, jsonable
-from .local_runs import RUN_FLAGS, LocalRunFactory, add_mcp_arguments
+from .local_runs import IN_PROCESS_FLAGS, LocalRunFactory, add_mcp_arguments
 
 log = logging.getLogger(__name__)
 
@@ -89,15 +93,19 @@ Ctx = ServerRequestContext[Any, Any]
 BackendFor = Callable[[Ctx], RunBackend | None]
 
 
-def mcp_tools() -> list[types.Tool]:
+def mcp_tools(max_string_length: int | str | None = "default") -> list[types.Tool]:
     """The MCP tool list: one per tool of :func:`tool_schemas`, same name, description and input schema.
+
+    String limits are capped as in :func:`tool_schemas` (default 1,000 characters, or
+    ``$RSIGYM_SCHEMA_MAX_LENGTH``) so that clients that decode under a grammar compile them; the run
+    still accepts what its tool models accept. ``None``: the models' own limits.
 
     >>> [t.name for t in mcp_tools()][:3]
     ['generate_data', 'transform_data', 'train']
     """
     output_schema = ToolReply.model_json_schema()
     tools = []
-    for schema in tool_schemas():
+    for schema in tool_schemas(max_string_length=max_string_length):
         fn = schema["function"]
         annotations = types.ToolAnnotations(
             read_only_hint=fn["name"] == "read", destructive_hint=fn["name"] == "submit", open_world_hint=False)
@@ -123,7 +131,8 @@ def _refusal(tool: str, error: str, message: str) -> types.CallToolResult:
 
 def build_mcp_server(backend: RunBackend | None = None, *, backend_for: BackendFor | None = None,
                      name: str = "rsigym", instructions: str = INSTRUCTIONS,
-                     progress_interval_s: float = 2.0) -> Server[Any]:
+                     progress_interval_s: float = 2.0,
+                     schema_max_length: int | str | None = "default") -> Server[Any]:
     """An MCP server whose tools drive one run.
 
     Args:
@@ -131,13 +140,14 @@ def build_mcp_server(backend: RunBackend | None = None, *, backend_for: BackendF
         backend_for: instead of ``backend``, how to find a request's run (the HTTP app reads it from the
             request's ASGI scope, where :func:`mcp_http_app` put it after checking the key).
         progress_interval_s: while a call runs longer than this, a progress notification every interval.
+        schema_max_length: the tool list's cap on string ``maxLength`` (:func:`mcp_tools`).
     """
     if (backend is None) == (backend_for is None):
         raise ValueError("give exactly one of backend and backend_for")
     if not progress_interval_s > 0:
         raise ValueError(f"progress_interval_s must be > 0, got {progress_interval_s}")
     find_run: BackendFor = (lambda ctx: backend) if backend_for is None else backend_for
-    tools = mcp_tools()
+    tools = mcp_tools(schema_max_length)
     input_schemas = {t.name: t.input_schema for t in tools}
 
     async def list_tools(ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
@@ -251,9 +261,11 @@ class MCPHTTPApp:
 
     def __init__(self, resolve_key: ResolveKey, *, progress_interval_s: float = 2.0,
                  max_request_body_size: int = DEFAULT_MAX_REQUEST_BODY_SIZE,
-                 transport_security: TransportSecuritySettings | None = None):
+                 transport_security: TransportSecuritySettings | None = None,
+                 schema_max_length: int | str | None = "default"):
         self.resolve_key = resolve_key
-        self.server = build_mcp_server(backend_for=_scope_backend, progress_interval_s=progress_interval_s)
+        self.server = build_mcp_server(backend_for=_scope_backend, progress_interval_s=progress_interval_s,
+                                       schema_max_length=schema_max_length)
         self.session_manager = StreamableHTTPSessionManager(
             app=self.server, stateless=True, json_response=False, security_settings=transport_security,
             max_request_body_size=max_request_body_size)
@@ -326,79 +338,180 @@ def _scope_backend(ctx: Ctx) -> RunBackend | None:
 
 def mcp_http_app(resolve_key: ResolveKey, *, progress_interval_s: float = 2.0,
                  max_request_body_size: int = DEFAULT_MAX_REQUEST_BODY_SIZE,
-                 transport_security: TransportSecuritySettings | None = None) -> MCPHTTPApp:
+                 transport_security: TransportSecuritySettings | None = None,
+                 schema_max_length: int | str | None = "default") -> MCPHTTPApp:
     """An ASGI app serving MCP over streamable HTTP for every run whose key ``resolve_key`` accepts.
 
     Each HTTP request is authorized on its own: ``resolve_key(token)`` (sync, fast and non-blocking, or
     async) maps the bearer token to the run's backend, or ``None`` (401). Protocol sessions are not used
     (stateless HTTP), so a key is never bound to, nor trusted from, an ``Mcp-Session-Id``. Request
     bodies over ``max_request_body_size`` are refused (413) before they are parsed.
-    ``transport_security`` enables the SDK's Host/Origin checks (DNS-rebinding protection).
+    ``transport_security`` enables the SDK's Host/Origin checks (DNS-rebinding protection);
+    ``schema_max_length`` caps the tool list's string limits (:func:`mcp_tools`).
     """
     return MCPHTTPApp(resolve_key, progress_interval_s=progress_interval_s,
-                      max_request_body_size=max_request_body_size, transport_security=transport_security)
+                      max_request_body_size=max_request_body_size, transport_security=transport_security,
+                      schema_max_length=schema_max_length)
 
 
 # ------------------------------------------------------------------------------------------------
 # stdio and the `rsigym mcp` command
 
 
-async def serve_stdio(make_backend: Callable[[], RunBackend], *, progress_interval_s: float = 2.0) -> None:
+class UnavailableRun:
+    """The run of an ``rsigym mcp`` that could not start one: every tool call is an ``is_error`` result
+    (``run_unavailable``) carrying ``reason``, and the resources fail with it, so the MCP client (and
+    its model) reads why instead of seeing the connection close."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def message(self) -> str:
+        return (f"rsigym mcp has no research run: {self.reason} -- fix the server's command line or environment "
+                "in the MCP client's configuration, then restart the server")
+
+    def call(self, tool: str, args: dict[str, Any] | None = None) -> ToolReply:
+        return ToolReply(ok=False, tool=str(tool)[:64], text=f"ERROR run_unavailable: {self.message()}",
+                         error="run_unavailable", message=self.message(), budget_left_usd=0.0)
+
+    def observation(self) -> dict[str, Any]:
+        raise RuntimeError(self.message())
+
+    def close(self) -> None:
+        pass
+
+
+async def serve_stdio(make_backend: Callable[[], RunBackend], *, progress_interval_s: float = 2.0,
+                      schema_max_length: int | str | None = "default",
+                      on_failure: Callable[[str], None] | None = None) -> bool:
     """Serve one run over stdin/stdout until the client closes stdin; then close the run.
 
     The run is built once the SDK has moved fd 1 aside, so nothing the world prints reaches the wire.
+    If it cannot be built, the server still answers: every tool call is an error result saying why
+    (:class:`UnavailableRun`; ``on_failure`` gets the reason too). Returns whether the run started.
     """
     async with stdio_server() as (read_stream, write_stream):
-        run = await anyio.to_thread.run_sync(make_backend)
+        started = True
         try:
-            server = build_mcp_server(run, progress_interval_s=progress_interval_s)
+            run: RunBackend = await anyio.to_thread.run_sync(make_backend)
+        except Exception as exc:
+            log.debug("the run could not start", exc_info=True)
+            reason = f"the run could not start: {type(exc).__name__}: {exc}"
+            if on_failure is not None:
+                on_failure(reason)
+            run, started = UnavailableRun(reason), False
+        try:
+            instructions = INSTRUCTIONS if started else unavailable_instructions(run.reason)  # type: ignore[attr-defined]
+            server = build_mcp_server(run, progress_interval_s=progress_interval_s, instructions=instructions,
+                                      schema_max_length=schema_max_length)
             await server.run(read_stream, write_stream, server.create_initialization_options())
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(run.close)
+    return started
 
 
-def backend_maker(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Callable[[], RunBackend]:
+def unavailable_instructions(reason: str) -> str:
+    """The instructions of a server without a run: why, and that every tool call answers the same."""
+    return (f"This rsigym MCP server has no research run: {reason}. Every tool call answers with this error "
+            "until the server is restarted with a working configuration.")
+
+
+async def serve_unavailable(reason: str) -> None:
+    """Serve, over stdio, only the reason ``rsigym mcp`` has no run (:class:`UnavailableRun`)."""
+    async with stdio_server() as (read_stream, write_stream):
+        server = build_mcp_server(UnavailableRun(reason), instructions=unavailable_instructions(reason),
+                                  schema_max_length=SCHEMA_MAX_LENGTH)
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def _flag_names(flags: Sequence[str]) -> str:
+    return ", ".join("--" + f.replace("_", "-") for f in flags)
+
+
+def backend_maker(args: argparse.Namespace, environ: dict[str, str] | None = None,
+                  notice: Callable[[str], None] | None = None) -> Callable[[], RunBackend]:
     """What ``rsigym mcp`` serves: an in-process run from the flags, or the service's run of ``RSIGYM_RUN_KEY``.
 
-    Raises ``ValueError`` with the reason when the choice is ambiguous or incomplete.
+    Flags win over the environment: any flag of an in-process run (``--scenario``, ``--benchmark``,
+    ``--run-dir``, ``--seed``, ...) means one, and ``notice`` is told that ``RSIGYM_RUN_KEY`` /
+    ``RSIGYM_URL`` are ignored. Without such flags, ``RSIGYM_RUN_KEY`` and ``RSIGYM_URL`` together mean
+    the session service's run; neither means an in-process run of the default scenario. Raises
+    ``ValueError`` with the reason when only one of the two is set, or the scenario is bad.
     """
     environ = dict(os.environ if environ is None else environ)
     key, url = environ.get("RSIGYM_RUN_KEY"), environ.get("RSIGYM_URL")
-    flags = [f for f in RUN_FLAGS if getattr(args, f, None) is not None]
-    if key:
-        if flags:
-            raise ValueError(f"RSIGYM_RUN_KEY is set (a run of the session service) but so are run flags "
-                             f"({', '.join('--' + f.replace('_', '-') for f in flags)}): unset one or the other")
-        if not url:
-            raise ValueError("RSIGYM_RUN_KEY is set but RSIGYM_URL (the session service's address) is not")
-        from .remote import RemoteRun  # the session service's REST client
+    flags = [f for f in IN_PROCESS_FLAGS if getattr(args, f, None) is not None]
+    if flags or not (key or url):
+        if (key or url) and notice is not None:
+            ignored = " and ".join(n for n, v in (("RSIGYM_RUN_KEY", key), ("RSIGYM_URL", url)) if v)
+            notice(f"{_flag_names(flags)} given: serving an in-process run; {ignored} in the environment "
+                   f"{'is' if ' and ' not in ignored else 'are'} ignored")
+        factory = LocalRunFactory.from_args(args, step_log=True, researcher=getattr(args, "label", None) or "mcp",
+                                            surface="rsigym mcp")
+        factory.make_env().close()  # check the scenario now: a bad flag fails here with its reason, not mid-protocol
+        seed = getattr(args, "seed", None)
+        return lambda: factory(seed=0 if seed is None else seed)
+    if not url:
+        raise ValueError("RSIGYM_RUN_KEY is set but RSIGYM_URL (the session service's address, e.g. "
+                         "http://127.0.0.1:8765) is not; or give run flags (--scenario, --benchmark, ...) for an "
+                         "in-process run")
+    if not key:
+        raise ValueError("RSIGYM_URL is set but RSIGYM_RUN_KEY (the run key of a run of the service, rsr_...) is "
+                         "not; or give run flags (--scenario, --benchmark, ...) for an in-process run")
+    from .remote import RemoteRun  # the session service's REST client
 
-        return lambda: RemoteRun(url, key)
-    factory = LocalRunFactory.from_args(args)
-    factory.make_env().close()  # check the scenario now: a bad flag fails here with its reason, not mid-protocol
-    return lambda: factory(seed=args.seed)
+    return lambda: RemoteRun(url, key)
+
+
+def _interactive() -> bool:
+    """Whether a person (a terminal) is on stdin, rather than an MCP client's pipe."""
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def cmd_mcp(args: argparse.Namespace, console: Any = None) -> int:
-    """``rsigym mcp``: serve a run over stdio. Messages go to stderr; stdout is the protocol's."""
+    """``rsigym mcp``: serve a run over stdio. Messages go to stderr; stdout is the protocol's.
+
+    A configuration that cannot give a run (a bad scenario, half of the service's variables) is
+    reported on stderr and then, unless stdin is a terminal, served: every tool call answers the
+    reason (exit 2 when the client leaves; at a terminal, 2 at once). A run that fails to start is
+    served the same way (exit 1).
+    """
     from rich.console import Console
 
     err = Console(stderr=True)
+
+    def say(message: str, style: str) -> None:
+        err.print(f"rsigym mcp: {message}", style=style, markup=False, highlight=False, soft_wrap=True)
+
     try:
         if not args.progress_interval > 0:
             raise ValueError(f"--progress-interval must be > 0, got {args.progress_interval}")
-        make = backend_maker(args)
-    except ValueError as exc:
-        err.print(f"rsigym mcp: {exc}", style="red", markup=False, highlight=False)
+        schema_cap = schema_max_length(getattr(args, "schema_max_length", "default"))
+        make = backend_maker(args, notice=lambda text: say(text, "yellow"))
+    except Exception as exc:  # ValueError: a bad flag or variable; anything else: the scenario check failed
+        reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+        say(reason, "red")
+        if _interactive():
+            return 2
+        say("serving this error to the MCP client: every tool call answers it", "red")
+        try:
+            anyio.run(serve_unavailable, reason)
+        except Exception as served:
+            log.debug("serving the error stopped: %r", served)
         return 2
     try:
-        anyio.run(lambda: serve_stdio(make, progress_interval_s=args.progress_interval))
-    except Exception as exc:  # the run failed to start or broke: say why on stderr, not as a traceback on the wire
+        started = anyio.run(lambda: serve_stdio(make, progress_interval_s=args.progress_interval,
+                                                schema_max_length=schema_cap,
+                                                on_failure=lambda reason: say(reason, "red")))
+    except Exception as exc:  # the server broke: say why on stderr, not as a traceback on the wire
         log.exception("rsigym mcp stopped")
-        err.print(f"rsigym mcp: stopped: {type(exc).__name__}: {exc}", style="red", markup=False, highlight=False)
+        say(f"stopped: {type(exc).__name__}: {exc}", "red")
         return 1
-    return 0
+    return 0 if started else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,6 +9,7 @@ import json
 import os
 import secrets
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ import anyio
 import httpx2
 import pytest
 from mcp import Client, MCPError, StdioServerParameters
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from starlette.testclient import TestClient
 
@@ -122,20 +124,27 @@ def test_stdio_subprocess_lists_the_tools_and_plays_an_episode(tmp_path):
 
 
 def test_stdio_command_refuses_a_bad_configuration_before_serving(tmp_path, capsys, monkeypatch):
+    from rsigym_env.gateway import mcp_server
+
     monkeypatch.delenv("RSIGYM_RUN_KEY", raising=False)
+    monkeypatch.delenv("RSIGYM_URL", raising=False)
+    monkeypatch.setattr(mcp_server, "_interactive", lambda: True)  # a person at a terminal: the error, then exit 2
     assert main(["--scenario", "no-such-scenario"]) == 2
     assert "unknown scenario 'no-such-scenario'" in capsys.readouterr().err
     assert main(["--world", "sim", "--progress-interval", "0"]) == 2
     assert "--progress-interval must be > 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--schema-max-length", "lots"])
+    assert "expected a number of characters" in capsys.readouterr().err
 
     parser = argparse.ArgumentParser()
     register_mcp(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["mcp", "--benchmark", "aime"])
-    assert args.func is run_mcp and args.seed == 0  # which imports the server and calls cmd_mcp when it runs
+    assert args.func is run_mcp and args.seed is None  # which imports the server and calls cmd_mcp when it runs
     with pytest.raises(ValueError, match="RSIGYM_URL"):
         backend_maker(parser.parse_args(["mcp"]), {"RSIGYM_RUN_KEY": "k"})
-    with pytest.raises(ValueError, match="--benchmark"):
-        backend_maker(args, {"RSIGYM_RUN_KEY": "k", "RSIGYM_URL": "http://127.0.0.1:1"})
+    with pytest.raises(ValueError, match="RSIGYM_RUN_KEY"):
+        backend_maker(parser.parse_args(["mcp"]), {"RSIGYM_URL": "http://127.0.0.1:9/"})
     remote = backend_maker(parser.parse_args(["mcp"]), {"RSIGYM_RUN_KEY": "k", "RSIGYM_URL": "http://127.0.0.1:9/"})()
     try:  # a run of the session service (nothing is contacted until the first call)
         assert type(remote).__name__ == "RemoteRun" and remote.url == "http://127.0.0.1:9"
@@ -146,6 +155,187 @@ def test_stdio_command_refuses_a_bad_configuration_before_serving(tmp_path, caps
         assert local.observation()["budget_left_usd"] == 7
     finally:
         local.close()
+
+
+def test_run_flags_win_over_an_exported_run_key(tmp_path):
+    """docs/agents.md has users export RSIGYM_URL and RSIGYM_RUN_KEY; a flag of an in-process run still means one."""
+    parser = argparse.ArgumentParser()
+    register_mcp(parser.add_subparsers(dest="command"))
+    service = {"RSIGYM_RUN_KEY": "rsr_0123456789abcdef_" + "k" * 43, "RSIGYM_URL": "http://127.0.0.1:9"}
+    for flags, named in [(["--benchmark", "aime", "--budget", "7"], "--benchmark, --budget"), (["--seed", "3"], "--seed"),
+                         (["--run-dir", str(tmp_path / "run")], "--run-dir")]:
+        notes: list[str] = []
+        make = backend_maker(parser.parse_args(["mcp", *flags]), service, notice=notes.append)
+        assert notes == [f"{named} given: serving an in-process run; RSIGYM_RUN_KEY and RSIGYM_URL in the environment "
+                         "are ignored"]
+        if "--run-dir" not in flags:
+            run = make()
+            try:
+                assert type(run).__name__ == "LocalRun" and run.call("read", {"ref": "budget"}).ok
+            finally:
+                run.close()
+    notes = []
+    backend_maker(parser.parse_args(["mcp", "--world", "sim"]), {"RSIGYM_RUN_KEY": "k"}, notice=notes.append)
+    assert notes == ["--world given: serving an in-process run; RSIGYM_RUN_KEY in the environment is ignored"]
+
+
+def test_stdio_with_an_exported_run_key_and_a_scenario_serves_the_scenario(tmp_path):
+    """The reported case: `rsigym mcp --scenario ...` with RSIGYM_RUN_KEY exported used to exit 2 before the
+    handshake (the client saw a closed connection); now it serves the scenario and says so on stderr."""
+    params = stdio_server(tmp_path, "--scenario", "sim-joint-aime-500", "--seed", "0")
+    params.env.update(RSIGYM_RUN_KEY="rsr_0123456789abcdef_" + "k" * 43)
+    errlog = tmp_path / "stderr.txt"
+
+    async def session() -> Any:
+        with errlog.open("w") as err:
+            async with Client(stdio_client(params, errlog=err), read_timeout_seconds=30) as client:
+                return await client.call_tool("evaluate", {"k": 1})
+
+    started = anyio.run(session)
+    assert not started.is_error and started.structured_content["result"]["job"] == "job-1"
+    notice = [line for line in errlog.read_text().splitlines() if line.strip()]
+    assert notice == ["rsigym mcp: --scenario, --seed given: serving an in-process run; RSIGYM_RUN_KEY in the "
+                      "environment is ignored"]
+
+
+@pytest.mark.parametrize("flags, extra_env, reason", [
+    ([], {"RSIGYM_RUN_KEY": "rsr_0123456789abcdef_" + "k" * 43}, "RSIGYM_URL (the session service's address"),
+    (["--scenario", "no-such-scenario"], {}, "unknown scenario 'no-such-scenario'"),
+])
+def test_a_server_that_has_no_run_tells_the_client_why(tmp_path, flags, extra_env, reason):
+    """A configuration without a run is not a closed connection: the server starts, lists the tools, and answers
+    every call with an error result that carries the reason (also its instructions and resources); it exits 2."""
+    params = stdio_server(tmp_path, *flags)
+    params.env.update(extra_env)
+
+    async def session() -> tuple[str | None, list[str], list[Any], str]:
+        async with Client(stdio_client(params, errlog=(tmp_path / "stderr.txt").open("w")),
+                          read_timeout_seconds=30) as client:
+            names = [t.name for t in (await client.list_tools()).tools]
+            results = [await client.call_tool("read", {"ref": "budget"}), await client.call_tool("submit", {})]
+            with pytest.raises(MCPError) as resource:
+                await client.read_resource(BUDGET_URI)
+            return client.instructions, names, results, str(resource.value)
+
+    instructions, names, results, resource_error = anyio.run(session)
+    assert names == list(TOOL_NAMES)
+    assert reason in instructions and reason in resource_error
+    for result in results:
+        assert result.is_error and result.structured_content["error"] == "run_unavailable"
+        assert reason in result.structured_content["message"]
+        assert result.content[0].text.startswith("ERROR run_unavailable: rsigym mcp has no research run: ")
+    assert reason in (tmp_path / "stderr.txt").read_text()
+    env = params.env
+    done = subprocess.run([sys.executable, "-m", "rsigym_env.gateway.mcp_server", *flags], input=b"", env=env,
+                          cwd=tmp_path, capture_output=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == b"" and reason.encode() in done.stderr
+
+
+def test_a_run_that_fails_to_start_is_an_error_result_not_a_closed_connection(tmp_path):
+    code = ("import anyio, sys\n"
+            "from rsigym_env.gateway.mcp_server import serve_stdio\n"
+            "def start():\n"
+            "    raise RuntimeError('the sandbox host is down')\n"
+            "sys.exit(0 if anyio.run(lambda: serve_stdio(start, on_failure=lambda r: print(r, file=sys.stderr))) else 1)\n")
+    params = stdio_server(tmp_path)
+    params = StdioServerParameters(command=sys.executable, args=["-c", code], env=params.env, cwd=str(tmp_path))
+
+    async def session() -> Any:
+        async with Client(stdio_client(params, errlog=(tmp_path / "stderr.txt").open("w")),
+                          read_timeout_seconds=30) as client:
+            return client.instructions, await client.call_tool("evaluate", {"k": 1})
+
+    instructions, result = anyio.run(session)
+    reason = "the run could not start: RuntimeError: the sandbox host is down"
+    assert reason in instructions and result.is_error and reason in result.structured_content["message"]
+    assert reason in (tmp_path / "stderr.txt").read_text()
+
+
+def test_tool_list_caps_string_limits_and_the_run_still_takes_longer_text():
+    """The listed schemas compile under grammar engines (maxLength at most 1,000 by default); the run validates
+    with the tool models' own limits, so a client that sends more is not refused, and long files go in parts."""
+    run = sim_run()
+
+    async def session(server: Any) -> tuple[dict[str, Any], list[Any]]:
+        async with Client(server) as client:
+            tools = {t.name: t.input_schema for t in (await client.list_tools()).tools}
+            text = "".join(f"line {i}: {'x' * 40}\n" for i in range(120))  # 6,010 characters
+            replies = [await client.call_tool("edit_harness", {"path": "long.md", "content": text})]
+            parts = [text[i:i + 900] for i in range(0, len(text), 900)]  # as the content field's description says
+            replies.append(await client.call_tool("edit_harness", {"path": "parts.md", "content": parts[0]}))
+            for before, part in zip(parts, parts[1:]):
+                tail = before.rsplit("\n", 2)[-2] + "\n" + before.rsplit("\n", 2)[-1]
+                replies.append(await client.call_tool("edit_harness", {"path": "parts.md", "old": tail, "new": tail + part}))
+            return tools, replies
+
+    try:
+        capped, replies = anyio.run(session, build_mcp_server(run))
+        exact, _ = anyio.run(session, build_mcp_server(run, schema_max_length=None))
+        files = run.env.unwrapped.run_view().harness_files("latest")
+    finally:
+        run.close()
+    assert max(_max_lengths(capped)) == 1000 and max(_max_lengths(exact)) == 200_000
+    content = capped["edit_harness"]["properties"]["content"]
+    assert content["anyOf"][0]["maxLength"] == 1000 and "the tool accepts up to 200,000" in content["description"]
+    assert exact["edit_harness"]["properties"]["content"]["anyOf"][0]["maxLength"] == 200_000
+    assert all(not r.is_error for r in replies), [r.content[0].text for r in replies if r.is_error]
+    assert files["long.md"] == files["parts.md"] and len(files["long.md"]) == 6010
+
+
+def _max_lengths(schema: Any) -> list[int]:
+    if isinstance(schema, dict):
+        return ([schema["maxLength"]] if "maxLength" in schema else []) + [n for v in schema.values() for n in _max_lengths(v)]
+    if isinstance(schema, list):
+        return [n for v in schema for n in _max_lengths(v)]
+    return []
+
+
+def test_run_dir_of_an_mcp_episode_is_what_rsigym_run_writes(tmp_path):
+    """`rsigym mcp --run-dir` writes the step log, the run record, the result, the briefing and the ledger as
+    `rsigym run` does: the scripted researcher's episode replayed through MCP leaves the same steps.jsonl lines
+    (plus the text the client read), the same record, and the dashboard lists it."""
+    from rsigym_env.cli import main as rsigym
+    from rsigym_env.rundir import read_steps
+    from rsigym_env.watch.catalog import Catalog
+    from rsigym_env.watch.record import read_record
+
+    ran, served = tmp_path / "runs" / "ran", tmp_path / "runs" / "served"
+    assert rsigym(["run", "--benchmark", "aime", "--budget", "50", "--seed", "0", "--run-dir", str(ran), "-q"]) == 0
+    expected = read_steps(ran / "steps.jsonl")
+    assert len(expected) > 10 and expected[-1]["action"]["tool"] == "submit"
+    params = stdio_server(tmp_path, "--benchmark", "aime", "--budget", "50", "--seed", "0", "--run-dir", str(served),
+                          "--label", "claude-code", "--schema-max-length", "500")
+
+    async def session() -> tuple[list[Any], list[str]]:
+        async with Client(params, read_timeout_seconds=30) as client:
+            listed = (await client.list_tools()).tools
+            texts = []
+            for line in expected:
+                result = await client.call_tool(line["action"]["tool"], line["action"]["args"])
+                assert not result.is_error, result.content
+                texts.append(result.content[0].text)
+            return listed, texts
+
+    listed, texts = anyio.run(session)
+    assert max(n for t in listed for n in _max_lengths(t.input_schema)) == 500  # --schema-max-length
+    got = read_steps(served / "steps.jsonl")
+    assert [set(line) for line in got] == [set(line) | {"log"} for line in expected]  # rsigym run's keys, and the log
+    assert [{k: line[k] for k in ("step", "action", "info")} for line in got] == expected
+    assert [line["log"] for line in got] == texts  # the text the client read
+    record, reference = read_record(served / "record.jsonl"), read_record(ran / "record.jsonl")
+    assert [r["type"] for r in record] == [r["type"] for r in reference]
+    assert (record[0]["surface"], record[0]["researcher"], reference[0]["surface"]) == ("rsigym mcp", "claude-code", "rsigym run")
+    drop = {"t", "wall_s", "owner", "surface", "researcher", "key"}  # key: the platform key id, random
+    assert [{k: v for k, v in r.items() if k not in drop} for r in record] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in reference]
+    result, reference_result = (json.loads((d / "result.json").read_text()) for d in (served, ran))
+    assert set(result) == set(reference_result) and result["researcher"] == "claude-code"
+    same = ("scenario", "seed", "reward", "steps", "terminated", "truncated", "info")
+    assert {k: result[k] for k in same} == {k: reference_result[k] for k in same}
+    assert result["ledger"] == str(served / "ledger.sqlite") and verify_audit(served / "ledger.sqlite").ok
+    assert (served / "briefing.txt").read_text() == record[0]["briefing"]
+    rows = {row["key"]: row for row in Catalog([tmp_path / "runs"]).rows()}
+    assert {key: row["status"] for key, row in rows.items()} == {"ran": "finished", "served": "finished"}
 
 
 # ------------------------------------------------------------------------------------------------ HTTP
