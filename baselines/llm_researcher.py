@@ -99,7 +99,7 @@ Rules:
 - Act only through tool calls, exactly one tool call per turn. Each call's result (with a status \
 line: step, money and time left, running jobs) comes back as the tool message.
 - Every paid call is billed against the budget before it runs, at its worst-case cost; a call that \
-does not fit is refused. A refused or malformed call costs nothing; read its error and fix the call.
+does not fit is refused. A refused or malformed call costs nothing and uses no step (a run ends after as many refusals as it allows steps); read its error and fix the call.
 - train and evaluate start jobs and return a job id at once; use wait to let time pass until a job \
 finishes, then read its result (read job-N).
 - evaluate scores on the dev split, for your decisions only. Your reward is the normalized gain of \

@@ -72,7 +72,8 @@ from typing import Any
 import numpy as np
 
 from rsigym_env.catalog import TRACKS
-from rsigym_env.wrappers.menu import BENCHMARKS, FEATURES, MENU, DiscreteMenu, MenuAdapter
+from rsigym_env.catalog import DEFECTS, FAILURE_MODES
+from rsigym_env.wrappers.menu import BENCHMARKS, FEATURES, MENU, MENU_INDEX, TEACHERS, DiscreteMenu, MenuAdapter
 
 OBS_DIM, N_ACTIONS = len(FEATURES), len(MENU)
 TRAIN_SEED_OFFSET = 1_000_000  # training episodes use env seeds from here (and up)
@@ -100,6 +101,10 @@ class Args:
     num_minibatches: int = 4
     ent_coef: float = 0.02
     vf_coef: float = 0.5
+    bc_episodes: int = 1500
+    """episodes of the menu expert (:func:`expert_index`) the policy is cloned from before PPO (0: none)"""
+    bc_epochs: int = 30
+    """passes over those episodes' steps (cross-entropy on the expert's entries, MSE on their returns)"""
     step_cost: float = 0.002
     """training-only shaping: this much is subtracted per menu step (curves report the env's return)"""
     max_grad_norm: float = 0.5
@@ -235,6 +240,64 @@ def ppo_loss(p: dict[str, np.ndarray], b: dict[str, np.ndarray], args: Args) -> 
     return loss, grads, stats
 
 
+def bc_loss(p: dict[str, np.ndarray], b: dict[str, np.ndarray], vf_coef: float) -> tuple[float, dict[str, np.ndarray]]:
+    """Behaviour cloning on minibatch ``b`` (``obs``, ``mask``, ``actions``, ``returns``) and its exact
+    gradient: cross-entropy of the actor on the expert's entries + vf_coef · ½ mean (v − return)²."""
+    n = len(b["actions"])
+    rows = np.arange(n)
+    logits, cache_pi = mlp_forward(p, "pi", b["obs"])
+    logp = masked_log_softmax(logits, b["mask"])
+    probs = np.where(b["mask"], np.exp(logp), 0.0)
+    onehot = np.zeros_like(probs)
+    onehot[rows, b["actions"]] = 1.0
+    values, cache_v = mlp_forward(p, "v", b["obs"])
+    loss = float(-logp[rows, b["actions"]].mean()) + vf_coef * 0.5 * float(((values[:, 0] - b["returns"]) ** 2).mean())
+    grads: dict[str, np.ndarray] = {}
+    mlp_backward(p, "pi", cache_pi, (probs - onehot) / n, grads)
+    mlp_backward(p, "v", cache_v, (vf_coef / n) * (values[:, 0] - b["returns"])[:, None], grads)
+    return loss, grads
+
+
+def expert_index(adapter: MenuAdapter) -> int:
+    """The menu entry a careful researcher picks now, from what the adapter has seen (the warm start PPO
+    begins from; the same recipe as the scripted researcher): evaluate the initial system once, fix the
+    defects its failures show, probe every teacher with 50 examples, buy data from the one whose examples
+    pass most often, clean, train at the default rate, evaluate the checkpoint and the base model with
+    the latest harness (avg@3), submit the best on dev."""
+    s, ok = adapter.s, adapter.mask()
+
+    def pick(name: str) -> int | None:
+        return MENU_INDEX[name] if ok[MENU_INDEX[name]] else None
+
+    if s.running and (i := pick("wait")) is not None:
+        return i
+    if s.evaluations == 0 and (i := pick("eval_latest_k1")) is not None:
+        return i
+    if s.evaluations == 1 and not s.checkpoints:
+        for defect in DEFECTS:
+            if s.fail_shares[FAILURE_MODES.index(defect)] > 0 and (i := pick(f"fix:{defect}")) is not None:
+                return i
+    teachers = [t for t in TEACHERS if t in s.teachers]
+    if "generate_data" in s.tools and "train" in s.tools and teachers and s.trainings == 0:
+        for t in teachers:
+            if t not in s.pass_rates and s.generations < len(teachers) and (i := pick(f"gen:{t}:50")) is not None:
+                return i
+        best = max(teachers, key=lambda t: s.pass_rates.get(t, -1.0))
+        if s.generations <= len(teachers) and (i := pick(f"gen:{best}:max")) is not None:
+            return i
+        data = s.datasets.get(s.train_set) if s.train_set else None
+        if data is not None and not data.clean and (i := pick("clean")) is not None:
+            return i
+        if (i := pick("train:lr=0.0003")) is not None:
+            return i
+    latest, base = adapter.latest_candidate(), ("base", s.harness)
+    if latest not in s.scores and (i := pick("eval_latest_k3")) is not None:
+        return i
+    if base not in s.scores and (i := pick("eval_base_k3")) is not None:
+        return i
+    return MENU_INDEX["submit_best"]
+
+
 class Adam:
     def __init__(self, params: dict[str, np.ndarray], lr: float, betas=(0.9, 0.999), eps: float = 1e-5):
         self.lr, self.betas, self.eps, self.t = lr, betas, eps, 0
@@ -269,9 +332,10 @@ def make_menu_env(track: str, benchmark: str, budget: float) -> DiscreteMenu:
     return DiscreteMenu(ResearchEnv(track=track, benchmark=benchmark, budget_usd=budget))
 
 
-def collect(params: dict[str, np.ndarray], jobs: list[tuple[str, str, float, int]], num_envs: int,
+def collect(params: dict[str, np.ndarray] | None, jobs: list[tuple[str, str, float, int]], num_envs: int,
             rng: np.random.Generator | None) -> list[dict[str, Any]]:
-    """Play one episode per job ``(track, benchmark, budget, env seed)``; greedy when ``rng`` is None."""
+    """Play one episode per job ``(track, benchmark, budget, env seed)``; greedy when ``rng`` is None, the
+    expert (:func:`expert_index`) when ``params`` is None."""
     envs: dict[tuple[str, str, float], list[DiscreteMenu]] = {}
     slots: list[dict[str, Any] | None] = [None] * num_envs
     queue = list(jobs)
@@ -295,7 +359,11 @@ def collect(params: dict[str, np.ndarray], jobs: list[tuple[str, str, float, int
         live = [i for i, s in enumerate(slots) if s is not None]
         obs = np.stack([slots[i]["obs"] for i in live]).astype(np.float64)
         mask = np.stack([slots[i]["mask"] for i in live])
-        actions, logps, values = policy_step(params, obs, mask, rng)
+        if params is None:  # the expert plays (behaviour cloning data)
+            actions = np.array([expert_index(slots[i]["env"].adapter) for i in live])
+            logps = values = np.zeros(len(live))
+        else:
+            actions, logps, values = policy_step(params, obs, mask, rng)
         for j, i in enumerate(live):
             s = slots[i]
             assert s is not None
@@ -357,6 +425,7 @@ class Trainer:
         self.macro_steps = 0
         self.tool_calls = 0
         self.curve: list[dict[str, float]] = []
+        self.bc_stats: dict[str, float] = {}
         self.pool: Any = None
 
     def _jobs(self, n: int) -> list[tuple[str, str, float, int]]:
@@ -368,12 +437,13 @@ class Trainer:
             jobs.append((*c, TRAIN_SEED_OFFSET + self.args.seed * 100_000_000 + self.episodes + k))
         return jobs
 
-    def _collect(self, jobs: list, greedy: bool) -> list[dict[str, Any]]:
+    def _collect(self, jobs: list, greedy: bool, expert: bool = False) -> list[dict[str, Any]]:
         a = self.args
         workers = max(1, min(a.workers, len(jobs)))
         chunks = [jobs[w::workers] for w in range(workers)]
         seeds = [None if greedy else int(self.rng.integers(2**31)) for _ in chunks]
-        payloads = [(self.params, chunk, a.num_envs, s) for chunk, s in zip(chunks, seeds)]
+        params = None if expert else self.params
+        payloads = [(params, chunk, a.num_envs, s) for chunk, s in zip(chunks, seeds)]
         if workers == 1:
             return [ep for pl in payloads for ep in _collect_worker(pl)]
         if self.pool is None:
@@ -412,9 +482,38 @@ class Trainer:
                 self.adam.step(self.params, grads)
         return stats
 
+    def behaviour_clone(self, log: bool = True) -> dict[str, float]:
+        """Warm start: play ``bc_episodes`` expert episodes (training seeds, as PPO's), then fit the actor to
+        the expert's entries and the critic to their returns for ``bc_epochs`` passes."""
+        a = self.args
+        eps = self._collect(self._jobs(a.bc_episodes), greedy=True, expert=True)
+        self.episodes += len(eps)
+        batch = {"obs": np.concatenate([e["obs"] for e in eps]), "mask": np.concatenate([e["mask"] for e in eps]),
+                 "actions": np.concatenate([e["actions"] for e in eps]),
+                 "returns": np.concatenate([np.full(len(e["actions"]), e["return"]) for e in eps])}
+        n = len(batch["actions"])
+        adam, size, loss = Adam(self.params, a.learning_rate), 256, float("nan")
+        for _ in range(a.bc_epochs):
+            order = self.rng.permutation(n)
+            for start in range(0, n, size):
+                idx = order[start:start + size]
+                loss, grads = bc_loss(self.params, {k: v[idx] for k, v in batch.items()}, a.vf_coef)
+                clip_grad_norm(grads, a.max_grad_norm)
+                adam.step(self.params, grads)
+        x, m = batch["obs"], batch["mask"]
+        agree = float(np.mean(policy_actions(self.params, x, m, None)[0] == batch["actions"]))
+        stats = {"bc_episodes": len(eps), "bc_steps": n, "bc_loss": loss, "bc_agreement": agree,
+                 "expert_return": float(np.mean([e["return"] for e in eps]))}
+        if log:
+            print(f"behaviour cloning: {len(eps)} expert episodes ({n} steps, expert return "
+                  f"{stats['expert_return']:+.3f}), loss {loss:.3f}, greedy agreement {agree:.1%}", flush=True)
+        return stats
+
     def run(self, log: bool = True) -> list[dict[str, float]]:
         a = self.args
         t0 = time.time()
+        if a.bc_episodes > 0 and not self.curve:
+            self.bc_stats = self.behaviour_clone(log)
         for it in range(1, a.iterations + 1):
             eps = self._collect(self._jobs(a.episodes_per_iteration), greedy=False)
             self.episodes += len(eps)
@@ -450,7 +549,7 @@ class Trainer:
         np.savez_compressed(path, **{k: v.astype(np.float32) for k, v in self.params.items()},
                             features=np.array(FEATURES), menu=np.array([m.name for m in MENU]))
         meta = {"args": asdict(self.args), "episodes": self.episodes, "macro_steps": self.macro_steps,
-                "tool_calls": self.tool_calls, **(extra or {})}
+                "tool_calls": self.tool_calls, "behaviour_cloning": self.bc_stats, **(extra or {})}
         path.with_suffix(".json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
 
     def write_curve(self, stem: str | Path, references: dict[str, float] | None = None) -> None:

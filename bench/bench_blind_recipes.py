@@ -150,6 +150,12 @@ RECIPES: tuple[Recipe, ...] = (
            flips="verify_before_submit,persistent,detect,check,load_skills"),
     Recipe("distil", "opus data to 85% of the budget, filter, dedupe, train (defaults); no flips",
            flips="none", teacher=OPUS),
+    Recipe("distil:40%", "opus data for 40% of the budget, filter, dedupe, train (defaults); no flips",
+           flips="none", teacher=OPUS, reserve=0.60),
+    Recipe("distil:astra", "gpt-6-astra data to 85% of the budget, filter, dedupe, train; no flips",
+           flips="none", teacher=ASTRA),
+    Recipe("distil:lr/2", "opus data to 85% of the budget, filter, dedupe, train at lr 1.5e-4; no flips",
+           flips="none", teacher=OPUS, learning_rate=1.5e-4),
     Recipe("distil+flip", "the RL researcher's recipe: flip everything + opus data to 85% of the budget, "
            "filter, dedupe, train (defaults), submit the checkpoint", teacher=OPUS),
     Recipe("distil+flip:40%", "flip everything + opus data for 40% of the budget (the scripted researcher's "
@@ -479,8 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--benchmarks", default="all")
-    parser.add_argument("--recipes", default="all", help=f"comma-separated (default: {', '.join(RECIPES_BY_NAME)}, "
-                                                          f"{', '.join(ADAPTIVE)})")
+    parser.add_argument("--recipes", default="all", help="comma-separated (default: " + ", ".join([*RECIPES_BY_NAME, *ADAPTIVE]).replace("%", "%%") + ")")
     parser.add_argument("--budget", type=float, default=BUDGET_USD)
     parser.add_argument("--json", default="", help="write rows and headline here")
     parser.add_argument("--local", action="store_true", help="also flip-everything on the local world (slow)")
@@ -509,8 +514,31 @@ def main(argv: list[str] | None = None) -> int:
                         "load_after": os.getloadavg()}
         print("\n" + "\n".join(table_local(local)))
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
+        Path(args.json).write_text(json.dumps(for_json(out), indent=1, default=str) + "\n")
     return 0
+
+
+EPISODE_FIELDS = ("seed", "gain", "spend", "dev_evaluations", "end_reason")
+
+
+def for_json(out: dict[str, Any]) -> dict[str, Any]:
+    """``out`` with each episode cut to ``EPISODE_FIELDS`` (gains and spends rounded) and written as one
+    line per benchmark, so the file stays small enough to commit and diff.
+
+    >>> row = {"episodes_detail": {"aime": [{"seed": 0, "gain": 0.123456, "spend": 1.0, "flipped": ["x"]}]}}
+    >>> for_json({"sim": {"rows": [row]}})["sim"]["rows"][0]["episodes_detail"]["aime"]
+    '[{"seed":0,"gain":0.1235,"spend":1.0}]'
+    """
+    def cut(episode: dict[str, Any]) -> dict[str, Any]:
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in episode.items() if k in EPISODE_FIELDS}
+
+    sim = out.get("sim")
+    if not sim:
+        return out
+    rows = [{**row, "episodes_detail": {b: json.dumps([cut(e) for e in eps], separators=(",", ":"))
+                                        for b, eps in row.get("episodes_detail", {}).items()}}
+            for row in sim.get("rows", [])]
+    return {**out, "sim": {**sim, "rows": rows}}
 
 
 if __name__ == "__main__":

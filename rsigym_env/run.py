@@ -159,7 +159,8 @@ class ResearchRun:
         self.key = key if key is not None else self.platform.issue_key(scenario)
         self.harness = HarnessStore(self.world.initial_harness())
         self.time_limit_s = scenario.time_limit_h * 3600.0
-        self.steps = 0
+        self.steps = 0  # calls that ran (a refused call uses no step)
+        self.refusals = 0  # calls refused before anything ran
         self.running: dict[str, RunningJob] = {}
         self.job_results: dict[str, Any] = {}
         self.datasets: dict[str, DatasetInfo] = {}
@@ -237,7 +238,9 @@ class ResearchRun:
         return "\n".join([
             f"Research run '{s.name}' ({s.track} track, {s.world} world).",
             self.world.describe(),
-            f"Budget ${s.budget_usd:g}; time limit {s.time_limit_h:g} h; at most {s.max_steps} tool calls.",
+            f"Budget ${s.budget_usd:g}; time limit {s.time_limit_h:g} h; at most {s.max_steps} tool calls. A refused "
+            f"call (malformed, forbidden, over budget) costs nothing and uses no step; after {s.refusal_limit} "
+            "refusals the run ends.",
             f"Tools: {', '.join(s.tools())}.",
             f"Teachers: {', '.join(s.permissions.teachers)}. Locked training fields: {locks}.",
             f"Harness {self.harness.initial}: files {', '.join(sorted(self.harness.files()))} "
@@ -273,6 +276,8 @@ class ResearchRun:
             else:
                 if not isinstance(err, InsufficientBudget):  # the ledger audits its own refusals
                     self.platform.refuse(self.key, tool if tool is not None else action, err)
+                self.steps -= 1  # refused: nothing ran, no step used; the refusal limit counts it
+                self.refusals += 1
                 text = f"ERROR {err.code}: {err.message}"
             info = {"tool": tool_label(tool if tool is not None else action), "ok": False,
                     "error": err.code, "message": err.message}
@@ -675,6 +680,8 @@ class ResearchRun:
             return
         if self.steps >= self.scenario.max_steps:
             reason = "step limit"
+        elif self.refusals >= self.scenario.refusal_limit:
+            reason = "refusal limit"
         elif self.world.clock.now() >= self.time_limit_s:
             reason = "time limit"
         elif not self.running and self.budget_left < MIN_USD:
@@ -743,6 +750,7 @@ class ResearchRun:
             "official_eval_usd": initial.cost_usd + (final.cost_usd if final is not initial else 0.0),
             "initial_official_cached": initial.value.cached,
             "steps": self.steps,
+            "refusals": self.refusals,
             "elapsed_h": now / 3600.0,
             "official_split": dict(getattr(self.world, "official_split", None) or {"mode": "world-seed"}),
         }

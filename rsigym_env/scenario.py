@@ -104,10 +104,17 @@ class Scenario(_Strict):
     benchmark: str = "swe-bench-verified"
     budget_usd: float = Field(500.0, gt=0)
     time_limit_h: float = Field(48.0, gt=0, description="Research time, in the world's clock.")
-    max_steps: int = Field(200, ge=1, description="Tool calls per episode.")
+    max_steps: int = Field(200, ge=1, description="Tool calls per episode that run (refused calls use no step).")
+    max_refusals: int | None = Field(None, ge=1, description="Refused calls per episode before it ends (they cost "
+                                                             "nothing and use no step); default: max_steps.")
     official_k: int = Field(3, ge=1, le=8, description="Attempts per task in the official evaluation.")
     permissions: Permissions = Field(default_factory=Permissions)
     world_options: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def refusal_limit(self) -> int:
+        """Refused calls after which the episode ends (``max_refusals``, else ``max_steps``)."""
+        return self.max_refusals if self.max_refusals is not None else self.max_steps
 
     def tools(self) -> list[str]:
         """Tools this scenario's key allows, in the canonical order."""

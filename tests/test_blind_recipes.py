@@ -71,7 +71,7 @@ def test_blind_recipes_never_evaluate(bench):
             assert result.info["dev_evaluations"] == 0
             if name == "flip-everything":
                 assert tools == ["read", "edit_harness", "submit"] and result.info["spend_usd"] == 0
-                assert result.reward > 0
+                assert result.info["submitted"]["harness"] != env.unwrapped.run.harness.initial
             else:
                 assert researcher.checkpoint not in (None, "base") and result.info["spend_usd"] > 300
     finally:

@@ -30,7 +30,7 @@ keeps the tool's name (``info["tool"]``) when the call has one:
 ('malformed_action', 'evaluate', 0.0, "ERROR malformed_action: arguments of 'evaluate' are not valid JSON")
 >>> log, reward, terminated, truncated, info = env.step(json.dumps({"name": "submit", "arguments": "{}"}))
 >>> terminated, info["observation"]["step"]
-(True, array([2]))
+(True, array([1]))
 """
 
 from __future__ import annotations

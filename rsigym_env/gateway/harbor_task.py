@@ -33,7 +33,7 @@ service computes the same normalized gain — and it is the service that scores 
 >>> sorted(p.name for p in task.path.iterdir())
 ['environment', 'instruction.md', 'solution', 'task.toml', 'tests']
 >>> task.solution.steps, round(task.solution.reward, 4)
-(8, 0.3636)
+(8, 0.2692)
 """
 
 from __future__ import annotations

@@ -80,7 +80,8 @@ INSTRUCTIONS = (
     "You are the researcher of one RSIGym research run: improve the target system (model weights and "
     "harness) on the benchmark, then call `submit` (this ends the episode; the reward is the normalized "
     "gain on a held-out split). Every paid tool is billed to the run's budget before it runs; a refused "
-    "call costs nothing and its result says why (an error code). Jobs (train, evaluate) run in the "
+    "call costs nothing, uses no step and its result says why (an error code); the run ends after as many "
+    "refusals as it allows steps. Jobs (train, evaluate) run in the "
     "background: `wait` for them, `read` their results. `read` with ref 'scenario' gives the briefing; "
     f"the resource {BUDGET_URI} shows money, time and steps left."
 )

@@ -30,9 +30,12 @@ def test_scripted_beats_random(benchmark):
 @pytest.mark.parametrize("track", ["Data", "Harness"])
 def test_scripted_works_in_the_restricted_tracks(track):
     env = gym.make(f"RSIGym/{track}-v0", benchmark="swe-bench-verified", budget_usd=500)
-    result = run_episode(env, make_researcher("scripted"), seed=0)
-    assert result.terminated and result.info["submitted"]["by"] == "agent"
-    assert result.reward > 0
+    rewards = []
+    for seed in range(4):  # training does not pay on every system (issue 30): positive on average
+        result = run_episode(env, make_researcher("scripted"), seed=seed)
+        assert result.terminated and result.info["submitted"]["by"] == "agent"
+        rewards.append(result.reward)
+    assert sum(rewards) > 0, rewards
 
 
 def test_random_researcher_never_overspends():

@@ -41,8 +41,9 @@ class Domain:
     name: str
     agentic: bool
     difficulty_sd: float  # spread of task difficulty (logits)
-    exposure: tuple[float, ...]  # per defect: fraction of tasks exposed (truncation: at 4096 tokens)
-    severity: tuple[float, ...]  # per defect: chance an exposed attempt fails because of it
+    exposure: tuple[float, ...]  # per defect: fraction of tasks exposed where the system has it (truncation: at 4096 tokens)
+    severity: tuple[float, ...]  # per defect: chance an exposed attempt fails because of it (median over seeds)
+    prevalence: tuple[float, ...]  # per defect: chance a seed's target system has it (0 where exposure is 0)
     reply_sigma: float  # log-sd of a task's longest reply
     prefill_tokens: int  # prompt tokens of one attempt (all turns), minimal harness
     other_sampled_tokens: int  # sampled tokens of one attempt besides its longest reply
@@ -63,7 +64,11 @@ class Domain:
     @property
     def reply_log_median(self) -> float:
         """Log-median of the longest reply, set so that the truncation exposure holds at 4096 tokens."""
-        z = NormalDist().inv_cdf(1.0 - self.exposure[0])
+        return self.reply_log_median_at(self.exposure[0])
+
+    def reply_log_median_at(self, exposure: float) -> float:
+        """Log-median of the longest reply at which ``exposure`` of the tasks exceed 4096 tokens."""
+        z = NormalDist().inv_cdf(1.0 - exposure)
         return math.log(MINIMAL_MAX_OUTPUT_TOKENS) - self.reply_sigma * z
 
     @property
@@ -92,6 +97,7 @@ CODE_FIXING = Domain(
     difficulty_sd=2.0,
     exposure=(0.25, 0.35, 0.25, 0.20, 0.30),
     severity=(0.70, 0.50, 0.50, 0.60, 0.50),
+    prevalence=(0.5, 0.5, 0.5, 0.5, 0.5),
     reply_sigma=0.8,
     prefill_tokens=110_000,
     other_sampled_tokens=16_000,
@@ -116,6 +122,7 @@ TERMINAL = Domain(
     difficulty_sd=2.0,
     exposure=(0.25, 0.30, 0.35, 0.25, 0.15),
     severity=(0.60, 0.50, 0.60, 0.50, 0.40),
+    prevalence=(0.5, 0.5, 0.5, 0.5, 0.5),
     reply_sigma=0.8,
     prefill_tokens=90_000,
     other_sampled_tokens=13_000,
@@ -140,6 +147,7 @@ MATH = Domain(
     difficulty_sd=2.0,
     exposure=(0.60, 0.12, 0.0, 0.0, 0.0),
     severity=(0.90, 0.30, 0.0, 0.0, 0.0),
+    prevalence=(0.4, 0.5, 0.0, 0.0, 0.0),
     reply_sigma=0.7,
     prefill_tokens=8_000,
     other_sampled_tokens=1_500,
@@ -164,6 +172,7 @@ SCIENCE_QA = Domain(
     difficulty_sd=1.5,
     exposure=(0.06, 0.05, 0.0, 0.0, 0.0),
     severity=(0.50, 0.20, 0.0, 0.0, 0.0),
+    prevalence=(0.5, 0.5, 0.0, 0.0, 0.0),
     reply_sigma=0.6,
     prefill_tokens=1_500,
     other_sampled_tokens=300,
@@ -188,6 +197,7 @@ SKILL_USE = Domain(
     difficulty_sd=2.0,
     exposure=(0.70, 0.80, 0.70, 0.60, 0.70),
     severity=(0.50, 0.50, 0.50, 0.50, 0.50),
+    prevalence=(0.5, 0.5, 0.5, 0.5, 0.5),
     reply_sigma=0.8,
     prefill_tokens=100_000,
     other_sampled_tokens=14_000,

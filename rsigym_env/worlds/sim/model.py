@@ -1,13 +1,18 @@
 """The sim world's latent model, as pure functions over NumPy arrays (no I/O, no clock, no billing).
 
-A task has a difficulty ``d`` and, per harness defect, an exposure flag. A model has a skill ``s``
-(logit). One attempt succeeds when the model solves the task (probability ``sigmoid(s - d)``) and
-no active defect the task is exposed to trips (each with its severity), so
+Each world seed draws a target system (:class:`SystemProfile`): which harness defects it has, how
+severe each is, how good each teacher is on it and how well distilled data transfer to it. A task
+has a difficulty ``d``, per defect an exposure flag (it counts only where the system has the
+defect) and per remedy an interference flag (it counts only where the system does not: a remedy
+applied where its defect is absent breaks some tasks). A model has a skill ``s`` (logit). One
+attempt succeeds when the model solves the task (probability ``sigmoid(s - d)``), no active defect
+it is exposed to trips and no unneeded remedy interferes, so
 
-    p = sigmoid(s - d) * prod_j (1 - exposed_j * active_j * severity_j)
+    p = sigmoid(s - d) * prod_j (1 - exposed_j * active_j * severity_j) * prod_j (1 - interfered_j * applied_j * harm_j)
 
-Training distils toward the data's level and can over-train; data carry a pass rate, duplicates
-and a share of dev-split prompts. ``CALIBRATION.md`` gives the source of every constant.
+Training distils toward the data's level (scaled by the system's transfer) and can over-train; data
+carry a pass rate, duplicates and a share of dev-split prompts. ``CALIBRATION.md`` gives the source
+of every constant.
 """
 
 from __future__ import annotations
@@ -38,6 +43,13 @@ FILTER_FALSE_PASS = 0.01  # an incorrect example passes the checker
 DEDUPE_RECALL = 0.95
 DUPLICATE_WEIGHT = 0.2  # a duplicate counts as this much of a fresh example
 DEV_PROMPT_DUPLICATION = 0.5  # share of repeated dev prompts that count as near-duplicates
+# Target systems (drawn per world seed).
+SEVERITY_SPREAD = 0.25  # log-sd over seeds of a defect's severity around the domain's
+SEVERITY_MAX = 0.95
+HARM_RATIO = 1.35  # an unneeded remedy fails its interfered tasks as often as the defect fails its exposed ones
+ABSENT_TRUNCATION = 0.005  # share of replies over 4096 tokens where truncation is not one of the system's defects
+TEACHER_SPREAD = 0.5  # logit sd over seeds of a teacher's accuracy on the target's tasks
+TRANSFER_MEAN, TRANSFER_SD = 0.5, 0.8  # share of the gap to the data's level that distillation can close
 # Training.
 REFERENCE_LR = 3e-4
 REFERENCE_BATCH = 16
@@ -48,7 +60,7 @@ RANK_HALF = 4.0  # rank that reaches half of it
 INTENSITY_SCALE = 1.0  # cumulative intensity at which 63% of the learnable fraction is reached
 RANK_INTENSITY_EXPONENT = 0.5  # larger rank, larger effective update
 BATCH_INTENSITY_EXPONENT = 0.5  # smaller batch, more optimizer steps
-THRESHOLD_RANGE = (1.0, 1.8)  # u*: cumulative intensity a seed tolerates before damage
+THRESHOLD_RANGE = (0.8, 1.8)  # u*: cumulative intensity a seed tolerates before damage
 DAMAGE_SCALE_MEDIAN = 0.6  # kappa (logits), median over seeds
 DAMAGE_SCALE_SPREAD = 0.8  # log-sd of kappa over seeds
 DAMAGE_EXPONENT = 0.25
@@ -86,6 +98,13 @@ class Harness:
         """Which defects (in ``DEFECTS`` order) the harness leaves in place."""
         fixed = (self.on_truncation == "continue", self.verify_before_submit, self.persistent, self.detect, self.check)
         return ~np.array(fixed)
+
+    @property
+    def applied(self) -> np.ndarray:
+        """Which remedies (in ``DEFECTS`` order) the harness applies: a longer reply limit or "continue"
+        for truncation, each switch for the others."""
+        longer = self.on_truncation == "continue" or self.max_output_tokens > MINIMAL_MAX_OUTPUT_TOKENS
+        return np.array((longer, self.verify_before_submit, self.persistent, self.detect, self.check))
 
 
 HARNESS_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
@@ -156,12 +175,40 @@ def parse_harness(files: Mapping[str, str]) -> Harness:
 
 
 @dataclass(frozen=True)
+class SystemProfile:
+    """One world seed's target system (drawn by :func:`draw_profile`; never shown to a researcher)."""
+
+    present: np.ndarray  # (5,) bool: the system has the defect
+    severity: np.ndarray  # (5,) chance an exposed attempt fails because of the defect (where present)
+    harm: np.ndarray  # (5,) chance an interfered attempt fails when the remedy is applied where the defect is absent
+    teacher_shift: Mapping[str, float]  # logit shift of each teacher's accuracy on this system's tasks
+    transfer: float  # share of the gap to the data's level that distillation can close (can be < 0)
+
+
+def draw_profile(rng: np.random.Generator, domain: Domain) -> SystemProfile:
+    """A target system: each defect the domain can have is present with its prevalence, with a severity
+    log-normal around the domain's; an unneeded remedy harms ``HARM_RATIO`` times as much."""
+    n = len(DEFECTS)
+    relevant = np.asarray(domain.exposure) > 0
+    present = relevant & (rng.random(n) < np.asarray(domain.prevalence))
+    severity = np.minimum(SEVERITY_MAX, np.asarray(domain.severity) * np.exp(SEVERITY_SPREAD * rng.standard_normal(n)))
+    harm = np.where(relevant, np.minimum(SEVERITY_MAX, HARM_RATIO * severity), 0.0)
+    shift = {t: float(TEACHER_SPREAD * rng.standard_normal()) for t in sorted(domain.teacher_accuracy)}
+    transfer = float(TRANSFER_MEAN + TRANSFER_SD * rng.standard_normal())
+    for array in (present, severity, harm):
+        array.flags.writeable = False
+    return SystemProfile(present, severity, harm, MappingProxyType(shift), transfer)
+
+
+@dataclass(frozen=True)
 class TaskSet:
-    """The latent properties of a split's tasks."""
+    """The latent properties of a split's tasks on one target system."""
 
     difficulty: np.ndarray  # (n,) logits
     reply_tokens: np.ndarray  # (n,) longest reply an attempt needs
-    flags: np.ndarray  # (n, 4) exposure to the defects after truncation
+    flags: np.ndarray  # (n, 4) exposure to the defects after truncation (where the system has them)
+    interference: np.ndarray  # (n, 5) the remedy breaks the task where the system lacks the defect
+    present: np.ndarray  # (5,) the system's defects
 
     def __len__(self) -> int:
         return len(self.difficulty)
@@ -169,10 +216,14 @@ class TaskSet:
     def exposed(self, harness: Harness) -> np.ndarray:
         """(n, 5) bool: the task is exposed to the defect and the harness leaves it active."""
         truncated = self.reply_tokens > harness.max_output_tokens
-        return np.column_stack([truncated, self.flags]) & harness.active
+        return np.column_stack([truncated, self.flags & self.present[1:]]) & harness.active
+
+    def interfered(self, harness: Harness) -> np.ndarray:
+        """(n, 5) bool: the harness applies a remedy the system does not need, and it breaks the task."""
+        return self.interference & (harness.applied & ~self.present)
 
     def head(self, n: int) -> TaskSet:
-        return TaskSet(self.difficulty[:n], self.reply_tokens[:n], self.flags[:n])
+        return TaskSet(self.difficulty[:n], self.reply_tokens[:n], self.flags[:n], self.interference[:n], self.present)
 
 
 def stratified_normal(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -181,27 +232,38 @@ def stratified_normal(rng: np.random.Generator, n: int) -> np.ndarray:
     return np.array([inv_cdf(u) for u in ((rng.permutation(n) + rng.random(n)) / n).tolist()])
 
 
-def draw_tasks(rng: np.random.Generator, domain: Domain, n: int) -> TaskSet:
-    """``n`` tasks of a domain: stratified normal difficulty, log-normal reply length (longer when
-    harder), and per defect an exposure flag on a random ``round(rate * n)`` of the tasks."""
+def draw_tasks(rng: np.random.Generator, domain: Domain, n: int, present: np.ndarray | None = None) -> TaskSet:
+    """``n`` tasks of a domain on a system with the defects ``present`` (default: all the domain's):
+    stratified normal difficulty, log-normal reply length (longer when harder; rarely over 4096 tokens
+    where truncation is not a defect), per defect an exposure flag and per remedy an interference flag,
+    each on a random ``round(rate * n)`` of the tasks."""
+    if present is None:
+        present = np.asarray(domain.exposure) > 0
     z, noise = stratified_normal(rng, n), stratified_normal(rng, n)
     rho = REPLY_DIFFICULTY_CORRELATION
-    log_reply = domain.reply_log_median + domain.reply_sigma * (rho * z + math.sqrt(1 - rho**2) * noise)
-    exposed_count = np.round(np.asarray(domain.exposure[1:]) * n)  # each rate holds exactly in every split
+    median = domain.reply_log_median if present[0] else domain.reply_log_median_at(ABSENT_TRUNCATION)
+    log_reply = median + domain.reply_sigma * (rho * z + math.sqrt(1 - rho**2) * noise)
+    rates = np.asarray(domain.exposure)
+    exposed_count = np.round(rates[1:] * n)  # each rate holds exactly in every split
     flags = rng.random((n, len(DEFECTS) - 1)).argsort(axis=0) < exposed_count
-    return TaskSet(domain.difficulty_sd * z, np.exp(log_reply), flags)
+    interference = rng.random((n, len(DEFECTS))).argsort(axis=0) < np.round(rates * n)
+    return TaskSet(domain.difficulty_sd * z, np.exp(log_reply), flags, interference, np.asarray(present, dtype=bool))
 
 
-def defect_pass(tasks: TaskSet, harness: Harness, severity: np.ndarray) -> np.ndarray:
-    """(n,) chance that no active defect trips on an attempt."""
-    return np.prod(1.0 - tasks.exposed(harness) * severity, axis=1)
+def defect_pass(tasks: TaskSet, harness: Harness, severity: np.ndarray, harm: np.ndarray | None = None) -> np.ndarray:
+    """(n,) chance that no active defect trips and no unneeded remedy interferes on an attempt."""
+    p = np.prod(1.0 - tasks.exposed(harness) * severity, axis=1)
+    if harm is not None:
+        p = p * np.prod(1.0 - tasks.interfered(harness) * harm, axis=1)
+    return p
 
 
 def success_prob(
-    skill: float, tasks: TaskSet, harness: Harness, severity: np.ndarray, memory: float = 0.0
+    skill: float, tasks: TaskSet, harness: Harness, severity: np.ndarray, memory: float = 0.0,
+    harm: np.ndarray | None = None,
 ) -> np.ndarray:
     """(n,) success chance of one attempt; ``memory`` is the dev-split memorisation (dev tasks only)."""
-    p = sigmoid(skill - tasks.difficulty) * defect_pass(tasks, harness, severity)
+    p = sigmoid(skill - tasks.difficulty) * defect_pass(tasks, harness, severity, harm)
     return p + memory * (1.0 - p)
 
 
@@ -225,8 +287,9 @@ def calibrate_skill(difficulty: np.ndarray, factor: np.ndarray, target: float) -
     return s
 
 
-ATTEMPT_DRAWS = len(DEFECTS) + 3
-"""Uniforms per attempt: solve, one per defect, dev memory, which triggered defect to blame."""
+ATTEMPT_DRAWS = 2 * len(DEFECTS) + 3
+"""Uniforms per attempt: solve, one per defect, dev memory, which triggered defect to blame, one per remedy."""
+_HARM_DRAWS = slice(len(DEFECTS) + 3, 2 * len(DEFECTS) + 3)
 
 
 def _blame_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -248,13 +311,16 @@ _DEFECT_BITS, _TRIGGERED_COUNT, _BLAME = _blame_tables()
 
 
 def simulate_attempts(
-    draws: np.ndarray, solve: np.ndarray, exposed: np.ndarray, severity: np.ndarray, memory: float
+    draws: np.ndarray, solve: np.ndarray, exposed: np.ndarray, severity: np.ndarray, memory: float,
+    interfered: np.ndarray | None = None, harm: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Outcomes of attempts from uniforms ``draws`` (n, k, ATTEMPT_DRAWS).
 
     Returns ``success`` (n, k) and ``label`` (n, k): the index in ``FAILURE_MODES`` of the cause of
     each failure (a triggered defect picked at random, else ``wrong_answer``), -1 on success.
-    Outcomes are monotone in skill and in the defects fixed, for fixed draws.
+    An unneeded remedy that interferes (``interfered`` (n, 5), each with its ``harm``) fails the
+    attempt as ``wrong_answer`` unless a defect also tripped. Outcomes are monotone in skill, in the
+    defects fixed and in the unneeded remedies removed, for fixed draws.
 
     The blamed defect is the ``floor(u * n_triggered)``-th triggered one (``u`` the attempt's last
     uniform), read from a table indexed by the triggered defects' bit mask.
@@ -264,6 +330,8 @@ def simulate_attempts(
     mask = triggered @ _DEFECT_BITS  # (n, k): which defects tripped, one bit each
     pick = np.floor(draws[..., 2 + n_defects] * _TRIGGERED_COUNT[mask]).astype(np.intp)
     success = (draws[..., 0] < solve[:, None]) & (mask == 0)
+    if interfered is not None and harm is not None and interfered.any():
+        success &= ~(interfered[:, None, :] & (draws[..., _HARM_DRAWS] < harm)).any(axis=2)
     if memory > 0.0:  # uniforms are never below 0: nothing is recalled without memory
         success |= draws[..., 1 + n_defects] < memory
     return success, np.where(success, -1, _BLAME[mask, pick])
@@ -357,11 +425,13 @@ def generate_dataset(
     max_tokens: int,
     dataset_id: str,
     n_dev_tasks: int,
+    accuracy: float | None = None,
 ) -> Generation:
-    """Teacher examples: each is correct with the teacher's accuracy unless its completion hits the cap."""
+    """Teacher examples: each is correct with the teacher's accuracy on the system's tasks (default: the
+    domain's) unless its completion hits the cap."""
     completion = rng.lognormal(math.log(domain.example_completion_median), domain.example_completion_sigma, n)
     cut = completion > max_tokens
-    correct = ~cut & (rng.random(n) < domain.teacher_accuracy[teacher])
+    correct = ~cut & (rng.random(n) < (domain.teacher_accuracy[teacher] if accuracy is None else accuracy))
     duplicate_rate = TEACHER_DUPLICATES[teacher]
     if source == "dev":
         repeated = max(0.0, 1.0 - n_dev_tasks / n)
@@ -512,8 +582,10 @@ def train_model(
     domain: Domain,
     robustness: Robustness,
     n_dev_tasks: int,
+    target: float | None = None,
 ) -> ModelState:
-    """One training run: move toward the data's level, lose skill past the seed's tolerance, add noise."""
+    """One training run: move toward ``target`` (default: the data's level), lose skill past the seed's
+    tolerance, add noise."""
     u = settings.intensity
     seen = float(np.mean([parent.exposure.get(root, 0.0) for root in data.roots]))
     before = learned_fraction(settings, data.effective_size, domain.examples_scale, seen)
@@ -521,7 +593,8 @@ def train_model(
     step = (after - before) / (1.0 - before)
     total = parent.intensity + u
     damage = robustness.damage(total) - robustness.damage(parent.intensity)
-    pull = step * (data.target(domain.incorrect_penalty) - parent.skill)
+    goal = data.target(domain.incorrect_penalty) if target is None else target
+    pull = step * (goal - parent.skill)
     skill = parent.skill + pull - damage + TRAIN_NOISE * rng.standard_normal()
     coverage = 1.0 - math.exp(-data.n_dev / n_dev_tasks)
     recall = min(DEV_MEMORY_MAX, DEV_MEMORY_RATE * math.sqrt(u)) * (data.n_dev / data.n) * coverage

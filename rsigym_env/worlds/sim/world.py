@@ -61,6 +61,7 @@ from .model import (
     calibrate_skill,
     dedupe_dataset,
     defect_pass,
+    draw_profile,
     draw_robustness,
     draw_tasks,
     filter_dataset,
@@ -75,7 +76,8 @@ from .model import (
 )
 
 MINIMAL_HARNESS_TOML = """\
-# Minimal harness. Every option below is one the paper's researchers changed.
+# Minimal harness. The paper's researchers changed each option below where their logs showed the
+# failure it addresses; an option the system does not need costs tokens and breaks some tasks.
 [generation]
 max_output_tokens = 4096    # replies longer than this are cut off
 on_truncation = "stop"      # "stop": give up on a cut-off reply | "continue": ask the model to continue
@@ -99,7 +101,7 @@ TRANSFORM_STARTUP_S = 10.0
 TRANSFORM_SECONDS_PER_EXAMPLE = {"dedupe": 0.01, "mix": 0.002}  # filter: the domain's check_seconds
 INFER_TOKENS_PER_SECOND = 80.0
 INFER_LATENCY_S = 0.5
-STREAMS = ("tasks", "official", "robustness", "data", "train", "eval", "infer")
+STREAMS = ("tasks", "official", "robustness", "data", "train", "eval", "infer", "system")
 TASK_PROMPT = re.compile(r"task:dev/(\d+)")
 SANDBOX_NOT_MODELLED = "sim sandbox: command not modelled; the sim world runs no code (use world='local')\n"
 
@@ -183,16 +185,17 @@ class SimWorld(WorldLifecycle):
         self.memory_gib = memory_gib
         self.clock = SimClock()
         self._rng = _Streams(seed, zlib.crc32(benchmark.encode()))
-        self.severity = np.asarray(self.domain.severity)
+        self.profile = draw_profile(self._rng["system"], self.domain)
+        self.severity, self.harm = self.profile.severity, self.profile.harm
 
         n, target = self.benchmark.n_tasks, self.benchmark.initial_score
-        minimal = Harness()
+        minimal, present = Harness(), self.profile.present
         while True:  # redraw the (rare) official sets whose defects alone forbid the paper's score
-            self.official_tasks = draw_tasks(self._rng["tasks"], self.domain, n)
+            self.official_tasks = draw_tasks(self._rng["tasks"], self.domain, n, present)
             ceiling = defect_pass(self.official_tasks, minimal, self.severity)
             if FEASIBLE_MODEL_ALONE * ceiling.mean() > target:
                 break
-        self.dev_tasks = draw_tasks(self._rng["tasks"], self.domain, n)
+        self.dev_tasks = draw_tasks(self._rng["tasks"], self.domain, n, present)
         self.base_skill = calibrate_skill(self.official_tasks.difficulty, ceiling, target)
         self.official_draws = self._rng["official"].random((n, MAX_ATTEMPTS, ATTEMPT_DRAWS))
         self.robustness = draw_robustness(self._rng["robustness"])
@@ -221,7 +224,9 @@ class SimWorld(WorldLifecycle):
             "per-task success probabilities driven by the model's skill, the harness's defects and training.\n"
             "The harness is read from harness.toml only (sections generation, completion, shell, loop, edits); "
             "prompt.md is carried along but not modelled. A harness.toml that does not parse fails every attempt "
-            "with 'harness_error'.\n"
+            "with 'harness_error'. Which failures the target system has, and how often, differ from run to run and "
+            "show in evaluation logs; an option it does not need costs tokens and breaks some tasks (those "
+            "failures show as wrong_answer).\n"
             f"Teachers: {teachers}. Data, training, evaluation, inference and sandbox are billed at "
             f"{self.prices.source or 'the configured prices'}.\n"
             "infer with prompt 'task:dev/<i>' samples one attempt of dev task i by the model alone; other prompts "
@@ -239,7 +244,7 @@ class SimWorld(WorldLifecycle):
         except HarnessError:
             return 0.0
         tasks, memory = (self.official_tasks, 0.0) if split == "official" else (self.dev_tasks, state.dev_memory)
-        return float(success_prob(state.skill, tasks, harness, self.severity, memory).mean())
+        return float(success_prob(state.skill, tasks, harness, self.severity, memory, self.harm).mean())
 
     # ---- shared look-ups ------------------------------------------------------------------------
 
@@ -270,9 +275,21 @@ class SimWorld(WorldLifecycle):
         if teacher not in self._teacher_skill:
             tasks = (self.official_tasks, self.dev_tasks)
             difficulty = np.concatenate([t.difficulty for t in tasks])
-            accuracy = self.domain.teacher_accuracy[teacher]
+            accuracy = self.teacher_accuracy(teacher)
             self._teacher_skill[teacher] = calibrate_skill(difficulty, np.ones_like(difficulty), accuracy)
         return self._teacher_skill[teacher]
+
+    def teacher_accuracy(self, teacher: str) -> float:
+        """A teacher's solve rate on this system's tasks: the domain's, shifted per seed in logits."""
+        mean = self.domain.teacher_accuracy[teacher]
+        return float(sigmoid(math.log(mean / (1.0 - mean)) + self.profile.teacher_shift[teacher]))
+
+    def distillation_target(self, data: Dataset) -> float:
+        """The skill training on ``data`` moves toward: the base plus the system's transfer share of the
+        data's lead over the base (the transfer can be small or negative: then distilling does not pay);
+        data below the base pull toward their own level whatever the transfer."""
+        gap = data.target(self.domain.incorrect_penalty) - self.base_skill
+        return self.base_skill + (self.profile.transfer * gap if gap > 0 else gap)
 
     def sandbox_usd(self, seconds: float) -> float:
         return self.prices.sandbox_usd(seconds, self.vcpus, self.memory_gib)
@@ -336,7 +353,7 @@ class SimRollout:
         w = self.world
         made = generate_dataset(
             w.rng("data"), w.domain, call.teacher, w.teacher_skill(call.teacher), call.n_examples, call.source,
-            call.max_tokens_per_example, dataset_id, w.benchmark.n_tasks,
+            call.max_tokens_per_example, dataset_id, w.benchmark.n_tasks, w.teacher_accuracy(call.teacher),
         )
         w.datasets[dataset_id] = made.dataset
         cost = w.prices.teacher_usd(call.teacher, made.input_tokens, made.output_tokens)
@@ -400,9 +417,11 @@ class SimTrain:
         w = self.world
         data, parent = w.dataset(call.dataset), w.model_state(call.base)
         settings = TrainSettings.of(call)
-        state = train_model(w.rng("train"), parent, data, settings, w.domain, w.robustness, w.benchmark.n_tasks)
+        target = w.distillation_target(data)
+        state = train_model(w.rng("train"), parent, data, settings, w.domain, w.robustness, w.benchmark.n_tasks,
+                            target=target)
         steps = math.ceil(data.n * call.num_epochs / call.batch_size)
-        gap = data.target(w.domain.incorrect_penalty) - parent.skill
+        gap = target - parent.skill
         result = TrainResult(
             checkpoint=checkpoint_id,
             steps=steps,
@@ -545,7 +564,7 @@ class SimEvaluation:
     def __init__(self, world: SimWorld):
         self.world = world
         self._bills: dict[tuple[bool, int, Harness | None, int], tuple[float, float, int, float]] = {}
-        self._exposed: dict[tuple[bool, int, Harness], np.ndarray] = {}
+        self._exposed: dict[tuple[bool, int, Harness], tuple[np.ndarray, np.ndarray]] = {}
 
     def _plan(self, req: EvalRequest, official: bool) -> tuple[ModelState, TaskSet, Harness | HarnessError]:
         w = self.world
@@ -582,14 +601,16 @@ class SimEvaluation:
         usd = w.prices.sample_usd(prefill, sampled) + w.sandbox_usd(sandbox_s)
         return usd, rounds * cost.seconds, round(prefill + sampled), sandbox_s
 
-    def _exposure(self, tasks: TaskSet, harness: Harness, official: bool) -> np.ndarray:
-        """``tasks.exposed(harness)`` of (split, first n tasks, harness), computed once (read-only)."""
+    def _exposure(self, tasks: TaskSet, harness: Harness, official: bool) -> tuple[np.ndarray, np.ndarray]:
+        """``(tasks.exposed(harness), tasks.interfered(harness))`` of (split, first n tasks, harness),
+        computed once (read-only)."""
         key = (official, len(tasks), harness)
-        exposed = self._exposed.get(key)
-        if exposed is None:
-            exposed = self._exposed[key] = tasks.exposed(harness)
-            exposed.flags.writeable = False
-        return exposed
+        found = self._exposed.get(key)
+        if found is None:
+            found = self._exposed[key] = (tasks.exposed(harness), tasks.interfered(harness))
+            for array in found:
+                array.flags.writeable = False
+        return found
 
     def quote(self, req: EvalRequest) -> Quote:
         _, tasks, harness = self._plan(req, req.split == "official")
@@ -627,8 +648,8 @@ class SimEvaluation:
             draws = w.official_draws[:, :k] if official else w.rng("eval").random((n, k, ATTEMPT_DRAWS))
             solve = sigmoid(state.skill - tasks.difficulty)
             memory = 0.0 if official else state.dev_memory
-            success, label = simulate_attempts(draws, solve, self._exposure(tasks, harness, official), w.severity,
-                                               memory)
+            exposed, interfered = self._exposure(tasks, harness, official)
+            success, label = simulate_attempts(draws, solve, exposed, w.severity, memory, interfered, w.harm)
             labels = _LABELS[label].tolist()  # a failure mode per attempt, "" (index -1) where it succeeded
             rewards = success.astype(float).tolist()
             counts = np.bincount(label.ravel() + 1, minlength=len(FAILURE_MODES) + 1).tolist()[1:]  # 0: successes

@@ -50,6 +50,22 @@ def harness(world: SimWorld, *defects: str) -> dict[str, str]:
     return {**files, "harness.toml": text}
 
 
+def present(world: SimWorld) -> list[str]:
+    """The defects this seed's target system has."""
+    return [d for d, has in zip(DEFECTS, world.profile.present) if has]
+
+
+def fixed(world: SimWorld) -> dict[str, str]:
+    """The initial harness with exactly the system's defects fixed (what a good diagnosis gives)."""
+    return harness(world, *present(world))
+
+
+def seed_where(benchmark: str, defect: str, has: bool = True, start: int = 0) -> int:
+    """The first seed from ``start`` whose target system has (or lacks) ``defect``."""
+    j = DEFECTS.index(defect)
+    return next(s for s in range(start, start + 1000) if bool(SimWorld(benchmark, s).profile.present[j]) == has)
+
+
 def request(world: SimWorld, checkpoint: str = "base", files: dict[str, str] | None = None, **kw) -> EvalRequest:
     return EvalRequest(checkpoint=checkpoint, harness_version="v", harness_files=files or world.initial_harness(), **kw)
 
@@ -160,31 +176,58 @@ def test_official_evaluation_of_the_unchanged_initial_system_reproduces_itself()
 
 
 def test_official_outcomes_are_monotone_in_the_harness():
+    """Fixing the system's defects only ever turns failures into successes; an unneeded remedy only
+    ever turns successes into failures (the official split's draws are fixed per seed)."""
     world = SimWorld("swe-bench-verified", 5)
+    has, lacks = present(world), [d for d in DEFECTS if d not in present(world)]
+    assert has and lacks
     before = world.evaluation.official(request(world, split="official")).value
-    after = world.evaluation.official(request(world, files=harness(world, *DEFECTS), split="official")).value
-    for old, new in zip(before.tasks, after.tasks):
+    after = world.evaluation.official(request(world, files=fixed(world), split="official")).value
+    worse = world.evaluation.official(request(world, files=harness(world, *DEFECTS), split="official")).value
+    for old, new, hurt in zip(before.tasks, after.tasks, worse.tasks):
         assert all(n >= o for o, n in zip(old.rewards, new.rewards))
-    assert after.score > before.score
+        assert all(h <= n for n, h in zip(new.rewards, hurt.rewards))
+    assert after.score > before.score and worse.score < after.score
 
 
 @pytest.mark.parametrize("benchmark", list(BENCHMARKS))
-def test_each_harness_fix_helps_where_the_domain_is_exposed(benchmark):
-    gains = {defect: [] for defect in DEFECTS}
-    for seed in range(10):
+def test_each_fix_helps_where_the_system_has_the_defect_and_costs_where_not(benchmark):
+    """Which defects a system has varies by seed: a fix helps on the seeds that have its defect and
+    loses on the seeds that don't (where the domain can have it at all); elsewhere it changes nothing."""
+    helps: dict[str, list[float]] = {d: [] for d in DEFECTS}
+    costs: dict[str, list[float]] = {d: [] for d in DEFECTS}
+    for seed in range(16):
         world = SimWorld(benchmark, seed)
         base = world.expected_score("base", world.initial_harness(), "dev")
-        for defect in DEFECTS:
-            gains[defect].append(world.expected_score("base", harness(world, defect), "dev") - base)
-    for defect, values in gains.items():
+        for defect, has in zip(DEFECTS, world.profile.present):
+            change = world.expected_score("base", harness(world, defect), "dev") - base
+            (helps if has else costs)[defect].append(change)
+    for defect in DEFECTS:
         if defect in RELEVANT[benchmark]:
-            assert min(values) > 0 and np.mean(values) > 0.004, (defect, values)
+            assert helps[defect] and costs[defect], defect  # present on some seeds, absent on others
+            assert min(helps[defect]) > 0 and max(costs[defect]) < 0, (defect, helps[defect], costs[defect])
+        elif benchmark == "gpqa-diamond" and defect in ("truncated_output", "unverified_completion"):
+            assert min(helps[defect], default=1) > 0 and max(costs[defect], default=-1) < 0
         else:
-            assert 0.0 <= min(values) and max(values) < 0.03, (defect, values)
+            assert helps[defect] == [] and max(map(abs, costs[defect])) == 0.0, defect
+
+
+def test_a_blind_fix_of_everything_gains_nothing_on_average():
+    """Issue 30: flipping every option without reading a log does not pay (expected official gain over
+    40 seeds per benchmark), while fixing exactly the system's defects does, on every benchmark."""
+    for benchmark in BENCHMARKS:
+        blind, diagnosed = [], []
+        for seed in range(40):
+            world = SimWorld(benchmark, seed)
+            base = world.expected_score("base", world.initial_harness(), "official")
+            blind.append(world.expected_score("base", harness(world, *DEFECTS), "official") - base)
+            diagnosed.append(world.expected_score("base", fixed(world), "official") - base)
+        assert np.mean(blind) < 0.015, (benchmark, np.mean(blind))
+        assert np.mean(diagnosed) > np.mean(blind) + 0.005 and min(diagnosed) >= 0.0, benchmark
 
 
 def test_a_larger_output_cap_reduces_truncation_but_costs_tokens():
-    world = SimWorld("aime", 2)
+    world = SimWorld("aime", seed_where("aime", "truncated_output"))
     bigger = {**world.initial_harness()}
     bigger["harness.toml"] = bigger["harness.toml"].replace("max_output_tokens = 4096", "max_output_tokens = 16384")
     minimal = world.expected_score("base", world.initial_harness(), "dev")
@@ -230,18 +273,24 @@ def test_evaluation_results_label_every_failure():
     labels = [f for t in result.tasks for r, f in zip(t.rewards, t.failures) if r == 0.0]
     assert labels and set(labels) <= set(FAILURE_MODES)
     assert sum(result.failure_modes.values()) == len(labels)
-    assert {"lost_shell_state", "unverified_completion"} <= set(result.failure_modes)
+    # the symptoms are the system's own defects: every one of them shows, no other defect does
+    assert set(result.failure_modes) - {"wrong_answer"} == set(present(world)) != set()
     assert world.evaluation.start(request(world, n_tasks=7), "job-2").future.result().value.tasks[-1].task == "dev/6"
 
 
 @pytest.mark.parametrize("benchmark", list(BENCHMARKS))
-def test_filtered_strong_teacher_data_with_default_training_helps(benchmark):
-    gains = []
-    for seed in range(10):
+def test_filtered_strong_teacher_data_with_default_training_usually_helps(benchmark):
+    """Training helps on most systems but not on all: how well the data transfer varies by seed, and a
+    researcher has to measure the checkpoint before submitting it."""
+    gains, transfer = [], []
+    for seed in range(30):
         world = SimWorld(benchmark, seed)
         checkpoint = train_on(world, "claude-opus-5", 1000, filtered=True)
-        gains.append(gain(world, checkpoint, harness(world, *DEFECTS)))
-    assert min(gains) > 0 and np.mean(gains) > 0.02, gains
+        gains.append(gain(world, checkpoint, fixed(world)))
+        transfer.append(world.profile.transfer)
+    gains, transfer = np.array(gains), np.array(transfer)
+    assert np.mean(gains) > 0 and 0.5 <= np.mean(gains > 0) <= 0.95, gains
+    assert np.mean(gains[transfer > 0.5]) > 0 > np.mean(gains[transfer < 0]), gains
 
 
 def test_unfiltered_weak_teacher_data_can_hurt_a_decent_model():
@@ -249,7 +298,7 @@ def test_unfiltered_weak_teacher_data_can_hurt_a_decent_model():
     for seed in range(30):
         world = SimWorld("gpqa-diamond", seed)
         checkpoint = train_on(world, "deepseek-v4.1-flash", 2000, filtered=False)
-        drops.append(gain(world, checkpoint, harness(world, *DEFECTS)))
+        drops.append(gain(world, checkpoint, fixed(world)))
     assert np.mean(drops) < 0 and np.mean(np.array(drops) < 0) > 0.7
 
 
@@ -265,7 +314,7 @@ def test_stronger_updates_usually_hurt_but_not_always():
         world.train.start(Train(dataset=data, num_epochs=3), "job-ep", "ep3")
         world.clock.spend(1e9)  # the default run has finished
         world.train.start(Train(dataset=data, base=default), "job-more", "more")
-        files = harness(world, *DEFECTS)
+        files = fixed(world)
         reference = world.expected_score(default, files, "official")
         worse += [world.expected_score(c, files, "official") < reference for c in ("lr3", "ep3", "more")]
     assert 0.6 <= np.mean(worse) <= 0.95
@@ -275,7 +324,7 @@ def test_dev_sourced_data_raises_dev_more_than_official():
     for seed in range(5):
         world = SimWorld("swe-bench-verified", seed)
         checkpoint = train_on(world, "claude-opus-5", 1000, filtered=True, source="dev")
-        files = harness(world, *DEFECTS)
+        files = fixed(world)
         assert gain(world, checkpoint, files, "dev") > gain(world, checkpoint, files, "official") + 0.05
 
 
@@ -307,7 +356,9 @@ def test_a_low_completion_cap_truncates_examples():
 
 
 def test_cost_targets():
-    swe, aime = SimWorld("swe-bench-verified", 0), SimWorld("aime", 0)
+    # the paper's system: long replies (truncation is one of its defects)
+    swe = SimWorld("swe-bench-verified", seed_where("swe-bench-verified", "truncated_output"))
+    aime = SimWorld("aime", seed_where("aime", "truncated_output"))
     assert 25 <= swe.evaluation.quote(request(swe)).usd <= 35
     assert 2 <= aime.evaluation.quote(request(aime)).usd <= 4
     generated = swe.rollout.generate(GenerateData(teacher="claude-opus-5", n_examples=1000), "ds-1")

@@ -218,16 +218,16 @@ EPISODES: dict[str, Callable[[], _Digest]] = {
     "actions": _scripted_actions,
 }
 
-PINNED: dict[str, tuple[int, str]] = {  # name -> (steps, sha256), computed on main before issue 15's sim work
-    'actions': (135, 'b04b7291376f15e897f305693623b1718d177c2da3797c01d268ba444649e05a'),
-    'random-joint': (51, '922304f938edf416e322f53971e4eeee776404498e73e85b1fe0dca3d3c872fa'),
-    'rl-joint': (68, 'b48c868b624224e3c83535ad1e65bf9d1832c420ec7f1120c8a8fdb58e61aa38'),
-    'sampled': (400, '55eccdc0bfe800ff4d436b333c327fb942666bb1d50e60d0b03ab60ff63991cf'),
-    'scripted-async': (27, '01c17af84c6c83142df1cb6dce3b939507663745d7eb4793068bae151692e417'),
-    'scripted-data': (15, '24839b4c1b7f6a0b34f37441e5a76c52043fdfda0af5a3037678cc3bf644a002'),
-    'scripted-disk': (35, '9fe66668ee8f7e13791ae3f713e7cdda1a7c741d3c808baa8d3d325016d25af7'),
-    'scripted-harness': (7, 'd8b733a627a3e92283e41eb25918746899397e10edbcc773202c98e09bfd3ee5'),
-    'scripted-joint': (63, '9756f72a9853097617fb93f70cd9ba92d21b1cb490b05673dd6bb0074e0d4594'),
+PINNED: dict[str, tuple[int, str]] = {  # name -> (steps, sha256), recomputed for issue 30 (target systems drawn per seed, refusals use no step, the retrained RL policy)
+    'actions': (135, '5e433009d9e19430272e68553e1b67ae3530069d3d57afd9ceec6795d4fd17b9'),
+    'random-joint': (51, '768f9dc20ca52e2545c6df1e18730d79225280a519552e8bd60c2b56b43d394d'),
+    'rl-joint': (68, '22c3b542dcf694efb0af238aa321276f5096663d168c17ae2775c25996349111'),
+    'sampled': (400, '55c5c9c669173c0d46cfe443084fac20f3096fbd0e23b67e639e8956d179e6ed'),
+    'scripted-async': (25, '3026fdf5e936c7c1df5848b6916379f84455257d5133a208cc75ba91e6221a7d'),
+    'scripted-data': (14, 'd3af5898214dc24a086e2cf58597bca25fd357ab3fcc51ae8a301b10df9df27f'),
+    'scripted-disk': (34, 'c262400a9831cc8a1d25f1ef44033d189d45d49be96c1c387070f83484ba63d8'),
+    'scripted-harness': (7, 'e2aab3b347ece10105c488114bb9e71e53424194993f154ad0d0982dcdb806ed'),
+    'scripted-joint': (55, 'ec42b1161977a29801809a3065e4c4dd3f9cc8cec70347a36b7491aeff95580a'),
 }
 
 
