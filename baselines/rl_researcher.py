@@ -11,15 +11,18 @@ curve (``docs/rl_learning_curve.csv`` and ``.png``), from the repository root::
     python -m rsigym_env.baselines.rl_researcher --train
     python -m rsigym_env.baselines.rl_researcher --compare --seeds 20 --save [--track Data|Harness]
 
-``--train`` (150 PPO iterations, 18,000 episodes) took 62 s and 110 s of wall time in two runs
-(115 s and 145 s CPU) on this 2-core machine; runs of the same size took up to 240 s while other
-jobs shared the cores. It runs two rollout workers (``--workers``), each stepping ``num_envs`` sim envs
-in lockstep; episodes cycle over the five benchmarks x three tracks, $500, env seeds from 1,000,000
-up. With the same ``--seed`` and worker count the weights are bit-identical. Seeds 1, 2 and 3 were
-tried; their greedy validation returns (20 seeds per benchmark, env seeds 10,000 and up) were
-joint 0.387 / 0.370 / 0.386, data 0.109 / 0.098 / 0.106, harness 0.206 each, and seed 1 is the
-default. Training subtracts ``step_cost`` per menu step (shaping, so that it stops making useless
-calls); every number here is the env's own reward.
+``--train`` first plays ``bc_episodes`` (1,500) episodes of the menu expert (:func:`expert_index`, the
+scripted researcher's recipe in menu terms) and clones it (cross-entropy on its entries, MSE on their
+returns; 97.6% greedy agreement), then runs 150 PPO iterations (18,000 episodes). Since issue 30 the
+sim's best choices depend on what evaluations reveal, and PPO from scratch collapsed to submitting at
+once; from the cloned start it improves on the expert. It took 1,248 s of wall time on this 2-core
+machine under a load of 10-16 from other jobs. It runs two rollout workers (``--workers``), each
+stepping ``num_envs`` sim envs in lockstep; episodes cycle over the five benchmarks x three tracks,
+$500, env seeds from 1,000,000 up. With the same ``--seed`` and worker count the weights are
+bit-identical. Greedy validation return (20 seeds per benchmark, env seeds 10,000 and up): +0.217
+(swe +0.259, terminal +0.134, aime +0.426, gpqa +0.197, skills +0.067). Training subtracts
+``step_cost`` per menu step (shaping, so that it stops making useless calls); every number here is the
+env's own reward.
 
 ``--compare`` runs :func:`rsigym_env.episode.run_episode` for random, scripted and rl on seeds
 0..19 of each benchmark ($500; seeds never used in training or selection). Mean normalized gain ±
@@ -28,25 +31,25 @@ standard error (mean spend), joint track:
 =====================  ====================  =====================  =====================
 benchmark              random                scripted               rl
 =====================  ====================  =====================  =====================
-swe-bench-verified     -0.022 ± 0.013 ($67)  +0.340 ± 0.009 ($294)  +0.404 ± 0.007 ($428)
-terminal-bench-2       -0.014 ± 0.008 ($57)  +0.167 ± 0.007 ($274)  +0.212 ± 0.007 ($428)
-aime                   -0.046 ± 0.031 ($43)  +0.681 ± 0.015 ($215)  +0.708 ± 0.010 ($422)
-gpqa-diamond           -0.085 ± 0.063 ($18)  +0.315 ± 0.020 ($92)   +0.408 ± 0.009 ($350)
-skillsbench            -0.003 ± 0.002 ($56)  +0.165 ± 0.013 ($236)  +0.212 ± 0.010 ($427)
-RSI-Index              -0.034 ± 0.021        +0.334 ± 0.006         +0.389 ± 0.004
+swe-bench-verified     -0.025 ± 0.015 ($66)  +0.207 ± 0.035 ($293)  +0.237 ± 0.039 ($478)
+terminal-bench-2       -0.014 ± 0.008 ($57)  +0.088 ± 0.010 ($271)  +0.111 ± 0.014 ($443)
+aime                   -0.064 ± 0.035 ($43)  +0.249 ± 0.057 ($210)  +0.344 ± 0.058 ($403)
+gpqa-diamond           -0.109 ± 0.067 ($18)  +0.164 ± 0.043 ($109)  +0.179 ± 0.044 ($254)
+skillsbench            -0.003 ± 0.001 ($58)  +0.075 ± 0.018 ($236)  +0.086 ± 0.018 ($416)
+RSI-Index              -0.043 ± 0.024        +0.156 ± 0.014         +0.191 ± 0.016
 =====================  ====================  =====================  =====================
 
 RSI-Index on the other tracks (``--track Data`` / ``Harness``): data: random +0.000, scripted
-+0.090 ± 0.004, rl +0.120 ± 0.002; harness: random -0.133 ± 0.042, scripted +0.188 ± 0.004,
-rl +0.193 ± 0.004. The tables are also in ``rl_sim.json``.
++0.078 ± 0.013, rl +0.092 ± 0.014; harness: random -0.137 ± 0.042, scripted +0.070 ± 0.012,
+rl +0.071 ± 0.010. The tables are also in ``rl_sim.json``.
 
-What it learned (greedy): fix the harness defects (free; the order varies), spend most of the
-budget on claude-opus-5 data (``gen:claude-opus-5:2000`` then ``:max``), filter and dedupe, train
-once from base at the default learning rate, and submit that checkpoint without dev evaluations
-(they cost money and, at the default learning rate, rarely change the choice). On the harness
-track it fixes all five defects, evaluates once and submits. It uses the same teacher on every
-benchmark, although gpt-6-astra is better on AIME (see ``CALIBRATION.md``): a benchmark-aware
-teacher choice is the obvious headroom.
+What it learned (greedy; e.g. swe seed 0: ``eval_latest_k1 fix:lost_shell_state fix:action_loop
+gen:<each teacher>:50 gen:claude-opus-5:max clean eval_latest_k3 train:lr=0.0003 eval_latest_k3
+submit_best``): evaluate the initial system (avg@1), fix only the defects its failures show, probe every
+teacher, buy data from the one whose examples pass most often (astra on some aime and gpqa seeds),
+clean, measure the base model with the fixed harness, train at the default rate, measure the
+checkpoint, submit the better; it evaluated before submitting on every episode of
+the comparison. No recipe that never evaluates comes close (``bench/README.md``, "Research must pay").
 
 >>> import gymnasium as gym, rsigym_env
 >>> from rsigym_env.episode import run_episode
