@@ -41,7 +41,7 @@ from gymnasium import spaces
 from rsigym_env.tools import Tool
 
 END_KEYS = ("initial_score", "official_score", "normalized_gain", "best_dev_score", "submitted_dev_score",
-            "spend_usd", "budget_usd", "end_reason")
+            "spend_usd", "budget_usd", "end_reason", "steps", "refusals")
 
 
 def to_jsonable(value: Any) -> Any:

@@ -74,7 +74,7 @@ def ray_address(request: pytest.FixtureRequest) -> str | None:
 
 
 def test_an_idle_run_is_closed_by_the_reaper_and_its_jobs_settled(tmp_path: Path, ray_address):
-    timeout = 0.6 if ray_address is None else 4.0  # an actor call takes a while to start
+    timeout = 0.6 if ray_address is None else 8.0  # an actor call takes a while to start (4 s was too short under a load of 10)
     service = SessionService(tmp_path, admin_token=ADMIN, idle_timeout_s=timeout, reap_interval_s=0.05,
                              ray_address=ray_address)
     try:
