@@ -83,7 +83,7 @@ SETUP_SLACK_S = 30.0          # sandbox seconds a trial may spend outside the ag
 EXPECTED_TRIAL_S = 1.0        # for the quote's duration estimate only
 AGENT_SLACK_S = 5.0           # Harbor's agent limit beyond the harness's own (upload, trajectory conversion)
 CANCEL_WAIT_S = 30.0          # how long a cancelled evaluation may take to stop its sandboxes
-CACHE_VERSION = "1"           # of the evaluation cache: bump when trials would score differently
+CACHE_VERSION = "2"           # of the evaluation cache: bump when trials would score differently
 _JOB_DIR_MARK = b"@RSIGYM_EVAL_DIR@"  # a cached dev evaluation's own directory, in its files
 
 
@@ -108,8 +108,9 @@ def failure_label(reward: float, end_reason: str | None, harness_error: str | No
     mode (``truncated``, ``unverified``, ``loop``, ``unchecked_edit``, ``lost_shell_state``,
     ``missing_skill``) maps to it; otherwise the minimal harness's ``signals`` decide, as its
     ``agent.py`` documents (repeats at ``max_turns``/``context_full`` → ``action_loop``, ``lost_cd`` →
-    ``lost_shell_state``, ``broken_edit`` → ``unchecked_edit``, skills present but unseen →
-    ``missing_skill``, an unverified answer while a check existed → ``unverified_completion``); else
+    ``lost_shell_state``, ``broken_edit`` → ``unchecked_edit``, a skill the instruction names
+    (``skills_named``; older trajectories: any skill present) but none seen → ``missing_skill``, an
+    unverified answer while a check existed → ``unverified_completion``); else
     ``wrong_answer``. The end reason and signals are what the harness reports: diagnostics, not billing.
     """
     if reward >= 1.0:
@@ -125,7 +126,7 @@ def failure_label(reward: float, end_reason: str | None, harness_error: str | No
         return "lost_shell_state"
     if s.get("broken_edit"):
         return "unchecked_edit"
-    if s.get("skills_present") and not s.get("skill_seen"):
+    if s.get("skills_named", s.get("skills_present")) and not s.get("skill_seen"):
         return "missing_skill"
     if end_reason in ("done", "answer") and s.get("check_available") and not s.get("verified"):
         return "unverified_completion"

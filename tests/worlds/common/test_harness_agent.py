@@ -24,10 +24,11 @@ def server():
 
 
 def run_agent(server, tmp_path: Path, turns: list, *, remedies=(), files: dict[str, str] | None = None,
-              instruction: str = "Do the task.", toml_extra: dict[str, str] | None = None, seed: int = 3):
+              instruction: str = "Do the task.", toml_extra: dict[str, str] | None = None, seed: int = 3,
+              context_length: int | None = None):
     """Run agent.py against a scripted model → (trajectory, app dir, the model's requests)."""
     name = f"scripted-{tmp_path.parent.name}-{tmp_path.name}"
-    model = ScriptedChatModel(turns)
+    model = ScriptedChatModel(turns, context_length=context_length)
     server.registry.add(name, model, replace=True)
     harness = tmp_path / "harness"
     harness.mkdir(parents=True)
@@ -91,6 +92,10 @@ def test_the_harness_starts_without_what_only_commands_need():
     finally:
         shell.close()
 
+
+CONTEXT_SLACK = 60
+"""Prompt tokens (as the scripted model estimates them) the instruction above takes, with room to spare; the
+three usage lines take more than that."""
 
 LONG = "12+30=42 42*3=126 126-7=119 119+20=139 139*2=278 ANSWER: 278"
 
@@ -158,6 +163,36 @@ def test_load_skills_shows_usage_lines(server, tmp_path):
     on, _, reqs_on = run_agent(server, tmp_path / "b", ["DONE"], files=files, instruction=inst, remedies=["load_skills"])
     user = reqs_on[0].messages[-1].content
     assert "Skill rot: Usage: python3 skills/rot/run.py -k K IN OUT" in user and "skills/pad" not in user
+    # an instruction that names no skill gets the whole library (the harness cannot tell which it needs)
+    lib, _, reqs_lib = run_agent(server, tmp_path / "c", ["DONE"], files=files, instruction="Make a file.",
+                                 remedies=["load_skills"])
+    user = reqs_lib[0].messages[-1].content
+    assert "Skill pad: Usage: python3 skills/pad/run.py IN OUT K" in user and "Skill rot: Usage:" in user
+    assert harness_agent.failure_label(lib, 0) == "wrong_answer"  # no skill named: no missing_skill
+
+
+def test_a_library_the_task_does_not_name_is_no_missing_skill(server, tmp_path):
+    """Tools an environment ships but the instruction never names are not a defect of the harness; loading
+    them costs context: with a larger ``max_output_tokens`` the first request no longer fits."""
+    files = {f"skills/{n}/SKILL.md": f"# {n}\nA tool.\nUsage: python3 skills/{n}/run.py -k K IN OUT --verbose\n"
+             for n in ("rot", "pad", "cut")}
+    inst = "In the directory logs, create the file a.txt containing the word hello. One command per turn, then DONE."
+    off, _, _ = run_agent(server, tmp_path / "a", ["DONE"], files=files, instruction=inst)
+    assert off["signals"]["skills_present"] and not off["signals"]["skills_named"]
+    assert harness_agent.failure_label(off, 0) == "wrong_answer"
+    from rsigym_env.worlds.common.evaluation import failure_label
+    assert failure_label(0.0, off["end_reason"], None, off["signals"]) == "wrong_answer"
+    # the model's window holds the instruction and a 224-token reply, not the library as well
+    cfg, window = {"max_output_tokens": "224"}, 224 + CONTEXT_SLACK
+    plain, _, _ = run_agent(server, tmp_path / "b", ["DONE"], files=files, instruction=inst, toml_extra=cfg,
+                            context_length=window)
+    assert plain["end_reason"] == "done"
+    loaded, _, _ = run_agent(server, tmp_path / "c", ["DONE"], files=files, instruction=inst, toml_extra=cfg,
+                             context_length=window, remedies=["load_skills"])
+    assert loaded["end_reason"] == "context_full" and loaded["signals"]["skill_seen"]
+    small, _, _ = run_agent(server, tmp_path / "d", ["DONE"], files=files, instruction=inst, context_length=window,
+                            remedies=["load_skills"])  # the minimal reply still fits beside the library
+    assert small["end_reason"] == "done"
 
 
 def test_unreachable_model_is_a_harness_error(tmp_path):

@@ -24,15 +24,26 @@ Remedies (``harness.toml``; the minimal harness has them all off):
 * ``[edits] check = true`` — after a command that changed a ``.py`` file, ``py_compile`` it; if it
   no longer compiles, restore the files and resample.
 * ``[skills] load_skills = true`` — add the ``Usage:`` lines of the skills named in the instruction
-  (``skills/*/SKILL.md``) to the prompt.
+  (``skills/*/SKILL.md``) to the prompt; when the instruction names none, those of every skill there
+  (the harness cannot tell which tool such a task needs).
+
+No remedy is free of cost, though only some costs bite on the local tasks. The model's context is small
+(512 tokens) and the server refuses a request whose prompt plus ``max_tokens`` does not fit
+(``context_length_exceeded``; the attempt ends ``context_full``): a larger ``max_output_tokens`` or
+``continue_max_tokens`` reserves more of it, so a long prompt fails at once and a conversation ends
+sooner; loaded skill lines lengthen the prompt, and on a task whose environment ships tools it does not
+need they take the room its own turns need and show the model commands it copies instead of doing its
+task. ``continue`` spends a second request (and tokens) on every cut reply; ``verify`` spends the check's
+time and, when the check fails, a turn; ``detect`` spends requests; ``check`` spends a compile per edit.
 
 End reasons → failure labels (``failure_label``; only for attempts the verifier scored 0):
 
 * ``truncated`` → ``truncated_output``;  ``error`` → ``harness_error``;
 * ``max_turns`` / ``context_full`` with a repeated command → ``action_loop``;
 * otherwise, by the trajectory's signals: a ``cd`` in a non-persistent shell → ``lost_shell_state``;
-  an edit left a ``.py`` file that does not compile → ``unchecked_edit``; skills present but none
-  shown or read → ``missing_skill``; ``done``/``answer`` unverified while a ``check.sh`` existed
+  an edit left a ``.py`` file that does not compile → ``unchecked_edit``; a skill the instruction
+  names (``skills_named``: a library of tools the task does not use is no defect), but no skill shown
+  or read → ``missing_skill``; ``done``/``answer`` unverified while a ``check.sh`` existed
   → ``unverified_completion``; anything else → ``wrong_answer``.
 """
 
@@ -53,7 +64,7 @@ except ImportError:  # run as a script: python3 /harness/agent.py
 
 OUT_BYTES = 200
 DEFAULTS = {
-    "generation": {"max_output_tokens": 56, "on_truncation": "stop", "continue_max_tokens": 224, "temperature": 0.7},
+    "generation": {"max_output_tokens": 72, "on_truncation": "stop", "continue_max_tokens": 224, "temperature": 0.7},
     "agent": {"max_turns": 8, "command_timeout_sec": 10},
     "completion": {"verify_before_submit": False},
     "shell": {"persistent": False},
@@ -208,19 +219,28 @@ def compiles(path: str) -> bool:
             return False
 
 
-def skill_usages(app: str, instruction: str) -> list[str]:
-    """``Skill NAME: Usage: ...`` lines of the skills whose name appears in the instruction."""
-    out = []
+def skill_names(app: str) -> list[str]:
+    """The skills in the app dir (``skills/<name>/SKILL.md``), sorted."""
     root = os.path.join(app, "skills")
     if not os.path.isdir(root):
-        return out
-    for name in sorted(os.listdir(root)):
-        doc = os.path.join(root, name, "SKILL.md")
-        if os.path.isfile(doc) and re.search(rf"\b{re.escape(name)}\b", instruction):
-            with open(doc) as fh:
-                for line in fh:
-                    if line.startswith("Usage:"):
-                        out.append(f"Skill {name}: {line.strip()}")
+        return []
+    return [n for n in sorted(os.listdir(root)) if os.path.isfile(os.path.join(root, n, "SKILL.md"))]
+
+
+def named_skills(app: str, instruction: str) -> list[str]:
+    """The skills whose name appears in the instruction."""
+    return [n for n in skill_names(app) if re.search(rf"\b{re.escape(n)}\b", instruction)]
+
+
+def skill_usages(app: str, instruction: str = "") -> list[str]:
+    """``Skill NAME: Usage: ...`` lines of the skills the instruction names — or, when it names none, of
+    every skill in the app dir (the harness cannot tell which tool such a task needs)."""
+    out = []
+    for name in named_skills(app, instruction) or skill_names(app):
+        with open(os.path.join(app, "skills", name, "SKILL.md")) as fh:
+            for line in fh:
+                if line.startswith("Usage:"):
+                    out.append(f"Skill {name}: {line.strip()}")
     return out
 
 
@@ -234,8 +254,9 @@ class Agent:
         self.shell = Shell(app, bool(cfg["shell"]["persistent"]), float(cfg["agent"]["command_timeout_sec"]))
         self.steps: list[dict] = []
         self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "requests": 0}
-        self.signals = {"lost_cd": 0, "broken_edit": 0, "repeats": 0, "skills_present": os.path.isdir(os.path.join(app, "skills")),
-                        "skill_seen": False, "check_available": os.path.isfile(os.path.join(app, "check.sh")),
+        self.signals = {"lost_cd": 0, "broken_edit": 0, "repeats": 0, "skills_present": bool(skill_names(app)),
+                        "skills_named": bool(named_skills(app, instruction)), "skill_seen": False,
+                        "check_available": os.path.isfile(os.path.join(app, "check.sh")),
                         "verified": False, "truncations": 0, "reverted_edits": 0, "loop_resamples": 0,
                         "verify_failures": 0}
         user = instruction
@@ -396,7 +417,7 @@ def failure_label(trajectory: dict, reward: float) -> str | None:
         return "lost_shell_state"
     if s.get("broken_edit"):
         return "unchecked_edit"
-    if s.get("skills_present") and not s.get("skill_seen"):
+    if s.get("skills_named", s.get("skills_present")) and not s.get("skill_seen"):
         return "missing_skill"
     if end in ("done", "answer") and s.get("check_available") and not s.get("verified"):
         return "unverified_completion"

@@ -35,10 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-GENERATOR_VERSION = "4"
+GENERATOR_VERSION = "5"
 """1: first release; 2: local-math on numbers below 100 (6-7 operations when hard); 3: local-math
 mostly 2-3 operations (4-5 when hard), local-code with new function names and bug families; 4: local-science
-states the facts in the question (substances invented per problem, lab notes, a one-step rule when hard)."""
+states the facts in the question (substances invented per problem, lab notes, a one-step rule when hard); 5: half
+of local-terminal's and local-code's tasks ship a library of skills they do not need (the tasks themselves are
+generator 4's)."""
 SYSTEM_PROMPT = "Reply with one line: $ <command>, ANSWER: <answer>, or DONE."
 """The minimal harness's ``prompt.md`` (the system message every turn-0 prompt starts with)."""
 

@@ -5,7 +5,8 @@ by the visible ``/app/check.sh``); hidden tests check more cases. A fix is one `
 Generator 3 (``TEMPLATES_V3``, ``NAMES_V3``): each function can carry its old bug or a new one
 (``NEW_BUGS``: ``x * 3`` for ``x + 3``, swapped comparison operands, ``range(0, n)``, ``!= 0``, ...)
 that pretraining never showed (pretraining draws generator 2, ``gen2_stream``), so only the teachers'
-solver, whose edit families cover both, can teach its fix.
+solver, whose edit families cover both, can teach its fix. Generator 5: ``LIBRARY_SHARE`` of the
+tasks ship a library of three skills (``skills/``) the fix does not need (see ``terminal``).
 
 >>> b = CodeBenchmark()
 >>> p = b.split("dev")[0]
@@ -23,6 +24,9 @@ import random
 import re
 
 from .base import LocalBenchmark, Problem
+from .skills import library
+
+LIBRARY_SHARE, LIBRARY_SIZE = 0.5, 3
 
 NAMES = ["calc", "step", "shift", "pick", "total", "scale", "judge", "clip"]
 
@@ -103,7 +107,11 @@ class CodeBenchmark(LocalBenchmark):
     max_turns = 6
 
     def generate(self, rng: random.Random, stream: str) -> Problem:
-        return make_problem(rng, TEMPLATES_V3, NAMES_V3)
+        p = make_problem(rng, TEMPLATES_V3, NAMES_V3)
+        if rng.random() < LIBRARY_SHARE:  # drawn last: the task itself is generator 4's
+            p.files.update(library(rng, LIBRARY_SIZE))
+            p.meta["library"] = LIBRARY_SIZE
+        return p
 
 
 def make_problem(rng: random.Random, templates: list, names: list[str]) -> Problem:

@@ -58,6 +58,18 @@ print("wrote " + dst)
 '''
 
 
+def library(rng: random.Random, n: int, exclude: tuple[str, ...] = ()) -> dict[str, str]:
+    """Files of ``n`` skills (``skills/<name>/SKILL.md`` and ``run.py``, each with a random convention):
+    the tooling an environment ships whether or not its task needs it (generator 5: a share of
+    ``local-terminal`` and ``local-code`` tasks, whose instructions name none of them)."""
+    files: dict[str, str] = {}
+    for s in rng.sample([t for t in sorted(TOOLS) if t not in exclude], n):
+        syn = rng.randrange(4)
+        files[f"skills/{s}/SKILL.md"] = f"# {s}\n{TOOLS[s][0]}\nUsage: {usage(syn, s)}\n"
+        files[f"skills/{s}/run.py"] = RUN_PY.format(parser=PARSERS[syn], expr=TOOLS[s][1])
+    return files
+
+
 def usage(syntax: int, skill: str) -> str:
     """The usage line of a skill document (placeholders K, IN, OUT)."""
     return SYNTAX[syntax].format(s=skill, k="K", i="IN", o="OUT")

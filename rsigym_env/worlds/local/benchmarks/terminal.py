@@ -3,6 +3,9 @@
 Decided by the final file-system state. A reply may ``cd`` into a directory and act there, which
 works only when the harness keeps the shell's state (``persistent = true``); the minimal harness
 runs every command in a fresh shell at ``/app``, so a lost ``cd`` puts files in the wrong place.
+Generator 5: ``LIBRARY_SHARE`` of the tasks ship a library of three skills (``skills/``) the task
+does not need; a harness that loads skill documents (``load_skills``) fills the model's small
+context with them.
 
 >>> b = TerminalBenchmark()
 >>> p = b.split("dev")[0]
@@ -16,6 +19,9 @@ import random
 import re
 
 from .base import LocalBenchmark, Problem
+from .skills import library
+
+LIBRARY_SHARE, LIBRARY_SIZE = 0.5, 3
 
 DIRS = ["logs", "data", "out", "build", "notes", "cache", "docs", "src"]
 SUBDIRS = ["2024", "old", "v1", "x", "new", "tmp"]
@@ -82,6 +88,9 @@ class TerminalBenchmark(LocalBenchmark):
                     expected={"kind": "files", "files": expected}, difficulty={"A": "hard", "C": "medium"}.get(kind, "easy"),
                     meta={"kind": kind})
         p.solution = plan(instruction)
+        if rng.random() < LIBRARY_SHARE:  # drawn last: the task itself is generator 4's
+            p.files.update(library(rng, LIBRARY_SIZE))
+            p.meta["library"] = LIBRARY_SIZE
         return p
 
 
