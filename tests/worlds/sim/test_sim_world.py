@@ -119,11 +119,13 @@ def test_world_satisfies_the_service_protocols():
     world.close()
 
 
-def test_construction_and_calls_are_fast():
+def test_construction_is_not_pathologically_slow():
+    """Speed is measured in bench/ (about 0.8 ms a world idle); this only catches a 50x regression, with
+    room for a loaded CI machine (6.5 ms under a load of 10 broke the old 5 ms bound)."""
     start = time.perf_counter()
     for seed in range(20):
         SimWorld("swe-bench-verified", seed)
-    assert (time.perf_counter() - start) / 20 < 0.005
+    assert (time.perf_counter() - start) / 20 < 0.05
 
 
 def test_same_seed_same_results_and_different_seeds_differ():
