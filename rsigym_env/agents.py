@@ -44,16 +44,18 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .canonical import canonical_dumps
 from .episode import Researcher
 from .home import state_dir
 
-KINDS = ("scripted", "llm", "rl", "random")
+KINDS = ("scripted", "llm", "rl", "random", "program")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 PARAM = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 ID = re.compile(r"^ag-[0-9a-f]{16}$")
+CODE_FILE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}\.py$")
+CODE_MAX_BYTES = 512 * 1024  # all of a program's source together
 Scalar = str | int | float | bool
 
 
@@ -75,6 +77,8 @@ class AgentSpec(BaseModel):
     skills: dict[str, str] = Field(default_factory=dict, description="Skill name -> text (Markdown).")
     memory: dict[str, str] = Field(default_factory=dict, description="Memory note name -> text, carried across episodes.")
     params: dict[str, Scalar | list[Scalar]] = Field(default_factory=dict, description="Fields of the kind's Args dataclass.")
+    code: dict[str, str] = Field(default_factory=dict, description="Program kind: Python source files (name.py -> text); "
+                                                                   "researcher.py defines make_researcher(params).")
     parent: str | None = Field(None, description="Id of the spec this one was derived from.")
 
     @field_validator("kind")
@@ -103,6 +107,25 @@ class AgentSpec(BaseModel):
                     raise ValueError(f"parameter {key} must be finite, got {item}")
         return value
 
+    @field_validator("code")
+    @classmethod
+    def _code(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not CODE_FILE.fullmatch(name):
+                raise ValueError(f"code file name {name!r} must match {CODE_FILE.pattern} (flat, a Python module)")
+        size = sum(len(text.encode()) for text in value.values())
+        if size > CODE_MAX_BYTES:
+            raise ValueError(f"a program's code may hold {CODE_MAX_BYTES} bytes, got {size}")
+        return value
+
+    @model_validator(mode="after")
+    def _program(self) -> "AgentSpec":
+        if self.kind == "program" and "researcher.py" not in self.code:
+            raise ValueError("a program spec needs code/researcher.py (defining make_researcher(params))")
+        if self.kind != "program" and self.code:
+            raise ValueError(f"only the program kind carries code; kind is {self.kind!r}")
+        return self
+
     @field_validator("parent")
     @classmethod
     def _parent(cls, value: str | None) -> str | None:
@@ -114,7 +137,10 @@ class AgentSpec(BaseModel):
 
     def content(self) -> str:
         """Canonical JSON of the whole spec: what the id hashes."""
-        return canonical_dumps(self.model_dump(mode="json"))
+        data = self.model_dump(mode="json")
+        if not data["code"]:
+            del data["code"]  # specs without code hash as they did before programs existed
+        return canonical_dumps(data)
 
     @property
     def id(self) -> str:
@@ -143,6 +169,7 @@ class AgentSpec(BaseModel):
             files["prompt.md"] = self.system_prompt
         files |= {f"skills/{k}.md": v for k, v in self.skills.items()}
         files |= {f"memory/{k}.md": v for k, v in self.memory.items()}
+        files |= {f"code/{k}": v for k, v in self.code.items()}
         return files
 
     @classmethod
@@ -163,16 +190,18 @@ class AgentSpec(BaseModel):
             params = tomllib.loads(files.get("params.toml", ""))
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"params.toml does not parse: {exc}") from None
-        skills, memory = {}, {}
+        skills, memory, code = {}, {}, {}
         for path, text in files.items():
             folder, _, rest = path.partition("/")
             if folder in ("skills", "memory") and rest.endswith(".md") and "/" not in rest:
                 (skills if folder == "skills" else memory)[rest[:-3]] = text
+            elif folder == "code" and "/" not in rest:
+                code[rest] = text
             elif path not in ("spec.json", "params.toml", "prompt.md"):
                 raise ValueError(f"unexpected file {path!r}; a spec has spec.json, params.toml, prompt.md, "
-                                 "skills/<name>.md and memory/<name>.md")
+                                 "skills/<name>.md, memory/<name>.md and code/<name>.py")
         try:
-            return cls(**head, params=params, system_prompt=files.get("prompt.md"), skills=skills, memory=memory)
+            return cls(**head, params=params, system_prompt=files.get("prompt.md"), skills=skills, memory=memory, code=code)
         except Exception as exc:
             raise ValueError(f"invalid spec: {exc}") from None
 
@@ -207,6 +236,8 @@ def builtin_spec(name: str) -> AgentSpec:
     >>> builtin_spec("scripted").params["data_fraction"]
     0.4
     """
+    if name == "program":
+        return seed_program()
     cls = _args_class(name)
     if cls is None:
         raise ValueError(f"no bundled researcher {name!r}; bundled: {', '.join(KINDS)}")
@@ -217,6 +248,22 @@ def builtin_spec(name: str) -> AgentSpec:
         params = {k: v for k, v in params.items() if k not in ("model", "base_url", "api_key", "transcript")}
     params = {k: v for k, v in params.items() if v is not None and v != ""}
     return AgentSpec(kind=name, name=name, params=params, system_prompt=prompt)
+
+
+def seed_program() -> AgentSpec:
+    """The bundled seed program (``rsigym_env/programs/seed/*.py``): the scripted researcher written as
+    a stdlib program whose strategy is editable code, and the improver it becomes on a spec harness.
+
+    >>> spec = seed_program()
+    >>> spec.kind, "researcher.py" in spec.code, spec.id == builtin_spec("program").id
+    ('program', True, True)
+    """
+    from importlib import resources
+
+    folder = resources.files("rsigym_env.programs") / "seed"
+    code = {f.name: f.read_text(encoding="utf-8") for f in sorted(folder.iterdir(), key=lambda f: f.name)
+            if CODE_FILE.fullmatch(f.name)}
+    return AgentSpec(kind="program", name="scripted-program", code=code)
 
 
 def make_args(cls: type, params: dict[str, Any]) -> Any:
@@ -262,6 +309,12 @@ class SpecResearcher:
     def act(self, observation: dict[str, Any], info: dict[str, Any]) -> Any:
         return self.inner.act(observation, info)
 
+    def close(self) -> None:
+        """Release what the researcher holds (a program's sandbox goes back to its pool)."""
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()
+
 
 class ScriptedAgent:
     """The ``scripted`` kind built from a spec: the scripted researcher on an ordinary harness, the
@@ -300,6 +353,10 @@ def build_researcher(spec: AgentSpec, **overrides: Any) -> SpecResearcher:
     improver (:class:`rsigym_env.worlds.recursive.improver.ScriptedImprover`, parameters prefixed ``improve_``).
     """
     cls = _args_class(spec.kind)
+    if spec.kind == "program":
+        from .programs import ProgramResearcher
+
+        return SpecResearcher(spec, ProgramResearcher(spec.code, dict(spec.params) | overrides, name=spec.id))
     if spec.kind == "scripted":
         return SpecResearcher(spec, ScriptedAgent(dict(spec.params)))
     if cls is None:
@@ -324,7 +381,15 @@ def build_researcher(spec: AgentSpec, **overrides: Any) -> SpecResearcher:
 
 
 def check_buildable(spec: AgentSpec) -> None:
-    """Raise ``ValueError`` if ``spec`` cannot be turned into a researcher (bad parameters, unknown kind)."""
+    """Raise ``ValueError`` if ``spec`` cannot be turned into a researcher (bad parameters, unknown kind;
+    a program's files must compile — they are not run here: programs run only in their sandbox)."""
+    if spec.kind == "program":
+        for name, text in spec.code.items():
+            try:
+                compile(text, f"code/{name}", "exec", dont_inherit=True)
+            except (SyntaxError, ValueError) as exc:
+                raise ValueError(f"code/{name} does not compile: {exc}") from None
+        return
     build_researcher(spec)
 
 
@@ -441,4 +506,4 @@ def spec_from_ref(ref: str, registry: AgentRegistry | None = None) -> AgentSpec:
 
 
 __all__ = ["AgentRegistry", "AgentSpec", "SpecResearcher", "build_researcher", "builtin_spec", "check_buildable",
-           "diff_specs", "dump_toml", "make_args", "rsigym_home", "spec_from_ref"]
+           "diff_specs", "dump_toml", "make_args", "rsigym_home", "seed_program", "spec_from_ref"]

@@ -99,6 +99,7 @@ class EpisodeRecord:
     worker: str = ""
     curve: list[list[float]] = field(default_factory=list)
     metrics: dict[str, Any] | None = None  # research-quality metrics (rsigym_env.metrics) at the episode's end
+    attempts: list[str] = field(default_factory=list)  # a program researcher's tampering attempts (event names)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -195,7 +196,7 @@ def run_spec(spec: EpisodeSpec, *, platform: Platform | None = None, key: Platfo
     record = EpisodeRecord(spec.agent, spec.benchmark, spec.seed, spec.track, spec.budget_usd, spec.world,
                            ok=False, worker=_worker_name())
     started = time.perf_counter()
-    env = None
+    env = researcher = None
     try:
         if spec.track not in TRACKS:
             raise ValueError(f"unknown track {spec.track!r}; known: {', '.join(TRACKS)}")
@@ -240,8 +241,25 @@ def run_spec(spec: EpisodeSpec, *, platform: Platform | None = None, key: Platfo
                 env.close()
             except Exception:
                 pass
+        record.attempts = _attempts_of(researcher)
+        if researcher is not None and hasattr(researcher, "close"):
+            try:
+                researcher.close()
+            except Exception:
+                pass
         record.wall_s = time.perf_counter() - started
     return record
+
+
+def _attempts_of(researcher: Any, cap: int = 20) -> list[str]:
+    """The distinct tampering attempts a program researcher made this episode (event names, at most ``cap``)."""
+    inner = getattr(researcher, "inner", researcher)
+    seen: list[str] = []
+    for attempt in getattr(inner, "attempts", None) or []:
+        event = str(attempt.get("event", "?") if isinstance(attempt, dict) else attempt)
+        if event not in seen:
+            seen.append(event)
+    return seen[:cap]
 
 
 def run_chunk(specs: Sequence[EpisodeSpec], pause_s: float = 0.0) -> list[EpisodeRecord]:

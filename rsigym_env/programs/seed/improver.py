@@ -1,0 +1,900 @@
+"""The seed program's improver: it rewrites the strategy of a researcher program, offline.
+
+The seed researcher delegates here (``make_improver(params)``) when its harness is a researcher
+spec (the recursive world). The target's files are read with ``read harness:<version>/<path>@<offset>``;
+its ``code/researcher.py`` holds the strategy as module-level literals (``STRATEGY``, ``ALLELES``,
+``RANGES``, ``PHASES``, ``OPTIONAL_PHASES``) and, when the target carries this improver too,
+``code/improver.py`` holds ``IMPROVER`` below. One outer episode:
+
+1. read the target's code (or, for a target that is not a program, its ``params.toml``);
+2. measure the target as it is: a screening evaluation (``screen_tasks`` dev tasks, avg@``screen_k``)
+   and a full one (all dev tasks, avg@``full_k``);
+3. while proposals, steps and budget remain: pick a base from the in-episode archive
+   (``select``: greedy, tournament or latest), apply one operator drawn by ``operator_weights``
+   with a ``random.Random`` seeded from the episode's reset seed -- ``point`` (one gene),
+   ``phase`` (delete / swap adjacent / insert a phase), ``crossover`` (genes from another evaluated
+   candidate), ``self`` (one ``IMPROVER`` gene, carried by a point change of the researcher; only
+   when the target has ``code/improver.py``) -- and write the changed literals back into the
+   source, everything else byte-identical, with a ``# lineage:`` comment on the first line;
+4. screen the candidate; if it is not worse than its base on the same tasks (a tie passes when
+   ``screen_ties``), evaluate it fully and keep it if it beats the base by more than ``min_gain``;
+5. submit the best fully evaluated version (the target itself if nothing beat it).
+
+Standard library only; this file is a program the improver may rewrite (``IMPROVER`` is a literal).
+
+>>> src = 'X = {"a": 1,  # note\\n     "b": [1, 2]}\\n'
+>>> print(replace_literals(src, {"X": {"a": 2, "b": [1, 2]}}), end="")
+X = {"a": 2,  # note
+     "b": [1, 2]}
+>>> step_value(3, 1, 8, "add", up=True, step=1.5), step_value(0.4, 0.05, 0.95, "mul", up=False, step=2.0)
+(4, 0.2)
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+import re
+import tomllib
+from dataclasses import dataclass
+from typing import Any, Generator
+
+try:  # the seed program's modules are flat: common.py sits next to this file
+    from common import PlanResearcher
+except ImportError:  # loaded as a package (tests, tools)
+    try:
+        from .common import PlanResearcher  # type: ignore[no-redef]
+    except ImportError:
+        PlanResearcher = None  # type: ignore[assignment,misc]
+
+# The improver's own procedure. The "self" operator rewrites this literal in a target's improver.py.
+IMPROVER = {
+    "candidates": 12,          # proposals per episode at most (budget and steps may stop it earlier)
+    "screen_tasks": 4,         # n_tasks of the screening evaluation (the first dev tasks: one per benchmark)
+    "screen_k": 1,             # avg@k of the screening evaluation
+    "screen_ties": True,       # a screen score equal to the base's passes to the full evaluation
+    "full_k": 2,               # avg@k of the full dev evaluation (all dev tasks)
+    "min_gain": 0.0,           # a candidate is kept if its full score beats its base's by more than this
+    "operator_weights": {"point": 4, "phase": 2, "crossover": 1, "self": 1},  # how often each operator is drawn
+    "step": 1.5,               # multiplicative step of "mul" genes
+    "select": "greedy",        # the base of the next proposal: greedy (best), tournament or latest (kept)
+    "tournament": 2,           # kept candidates drawn by the tournament rule
+    "budget_reserve": 0.02,    # share of the starting budget no evaluation is expected to eat into
+    "parent_selection": "greedy",  # how `rsigym recurse` picks the next round's parent from the archive
+}
+
+# How the "self" operator may move IMPROVER's numeric genes: [low, high, how]; how = "mul" (x*step or
+# x/step), "add" (x+-1; a float moves by a tenth of the range) or "dbl" (x*2 or x//2). Dotted names
+# address nested entries.
+IMPROVER_RANGES = {
+    "candidates": [4, 30, "add"],
+    "screen_tasks": [1, 16, "add"],
+    "screen_k": [1, 3, "add"],
+    "full_k": [1, 3, "add"],
+    "min_gain": [0.0, 0.02, "add"],
+    "operator_weights.point": [1, 8, "add"],
+    "operator_weights.phase": [0, 8, "add"],
+    "operator_weights.crossover": [0, 8, "add"],
+    "operator_weights.self": [0, 8, "add"],
+    "step": [1.1, 4.0, "mul"],
+    "tournament": [2, 4, "add"],
+    "budget_reserve": [0.0, 0.2, "add"],
+}
+
+# Categorical IMPROVER genes and their allowed values.
+IMPROVER_ALLELES = {
+    "select": ["greedy", "tournament", "latest"],
+    "screen_ties": [True, False],
+    "parent_selection": ["greedy", "dgm", "thompson", "sica"],
+}
+
+# A target that is not a program: how its params.toml numbers may move (others: within 4x of the original).
+PARAMS_RANGES = {
+    "data_fraction": [0.05, 0.95, "mul"],
+    "k": [1, 8, "add"],
+    "probe_examples": [2, 200, "dbl"],
+    "max_examples": [500, 200000, "dbl"],
+    "submit_probability": [0.005, 0.5, "mul"],
+}
+
+LINEAGE = "# lineage: "
+RESEARCHER = "code/researcher.py"
+SELF = "code/improver.py"
+STRATEGY_LITERALS = ("STRATEGY", "ALLELES", "RANGES", "PHASES", "OPTIONAL_PHASES")
+SELF_LITERALS = ("IMPROVER", "IMPROVER_RANGES", "IMPROVER_ALLELES")
+OPERATORS = ("point", "phase", "crossover", "self")
+_NOTE = re.compile(r"\n\.\.\. \(\d+ more characters; read with @offset to continue\)\Z")
+
+Genome = dict[str, Any]
+Action = dict[str, Any]
+Step = tuple[dict[str, Any], dict[str, Any]]
+
+
+# ---------------------------------------------------------------------------------- source literals
+
+
+def inline(value: Any) -> str:
+    """``value`` as a one-line Python literal (strings in double quotes, ASCII).
+
+    >>> inline({"a": [1, 2.5, True, None, "x"], "b": (1,)})
+    '{"a": [1, 2.5, True, None, "x"], "b": (1,)}'
+    """
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{inline(k)}: {inline(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(inline(v) for v in value) + "]"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(inline(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    return repr(value)
+
+
+def render(value: Any, indent: int = 0, width: int = 100) -> str:
+    """``value`` as a Python literal, one entry per line when it does not fit on one line at ``indent``.
+
+    >>> print(render({"teacher": "best", "transforms": ["filter", "dedupe"]}, width=30))
+    {
+        "teacher": "best",
+        "transforms": ["filter", "dedupe"],
+    }
+    """
+    one = inline(value)
+    if indent + len(one) <= width or not isinstance(value, (dict, list)) or not value:
+        return one
+    pad = " " * (indent + 4)
+    if isinstance(value, dict):
+        rows = [f"{pad}{inline(k)}: {render(v, indent + 4, width)}," for k, v in value.items()]
+        return "{\n" + "\n".join(rows) + "\n" + " " * indent + "}"
+    rows = [f"{pad}{render(v, indent + 4, width)}," for v in value]
+    return "[\n" + "\n".join(rows) + "\n" + " " * indent + "]"
+
+
+def _assignments(tree: ast.Module) -> dict[str, ast.expr]:
+    """Module-level ``NAME = <expr>`` (and annotated) assignments; the last one of a name wins."""
+    found: dict[str, ast.expr] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            found[node.targets[0].id] = node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            found[node.target.id] = node.value
+    return found
+
+
+def parse_literals(source: str, names: tuple[str, ...]) -> dict[str, Any]:
+    """The values of the module-level literals ``names`` that ``source`` assigns (absent or
+    non-literal ones are left out).
+
+    >>> parse_literals("A = {'k': 3}\\nB = f()\\n", ("A", "B", "C"))
+    {'A': {'k': 3}}
+    """
+    found = _assignments(ast.parse(source))
+    out: dict[str, Any] = {}
+    for name in names:
+        if name in found:
+            try:
+                out[name] = ast.literal_eval(found[name])
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                continue
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as literals, types included (``1 != 1.0 != True``)."""
+    return inline(a) == inline(b)
+
+
+class _Offsets:
+    """Character offsets of ``ast`` positions (line numbers from 1, columns in UTF-8 bytes)."""
+
+    def __init__(self, source: str):
+        self.lines = source.splitlines(keepends=True)
+        self.starts = [0]
+        for line in self.lines:
+            self.starts.append(self.starts[-1] + len(line))
+
+    def at(self, lineno: int, col: int) -> int:
+        line = self.lines[lineno - 1] if lineno - 1 < len(self.lines) else ""
+        return self.starts[lineno - 1] + len(line.encode("utf-8")[:col].decode("utf-8", "replace"))
+
+    def indent(self, lineno: int) -> int:
+        line = self.lines[lineno - 1]
+        return len(line) - len(line.lstrip(" "))
+
+
+def _patch(node: ast.expr, old: Any, new: Any, where: _Offsets, edits: list[tuple[int, int, str]]) -> None:
+    """Edits turning ``node`` (whose value is ``old``) into ``new``: a dict with the same keys in the
+    same order is patched entry by entry (its comments and layout stay), anything else is re-rendered."""
+    if _same(old, new):
+        return
+    if (isinstance(node, ast.Dict) and isinstance(old, dict) and isinstance(new, dict) and list(old) == list(new)
+            and len(node.keys) == len(old) and all(k is not None for k in node.keys)):
+        for key_node, value_node in zip(node.keys, node.values):
+            key = ast.literal_eval(key_node)  # type: ignore[arg-type]
+            _patch(value_node, old[key], new[key], where, edits)
+        return
+    start = where.at(node.lineno, node.col_offset)
+    end = where.at(node.end_lineno or node.lineno, node.end_col_offset or 0)
+    edits.append((start, end, render(new, where.indent(node.lineno))))
+
+
+def replace_literals(source: str, values: dict[str, Any]) -> str:
+    """``source`` with the module-level literals named in ``values`` rewritten to those values; only
+    the changed parts of those literals' source segments change (``KeyError`` for a missing literal)."""
+    found = _assignments(ast.parse(source))
+    where, edits = _Offsets(source), []
+    for name, value in values.items():
+        if name not in found:
+            raise KeyError(f"no module-level literal {name} to rewrite")
+        _patch(found[name], ast.literal_eval(found[name]), value, where, edits)
+    for start, end, text in sorted(edits, reverse=True):
+        source = source[:start] + text + source[end:]
+    return source
+
+
+def set_lineage(source: str, text: str) -> str:
+    """``source`` with its first line the comment ``# lineage: <text>`` (replacing an earlier one).
+
+    >>> set_lineage(set_lineage("x = 1\\n", "point k 3 -> 4"), "phase delete fix")
+    '# lineage: phase delete fix\\nx = 1\\n'
+    """
+    line = LINEAGE + " ".join(text.encode("ascii", "replace").decode("ascii").split())[:400] + "\n"
+    if source.startswith(LINEAGE):
+        source = source.split("\n", 1)[1] if "\n" in source else ""
+    return line + source
+
+
+# ---------------------------------------------------------------------------------- operators
+
+
+def step_value(value: int | float, low: float, high: float, how: str, up: bool, step: float) -> int | float:
+    """``value`` moved one step up or down (``how``: ``mul``, ``add`` or ``dbl``), kept in [low, high]."""
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if how == "mul":
+        new: float = value * step if up else value / step
+        if value == 0 and up:
+            new = low if low > 0 else 0
+    elif how == "add":
+        delta = 1 if is_int else (high - low) / 10
+        new = value + (delta if up else -delta)
+    else:
+        new = value * 2 if up else (value // 2 if is_int else value / 2)
+    new = min(high, max(low, new))
+    if is_int:
+        rounded = int(round(new))
+        if rounded == value and new != value:  # a small step of an int still moves it by one
+            rounded = int(min(high, max(low, value + (1 if up else -1))))
+        return rounded
+    return float(f"{float(new):.4g}")  # four significant digits: 0.4 / 1.5 -> 0.2667
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def mutate_gene(name: str, value: Any, alleles: dict[str, Any], ranges: dict[str, Any], rng: random.Random,
+                step: float) -> tuple[Any, str] | None:
+    """One random change of gene ``name`` within its ALLELES/RANGES: ``(new value, what changed)``, or
+    ``None`` if the gene cannot move. Numbers step (RANGES), categories switch (ALLELES), list genes
+    gain, lose or reorder an element (ALLELES = the allowed elements), booleans flip."""
+    if _numeric(value) and name in ranges:
+        low, high, how = ranges[name][0], ranges[name][1], ranges[name][2] if len(ranges[name]) > 2 else "mul"
+        ups = [True, False]
+        rng.shuffle(ups)
+        for up in ups:
+            new = step_value(value, low, high, how, up, step)
+            if not _same(new, value):
+                return new, f"{name} {inline(value)} -> {inline(new)}"
+        return None
+    allowed = alleles.get(name)
+    if isinstance(value, list) and isinstance(allowed, list) and not all(isinstance(a, list) for a in allowed):
+        moves = []
+        absent = [a for a in allowed if a not in value]
+        if absent:
+            moves.append("add")
+        if value:
+            moves.append("remove")
+        if len(value) >= 2:
+            moves.append("swap")
+        if not moves:
+            return None
+        move, new = rng.choice(moves), list(value)
+        if move == "add":
+            element = rng.choice(absent)
+            new.insert(rng.randint(0, len(new)), element)
+            what = f"+{inline(element)}"
+        elif move == "remove":
+            element = rng.choice(value)
+            new.remove(element)
+            what = f"-{inline(element)}"
+        else:
+            i = rng.randrange(len(new) - 1)
+            new[i], new[i + 1] = new[i + 1], new[i]
+            what = f"swap {inline(new[i + 1])}<->{inline(new[i])}"
+        return new, f"{name} {what}: {inline(value)} -> {inline(new)}"
+    if isinstance(allowed, list):
+        others = [a for a in allowed if not _same(a, value)]
+        if not others:
+            return None
+        new = rng.choice(others)
+        return new, f"{name} {inline(value)} -> {inline(new)}"
+    if isinstance(value, bool):
+        return (not value), f"{name} {value} -> {not value}"
+    return None
+
+
+def _movable(genes: dict[str, Any], alleles: dict[str, Any], ranges: dict[str, Any]) -> list[str]:
+    """Genes that :func:`mutate_gene` may move."""
+    return [g for g, v in genes.items()
+            if (_numeric(v) and g in ranges) or isinstance(alleles.get(g), list) or isinstance(v, bool)]
+
+
+def point(genome: Genome, space: dict[str, Any], rng: random.Random, step: float) -> tuple[Genome, str] | None:
+    """The ``point`` operator: one STRATEGY gene changed (see :func:`mutate_gene`)."""
+    genes = genome["STRATEGY"]
+    names = _movable(genes, space.get("ALLELES", {}), space.get("RANGES", {}))
+    rng.shuffle(names)
+    for name in names:
+        moved = mutate_gene(name, genes[name], space.get("ALLELES", {}), space.get("RANGES", {}), rng, step)
+        if moved is not None:
+            return dict(genome, STRATEGY=dict(genes, **{name: moved[0]})), f"point {moved[1]}"
+    return None
+
+
+def phase(genome: Genome, space: dict[str, Any], rng: random.Random) -> tuple[Genome, str] | None:
+    """The ``phase`` operator: delete a phase, swap two adjacent ones, or insert a known phase that is
+    not in the plan (OPTIONAL_PHASES, or a default phase deleted earlier) at a random position. A phase
+    named ``submit`` stays last; no phase ever appears twice."""
+    phases = list(genome.get("PHASES") or [])
+    if "PHASES" not in genome:
+        return None
+    tail = ["submit"] if phases and phases[-1] == "submit" else []
+    body = phases[:-1] if tail else phases
+    known = [p for p in list(space.get("DEFAULT_PHASES", [])) + list(space.get("OPTIONAL_PHASES", [])) if p != "submit"]
+    absent = [p for i, p in enumerate(known) if p not in body and p not in known[:i]]
+    moves = (["delete"] if len(body) > 1 else []) + (["swap"] if len(body) >= 2 else []) + (["insert"] if absent else [])
+    if not moves:
+        return None
+    move = rng.choice(moves)
+    if move == "delete":
+        gone = body.pop(rng.randrange(len(body)))
+        what = f"delete {gone}"
+    elif move == "swap":
+        i = rng.randrange(len(body) - 1)
+        body[i], body[i + 1] = body[i + 1], body[i]
+        what = f"swap {body[i + 1]}<->{body[i]}"
+    else:
+        new, at = rng.choice(absent), rng.randint(0, len(body))
+        body.insert(at, new)
+        what = f"insert {new}@{at}"
+    return dict(genome, PHASES=body + tail), f"phase {what}: {inline(phases)} -> {inline(body + tail)}"
+
+
+def crossover(genome: Genome, donor: Genome, donor_name: str, rng: random.Random) -> tuple[Genome, str] | None:
+    """The ``crossover`` operator: a random non-empty subset of the genes (STRATEGY entries, the phase
+    list as one gene, IMPROVER entries) in which ``donor`` differs, taken from it."""
+    child = {key: (dict(value) if isinstance(value, dict) else value) for key, value in genome.items()}
+    taken: list[str] = []
+    options: list[tuple[str, str | None]] = []
+    for part in ("STRATEGY", "IMPROVER", "params"):
+        if isinstance(genome.get(part), dict) and isinstance(donor.get(part), dict):
+            options += [(part, g) for g in genome[part] if g in donor[part] and not _same(genome[part][g], donor[part][g])]
+    if "PHASES" in genome and "PHASES" in donor and not _same(genome["PHASES"], donor["PHASES"]):
+        options.append(("PHASES", None))
+    if not options:
+        return None
+    chosen = [o for o in options if rng.random() < 0.5] or [rng.choice(options)]
+    for part, gene in chosen:
+        if gene is None:
+            child[part] = list(donor[part])
+            taken.append("PHASES")
+        else:
+            child[part][gene] = donor[part][gene]
+            taken.append(gene if part != "IMPROVER" else f"IMPROVER.{gene}")
+    return child, f"crossover from {donor_name}: {', '.join(taken)}"
+
+
+def _get(tree: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        tree = tree[part]
+    return tree
+
+
+def _set(tree: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    head, _, rest = dotted.partition(".")
+    return dict(tree, **{head: _set(tree[head], rest, value) if rest else value})
+
+
+def mutate_self(genome: Genome, space: dict[str, Any], rng: random.Random, step: float) -> tuple[Genome, str] | None:
+    """One IMPROVER gene changed within IMPROVER_RANGES / IMPROVER_ALLELES (dotted names reach nested
+    entries); ``None`` when the genome has no IMPROVER (the target carries no improver.py)."""
+    own = genome.get("IMPROVER")
+    if not isinstance(own, dict):
+        return None
+    ranges, alleles = space.get("IMPROVER_RANGES", {}), space.get("IMPROVER_ALLELES", {})
+    names = []
+    for name in list(ranges) + [a for a in alleles if a not in ranges]:
+        try:
+            names.append((name, _get(own, name)))
+        except (KeyError, TypeError):
+            continue
+    rng.shuffle(names)
+    for name, value in names:
+        moved = mutate_gene(name, value, alleles, ranges, rng, step)
+        if moved is not None:
+            return dict(genome, IMPROVER=_set(own, name, moved[0])), f"self {moved[1]}"
+    return None
+
+
+def params_point(genome: Genome, space: dict[str, Any], rng: random.Random, step: float) -> tuple[Genome, str] | None:
+    """``point`` for a target that is not a program: one numeric entry of params.toml stepped within
+    ``space["RANGES"]`` (PARAMS_RANGES, else within 4x of the episode's original value)."""
+    params = genome["params"]
+    names = [n for n in params if n in space["RANGES"]]
+    rng.shuffle(names)
+    for name in names:
+        moved = mutate_gene(name, params[name], {}, space["RANGES"], rng, step)
+        if moved is not None:
+            return dict(genome, params=dict(params, **{name: moved[0]})), f"point {moved[1]}"
+    return None
+
+
+def params_ranges(params: dict[str, Any]) -> dict[str, list[Any]]:
+    """How each numeric parameter of a non-program target may move (``improve_*`` ones never do).
+
+    >>> params_ranges({"k": 3, "temperature": 0.5, "improve_step": 1.5, "name": "x"})
+    {'k': [1, 8, 'add'], 'temperature': [0.125, 0.95, 'mul']}
+    """
+    out: dict[str, list[Any]] = {}
+    for name, value in params.items():
+        if name.startswith("improve_") or not _numeric(value):
+            continue
+        if name in PARAMS_RANGES:
+            out[name] = list(PARAMS_RANGES[name])
+        elif isinstance(value, int) and value > 0:
+            out[name] = [max(1, value // 4), value * 4, "dbl" if value >= 8 else "add"]
+        elif isinstance(value, float) and value > 0:
+            out[name] = [value / 4, min(0.95, value * 4) if value < 1 else value * 4, "mul"]
+    return out
+
+
+def toml_value(value: Any) -> str:
+    """A TOML literal for a scalar or a list of scalars.
+
+    >>> toml_value(0.6), toml_value(3), toml_value(True), toml_value(["a", 1])
+    ('0.6', '3', 'true', '["a", 1]')
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def rewrite_params(text: str, old: dict[str, Any], new: dict[str, Any]) -> str:
+    """params.toml ``text`` with the top-level entries that differ between ``old`` and ``new`` rewritten
+    in place (a missing one is added before the first table); every other line stays."""
+    for name, value in new.items():
+        if name in old and _same(old[name], value):
+            continue
+        line = f"{name} = {toml_value(value)}"
+        pattern = re.compile(rf"^{re.escape(name)}\s*=[^\n]*$", re.M)
+        table = re.search(r"^\[", text, re.M)
+        match = pattern.search(text, 0, table.start() if table else len(text))
+        if match:
+            text = text[:match.start()] + line + text[match.end():]
+        else:
+            at = table.start() if table else len(text)
+            text = text[:at] + ("" if at == 0 or text[at - 1] == "\n" else "\n") + line + "\n" + text[at:]
+    return text
+
+
+# ---------------------------------------------------------------------------------- the target's program
+
+
+class Program:
+    """A target's editable files and the genome parsed from them.
+
+    ``files``: path -> text of the files the improver may rewrite; ``genome``: STRATEGY/PHASES (and
+    IMPROVER when ``code/improver.py`` defines it) or, for a non-program target, ``params``; ``space``:
+    what the operators may do (ALLELES, RANGES, DEFAULT_PHASES, OPTIONAL_PHASES, IMPROVER_RANGES,
+    IMPROVER_ALLELES)."""
+
+    def __init__(self, files: dict[str, str]):
+        self.files = dict(files)
+        self.genome: Genome = {}
+        self.space: dict[str, Any] = {}
+        if RESEARCHER in files:
+            found = parse_literals(files[RESEARCHER], STRATEGY_LITERALS)
+            if isinstance(found.get("STRATEGY"), dict):
+                self.genome["STRATEGY"] = found["STRATEGY"]
+            if isinstance(found.get("PHASES"), list):
+                self.genome["PHASES"] = found["PHASES"]
+                self.space["DEFAULT_PHASES"] = list(found["PHASES"])
+            for name in ("ALLELES", "RANGES"):
+                self.space[name] = found.get(name) if isinstance(found.get(name), dict) else {}
+            self.space["OPTIONAL_PHASES"] = list(found.get("OPTIONAL_PHASES") or [])
+            if SELF in files:
+                own = parse_literals(files[SELF], SELF_LITERALS)
+                if isinstance(own.get("IMPROVER"), dict) and isinstance(own.get("IMPROVER_RANGES"), dict):
+                    self.genome["IMPROVER"] = own["IMPROVER"]
+                    self.space["IMPROVER_RANGES"] = own["IMPROVER_RANGES"]
+                    self.space["IMPROVER_ALLELES"] = own.get("IMPROVER_ALLELES") or {}
+        elif "params.toml" in files:
+            self.genome["params"] = tomllib.loads(files["params.toml"])
+            self.space["RANGES"] = params_ranges(self.genome["params"])
+
+    @property
+    def is_program(self) -> bool:
+        return "STRATEGY" in self.genome
+
+    def operators(self) -> list[str]:
+        """The operators that apply to this target."""
+        if not self.is_program:
+            return ["point", "crossover"] if "params" in self.genome else []
+        ops = ["point", "crossover"] + (["phase"] if "PHASES" in self.genome else [])
+        return ops + (["self"] if "IMPROVER" in self.genome else [])
+
+    def write(self, genome: Genome, lineage: str) -> dict[str, str]:
+        """The files that change when ``genome`` replaces this program's genome (researcher.py always,
+        for its lineage line)."""
+        if not self.is_program:
+            return {"params.toml": rewrite_params(self.files["params.toml"], self.genome["params"], genome["params"])}
+        ours = {n: genome[n] for n in ("STRATEGY", "PHASES") if n in genome}
+        out = {RESEARCHER: set_lineage(replace_literals(self.files[RESEARCHER], ours), lineage)}
+        if "IMPROVER" in genome and not _same(genome["IMPROVER"], self.genome["IMPROVER"]):
+            out[SELF] = replace_literals(self.files[SELF], {"IMPROVER": genome["IMPROVER"]})
+        return out
+
+    def derived(self, genome: Genome, lineage: str) -> "Program":
+        """The program ``genome`` describes (its files as :meth:`write` gives them)."""
+        child = Program.__new__(Program)
+        child.files = dict(self.files, **self.write(genome, lineage))
+        child.genome, child.space = genome, self.space
+        return child
+
+
+def genome_key(genome: Genome) -> str:
+    """A normalized form of a genome: two programs with the same key behave the same."""
+    return json.dumps(genome, sort_keys=True, default=repr)
+
+
+def propose(program: Program, operator: str, rng: random.Random, step: float,
+            donors: list[tuple[str, Genome]]) -> tuple[Genome, str] | None:
+    """Apply ``operator`` to ``program``'s genome: ``(genome, description)`` or ``None`` if it cannot
+    apply. ``self`` changes one IMPROVER gene and, so that the dev evaluation can tell the candidate
+    apart, one researcher gene too (a change of improver.py alone scores exactly as its base)."""
+    genome = program.genome
+    if not program.is_program:
+        if operator == "point":
+            return params_point(genome, program.space, rng, step)
+        if operator == "crossover" and donors:
+            name, donor = donors[rng.randrange(len(donors))]
+            return crossover(genome, donor, name, rng)
+        return None
+    if operator == "point":
+        return point(genome, program.space, rng, step)
+    if operator == "phase":
+        return phase(genome, program.space, rng)
+    if operator == "crossover":
+        if not donors:
+            return None
+        name, donor = donors[rng.randrange(len(donors))]
+        return crossover(genome, donor, name, rng)
+    if operator == "self":
+        changed = mutate_self(genome, program.space, rng, step)
+        if changed is None:
+            return None
+        carried = point(changed[0], program.space, rng, step)
+        if carried is None:
+            return None
+        return carried[0], f"{changed[1]}; {carried[1]}"
+    raise ValueError(f"unknown operator {operator!r}; known: {', '.join(OPERATORS)}")
+
+
+# ---------------------------------------------------------------------------------- the researcher
+
+
+class _Plan:
+    """Runs a plan generator (used when common.PlanResearcher is not importable)."""
+
+    def start(self, plan: Generator[Action, Step, None]) -> None:
+        self.events: dict[str, dict[str, Any]] = {}
+        self._plan: Generator[Action, Step, None] | None = plan
+        self._first: Action | None = next(plan)
+
+    def act(self, observation: dict[str, Any], info: dict[str, Any]) -> Action:
+        for event in info.get("events", []):
+            self.events[event["job"]] = event
+        if self._first is not None:
+            action, self._first = self._first, None
+            return action
+        assert self._plan is not None, "reset() first"
+        try:
+            return self._plan.send((observation, info))
+        except StopIteration:
+            return {"tool": "submit", "args": {}}
+
+
+_Base: Any = PlanResearcher if PlanResearcher is not None else _Plan
+
+
+def _body(log: str) -> str:
+    """The text a read returned: the log without its status line and without a truncation note."""
+    return _NOTE.sub("", log.split("\n", 1)[1] if "\n" in log else "")
+
+
+@dataclass
+class Candidate:
+    """One version in the episode's archive: its harness ``version``, ``program``, the ``base`` version
+    it was made from, the operator and ``lineage`` that made it, its dev scores and whether it was kept."""
+
+    version: str
+    program: Program
+    base: str | None = None
+    op: str = "target"
+    lineage: str = ""
+    screen: float | None = None
+    full: float | None = None
+    accepted: bool = False
+
+    def row(self) -> dict[str, Any]:
+        """What :attr:`ProgramImprover.log` keeps of it."""
+        return {"version": self.version, "base": self.base, "op": self.op, "lineage": self.lineage,
+                "screen": self.screen, "full": self.full, "accepted": self.accepted}
+
+
+class ProgramImprover(_Base):  # type: ignore[misc,valid-type]
+    """Improves a researcher program by rewriting its strategy literals (see the module docstring).
+
+    ``log`` lists every measured candidate: op, lineage, version, screen, full, accepted."""
+
+    name = "program-improver"
+
+    def __init__(self, config: dict[str, Any] | None = None):
+        self.config = dict(IMPROVER, **(config or {}))
+        self.log: list[dict[str, Any]] = []
+        self.submitted: str | None = None
+
+    def reset(self, observation: dict[str, Any], info: dict[str, Any], seed: int | None = None) -> None:
+        self.log, self.submitted, self.last_log = [], None, ""
+        self.rng = random.Random(seed if seed is not None else int(info.get("seed", 0) or 0))
+        self.max_steps = int(info.get("max_steps") or 10**9)
+        self.steps = 0
+        self.budget0 = float(info.get("budget_usd") or _first(observation.get("budget_left_usd")) or 0.0)
+        self.budget = float(_first(observation.get("budget_left_usd")) or self.budget0)
+        self.worst = 0.0      # reserved per attempt (the largest quote per attempt seen)
+        self.cost: list[float] = [0.0, 0.0]  # dollars spent and attempts run by dev evaluations
+        self.tasks: int | None = None        # dev tasks of a full evaluation
+        self.stop = False
+        self.start(self.plan(info))
+
+    # ------------------------------------------------------------------ tool calls
+
+    def call(self, action: Action) -> Generator[Action, Step, dict[str, Any]]:
+        """One tool call; keeps the step count and the budget up to date; its info."""
+        obs, info = yield action
+        self.last_log = str(obs.get("log", ""))
+        step = _first(obs.get("step"))
+        self.steps = int(step) if step is not None else self.steps + 1
+        left = info.get("budget_left_usd", _first(obs.get("budget_left_usd")))
+        if left is not None:
+            self.budget = float(left)
+        return info
+
+    def read(self, version: str, path: str) -> Generator[Action, Step, str | None]:
+        """The whole text of one harness file, paged (None if it cannot be read completely)."""
+        text, total = "", None
+        while total is None or len(text) < total:
+            ref = f"harness:{version}/{path}" + (f"@{len(text)}" if text else "")
+            info = yield from self.call({"tool": "read", "args": {"ref": ref}})
+            if not info.get("ok"):
+                return None
+            total = int((info.get("result") or {}).get("chars", 0))
+            chunk = _body(self.last_log)[: total - len(text)]
+            if not chunk and len(text) < total:
+                return None
+            text += chunk
+        return text
+
+    def affordable(self, k: int, n_tasks: int | None) -> bool:
+        """Whether an evaluation of ``n_tasks`` dev tasks (None: all) avg@``k`` fits: its worst case is
+        available and what it is expected to cost leaves ``budget_reserve`` of the starting budget.
+        Before the first evaluation nothing is known and it is tried."""
+        if not self.worst:
+            return True
+        attempts = (min(n_tasks, self.tasks) if n_tasks and self.tasks else n_tasks or self.tasks or 1) * k
+        expected = attempts * (self.cost[0] / self.cost[1] if self.cost[1] else 0.0)
+        reserve = float(self.config["budget_reserve"]) * self.budget0
+        return attempts * self.worst <= self.budget and self.budget - expected >= reserve
+
+    def evaluate(self, version: str, k: int, n_tasks: int | None) -> Generator[Action, Step, float | None]:
+        """A dev evaluation of ``version``; its score, or None (``self.stop`` is set when the budget or a
+        refusal ends the search; an invalid candidate only returns None)."""
+        if not self.affordable(k, n_tasks):
+            self.stop = True
+            return None
+        args: dict[str, Any] = {"checkpoint": "base", "harness": version, "k": k}
+        if n_tasks:
+            args["n_tasks"] = n_tasks
+        info = yield from self.call({"tool": "evaluate", "args": args})
+        if not info.get("ok"):
+            if info.get("error") != "invalid_harness":
+                self.stop = True
+            return None
+        job, quote = info["result"]["job"], float(info["result"].get("quote_usd", 0.0))
+        while job not in self.events:
+            info = yield from self.call({"tool": "wait", "args": {"job": job}})
+            if not info.get("ok") and job not in self.events:
+                self.stop = True
+                return None
+        event = self.events[job]
+        if not event.get("ok"):
+            return None
+        ran = int(event.get("n_tasks", 1)) * int(event.get("k", k))
+        if not n_tasks or int(event.get("n_tasks", n_tasks)) < n_tasks:  # now the split's size is known
+            self.tasks = int(event.get("n_tasks", 1))
+        self.worst = max(self.worst, quote / max(ran, 1))
+        self.cost[0] += float(event.get("cost_usd", 0.0))
+        self.cost[1] += ran
+        return float(event["score"])
+
+    def measure(self, candidate: Candidate, screen_of: float | None) -> Generator[Action, Step, None]:
+        """Staged screening: the screen evaluation, and the full one only when the screen is not worse
+        than ``screen_of`` (the base's screen score; a tie passes if ``screen_ties``; None measures both
+        unconditionally)."""
+        c = self.config
+        candidate.screen = yield from self.evaluate(candidate.version, c["screen_k"], c["screen_tasks"])
+        same = self.tasks is not None and c["screen_tasks"] >= self.tasks and c["screen_k"] == c["full_k"]
+        if candidate.screen is None or (screen_of is not None and (
+                candidate.screen < screen_of or (candidate.screen == screen_of and not c["screen_ties"]))):
+            return
+        if same:  # the screen already was the full evaluation
+            candidate.full = candidate.screen
+        else:
+            candidate.full = yield from self.evaluate(candidate.version, c["full_k"], None)
+
+    def edit(self, base: str, files: dict[str, str]) -> Generator[Action, Step, str | None]:
+        """Write ``files`` (full contents) on top of version ``base``; the new version or None."""
+        version = base
+        for path in sorted(files, key=lambda p: p != RESEARCHER):
+            info = yield from self.call({"tool": "edit_harness", "args": {
+                "path": path, "content": files[path], "base_version": version}})
+            if not info.get("ok"):
+                return None
+            version = info["result"]["version"]
+        return version
+
+    # ------------------------------------------------------------------ the plan
+
+    def select(self, archive: list[Candidate]) -> Candidate:
+        """The base of the next proposal, by ``select``: the best (greedy), the best of ``tournament``
+        drawn at random, or the latest accepted."""
+        rule = self.config["select"]
+        if rule == "latest":
+            return archive[-1]
+        pool = archive
+        if rule == "tournament":
+            pool = [archive[self.rng.randrange(len(archive))] for _ in range(max(1, int(self.config["tournament"])))]
+        return max(pool, key=lambda a: a.full)
+
+    def draw_operator(self, available: list[str]) -> str | None:
+        """An operator drawn by ``operator_weights`` among ``available`` (None if all weigh 0)."""
+        weights = [max(0.0, float(self.config["operator_weights"].get(op, 0))) for op in available]
+        if sum(weights) <= 0:
+            return None
+        return self.rng.choices(available, weights=weights)[0]
+
+    def plan(self, info: dict[str, Any]) -> Generator[Action, Step, None]:
+        parent_version = str(info.get("harness") or "latest")
+        root = yield from self.load(parent_version)
+        parent_version = self.parent_version
+        parent = Candidate(parent_version, root, accepted=True)
+        yield from self.measure(parent, None)
+        self.log.append(parent.row())
+        if parent.full is None or not root.operators():
+            yield from self.submit(parent_version)
+            return
+        archive, evaluated = [parent], [parent]
+        tried = {genome_key(root.genome)}
+        needed = len(root.files) + 4 + 1  # edits, screen and full (evaluate + wait each), the submit
+        proposals = 0
+        while proposals < int(self.config["candidates"]) and not self.stop:
+            if self.steps + needed > self.max_steps or not self.affordable(self.config["screen_k"], self.config["screen_tasks"]):
+                break
+            base = self.select(archive)
+            proposal = self.propose(base, evaluated, tried)
+            if proposal is None:
+                break
+            genome, lineage, operator = proposal
+            proposals += 1
+            tried.add(genome_key(genome))
+            program = base.program.derived(genome, lineage)
+            version = yield from self.edit(base.version, base.program.write(genome, lineage))
+            if version is None or version in {e.version for e in evaluated}:
+                continue
+            candidate = Candidate(version, program, base.version, operator, lineage)
+            yield from self.measure(candidate, base.screen)
+            if candidate.screen is not None:
+                evaluated.append(candidate)
+            if candidate.full is not None and candidate.full > base.full + float(self.config["min_gain"]):
+                candidate.accepted = True
+                archive.append(candidate)
+            self.log.append(candidate.row())
+        best = max((a for a in archive if a.full is not None), key=lambda a: a.full)
+        yield from self.submit(best.version)
+
+    def load(self, version: str) -> Generator[Action, Step, Program]:
+        """Read the target: its file list (which also names the version), its code/researcher.py and
+        code/improver.py, or its params.toml when it is not a program that follows the contract.
+        Sets ``parent_version``."""
+        self.parent_version = version
+        listing = yield from self.call({"tool": "read", "args": {"ref": f"harness:{version}"}})
+        head, _, names = _body(self.last_log).partition(": ")
+        if not listing.get("ok"):
+            return Program({})
+        if head.startswith("harness "):
+            self.parent_version = head.split()[1]
+        paths = [p.strip() for p in names.split(",")]
+        for wanted in ([p for p in (RESEARCHER, SELF) if p in paths], ["params.toml"] if "params.toml" in paths else []):
+            files: dict[str, str] = {}
+            for path in wanted:
+                text = yield from self.read(self.parent_version, path)
+                if text is not None:
+                    files[path] = text
+            try:
+                program = Program(files)
+            except (SyntaxError, ValueError, tomllib.TOMLDecodeError):
+                continue
+            if program.operators():
+                return program
+        return Program({})
+
+    def propose(self, base: Candidate, evaluated: list[Candidate], tried: set[str]) -> tuple[Genome, str, str] | None:
+        """A new genome from ``base`` by one operator: ``(genome, lineage, operator)``; programs already
+        tried are skipped (None after 50 draws found nothing new)."""
+        program: Program = base.program
+        donors = [(e.version, e.program.genome) for e in evaluated if e is not base]
+        available = [op for op in program.operators() if op != "crossover" or donors]
+        for _ in range(50):
+            operator = self.draw_operator(available)
+            if operator is None:
+                return None
+            made = propose(program, operator, self.rng, float(self.config["step"]), donors)
+            if made is not None and genome_key(made[0]) not in tried:
+                return made[0], made[1], operator
+        return None
+
+    def submit(self, version: str) -> Generator[Action, Step, None]:
+        """Submit ``version`` (waiting for the submission when it runs as a job)."""
+        self.submitted = version
+        info = yield from self.call({"tool": "submit", "args": {"checkpoint": "base", "harness": version}})
+        job = (info.get("result") or {}).get("job") if info.get("ok") else None
+        while job and job not in self.events:
+            info = yield from self.call({"tool": "wait", "args": {"job": job}})
+            if not info.get("ok"):
+                break
+
+
+def _first(value: Any) -> Any:
+    """The first entry of an observation array (a list once it went through JSON), or the value."""
+    if isinstance(value, (list, tuple)):
+        return value[0] if value else None
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+        return value[0] if isinstance(value, list) and value else value
+    return value
+
+
+def make_improver(params: dict[str, Any] | None = None) -> ProgramImprover:
+    """The improver. Entries of ``params`` named like an :data:`IMPROVER` gene (or ``improve_<gene>``)
+    with a value of the same type override it; the rest is ignored."""
+    overrides: dict[str, Any] = {}
+    for key, value in (params or {}).items():
+        gene = key[len("improve_"):] if key.startswith("improve_") else key
+        if gene in IMPROVER and (type(value) is type(IMPROVER[gene]) or (_numeric(value) and _numeric(IMPROVER[gene]))):
+            overrides[gene] = value
+    return ProgramImprover(overrides)

@@ -1,0 +1,280 @@
+"""The seed program's improver (rsigym_env/programs/seed/improver.py): its operators on the real seed
+researcher.py, and improvement episodes in the recursive world with the improver run in-process."""
+
+from __future__ import annotations
+
+import ast
+import random
+import types
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import pytest
+
+import rsigym_env  # noqa: F401  (registers the envs, installs the recursive world's researchers)
+from rsigym_env.episode import run_episode
+from rsigym_env.programs.runtime import load_program
+from rsigym_env.scenario import load_scenario
+
+SEED = Path(rsigym_env.__file__).parent / "programs" / "seed"
+FILES = {p.name: p.read_text(encoding="utf-8") for p in sorted(SEED.glob("*.py"))}
+
+
+def load(files: dict[str, str], module: str) -> types.ModuleType:
+    """The program's module ``module``, loaded in-process into fresh module objects (trusted code)."""
+    return load_program(files, module)
+
+
+IMP = load(FILES, "improver")
+
+
+def harness_files(files: dict[str, str]) -> dict[str, str]:
+    return {f"code/{name}": text for name, text in files.items()}
+
+
+def program(with_improver: bool = True) -> Any:
+    files = harness_files(FILES)
+    if not with_improver:
+        files.pop("code/improver.py")
+    return IMP.Program({p: t for p, t in files.items() if p in (IMP.RESEARCHER, IMP.SELF)})
+
+
+def literal_segments(source: str) -> dict[str, tuple[int, int]]:
+    """Character spans of the module-level literal assignments' values."""
+    lines = source.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+    spans = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            v = node.value
+            spans[node.targets[0].id] = (starts[v.lineno - 1] + v.col_offset, starts[v.end_lineno - 1] + v.end_col_offset)
+    return spans
+
+
+def outside(source: str, name: str) -> tuple[str, str]:
+    """``source`` without its lineage line, split around the literal ``name``'s value."""
+    if source.startswith(IMP.LINEAGE):
+        source = source.split("\n", 1)[1]
+    start, end = literal_segments(source)[name]
+    return source[:start], source[end:]
+
+
+def within_space(strategy: dict[str, Any], space: dict[str, Any]) -> None:
+    for gene, value in strategy.items():
+        allowed, rng = space["ALLELES"].get(gene), space["RANGES"].get(gene)
+        if isinstance(value, list) and allowed is not None:
+            assert set(value) <= set(allowed) and len(set(value)) == len(value), (gene, value)
+        elif allowed is not None:
+            assert value in allowed and type(value) is type(allowed[0]), (gene, value)
+        if rng is not None:
+            assert rng[0] <= value <= rng[1], (gene, value)
+
+
+def test_the_seed_program_parses_into_a_genome_and_its_operators():
+    p = program()
+    assert p.is_program and p.genome["PHASES"][-1] == "submit"
+    assert set(p.genome["STRATEGY"]) == set(ast.literal_eval(outside_value(FILES["researcher.py"], "STRATEGY")))
+    assert p.operators() == ["point", "crossover", "phase", "self"]
+    assert "self" not in program(with_improver=False).operators()
+
+
+def outside_value(source: str, name: str) -> str:
+    start, end = literal_segments(source)[name]
+    return source[start:end]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_point_changes_one_gene_within_its_alleles_or_range_and_nothing_else(seed):
+    p = program()
+    genome, lineage = IMP.point(p.genome, p.space, random.Random(seed), 1.5)
+    changed = [g for g in genome["STRATEGY"] if IMP.inline(genome["STRATEGY"][g]) != IMP.inline(p.genome["STRATEGY"][g])]
+    assert len(changed) == 1 and lineage.startswith(f"point {changed[0]} ")
+    within_space(genome["STRATEGY"], p.space)
+    files = p.write(genome, lineage)
+    assert set(files) == {IMP.RESEARCHER}
+    new = files[IMP.RESEARCHER]
+    assert new.startswith(f"# lineage: {lineage}\n") and new.isascii()
+    assert outside(new, "STRATEGY") == outside(FILES["researcher.py"], "STRATEGY")   # byte-identical elsewhere
+    assert IMP.parse_literals(new, ("STRATEGY",))["STRATEGY"] == genome["STRATEGY"]
+    load(dict(FILES, **{"researcher.py": new}), "researcher").make_researcher({})   # the seed's own checks pass
+
+
+def test_point_moves_every_kind_of_gene():
+    p, lineages = program(), set()
+    for seed in range(300):
+        genome, lineage = IMP.point(p.genome, p.space, random.Random(seed), 1.5)
+        lineages.add(lineage.split()[1])
+    assert {"k", "data_fraction", "teacher_rule", "transforms", "early_base_eval", "probe_examples"} <= lineages
+    rng = random.Random(0)
+    moves = {IMP.mutate_gene("transforms", ["filter", "dedupe"], p.space["ALLELES"], {}, rng, 1.5)[0][0] is not None
+             for _ in range(5)}
+    assert moves == {True}
+    assert IMP.mutate_gene("transforms", [], {"transforms": ["filter"]}, {}, rng, 1.5)[0] == ["filter"]
+    assert IMP.mutate_gene("k", 8, {}, {"k": [1, 8, "add"]}, rng, 1.5)[0] == 7          # at the edge: the other way
+    assert IMP.mutate_gene("name", "x", {}, {}, rng, 1.5) is None                       # not mutable
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_phase_deletes_swaps_or_inserts_without_duplicates(seed):
+    p = program()
+    genome, lineage = IMP.phase(p.genome, p.space, random.Random(seed))
+    phases = genome["PHASES"]
+    assert phases != p.genome["PHASES"] and len(set(phases)) == len(phases) and phases[-1] == "submit"
+    assert set(phases) <= set(p.genome["PHASES"]) | set(p.space["OPTIONAL_PHASES"])
+    assert lineage.split()[1] in ("delete", "swap", "insert")
+    new = p.write(genome, lineage)[IMP.RESEARCHER]
+    assert outside(new, "PHASES") == outside(FILES["researcher.py"], "PHASES")
+    assert IMP.parse_literals(new, ("PHASES",))["PHASES"] == phases
+    load(dict(FILES, **{"researcher.py": new}), "researcher").make_researcher({})
+
+
+def test_phase_may_bring_back_a_deleted_default_phase():
+    p = program()
+    space = dict(p.space, OPTIONAL_PHASES=[])
+    genome = dict(p.genome, PHASES=["diagnose", "submit"])
+    inserted = {IMP.phase(genome, space, random.Random(s))[0]["PHASES"][0] for s in range(30)}
+    assert {"fix_harness", "distil", "compare"} & inserted
+
+
+def test_crossover_takes_only_genes_the_donor_has():
+    p = program()
+    rng = random.Random(1)
+    donor = dict(p.genome, STRATEGY=dict(p.genome["STRATEGY"], k=5, teacher_rule="cheapest"),
+                 PHASES=["diagnose", "distil", "compare", "submit"])
+    for _ in range(20):
+        child, lineage = IMP.crossover(p.genome, donor, "h-donor", rng)
+        assert lineage.startswith("crossover from h-donor: ")
+        assert child != p.genome
+        for gene, value in child["STRATEGY"].items():
+            assert value in (p.genome["STRATEGY"][gene], donor["STRATEGY"][gene])
+        assert child["PHASES"] in (p.genome["PHASES"], donor["PHASES"])
+    assert IMP.crossover(p.genome, p.genome, "h-same", rng) is None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_self_changes_one_improver_gene_within_its_ranges_and_carries_one_researcher_change(seed):
+    p = program()
+    genome, lineage = IMP.propose(p, "self", random.Random(seed), 1.5, [])
+    assert lineage.startswith("self ") and "; point " in lineage
+    own, before = genome["IMPROVER"], p.genome["IMPROVER"]
+    flat = lambda d: {f"{k}.{j}" if isinstance(v, dict) else k: (w if isinstance(v, dict) else v)  # noqa: E731
+                      for k, v in d.items() for j, w in (v.items() if isinstance(v, dict) else [(None, v)])}
+    diff = [g for g in flat(own) if flat(own)[g] != flat(before)[g]]
+    assert len(diff) == 1
+    gene = diff[0]
+    if gene in p.space["IMPROVER_RANGES"]:
+        low, high, _ = p.space["IMPROVER_RANGES"][gene]
+        assert low <= flat(own)[gene] <= high
+    else:
+        assert flat(own)[gene] in p.space["IMPROVER_ALLELES"][gene]
+    files = p.write(genome, lineage)
+    assert set(files) == {IMP.RESEARCHER, IMP.SELF}
+    assert outside(files[IMP.SELF], "IMPROVER") == outside(FILES["improver.py"], "IMPROVER")
+    assert IMP.parse_literals(files[IMP.SELF], ("IMPROVER",))["IMPROVER"] == own
+    mutated = load(dict(FILES, **{"improver.py": files[IMP.SELF]}), "improver")
+    assert mutated.make_improver({}).config == own                  # the next round's improver behaves so
+
+
+def test_self_needs_the_improver_in_the_target():
+    p = program(with_improver=False)
+    assert IMP.propose(p, "self", random.Random(0), 1.5, []) is None and "IMPROVER" not in p.genome
+
+
+def test_proposals_are_deterministic_under_a_seed():
+    def draws(seed: int) -> list[str]:
+        improver = IMP.make_improver({})
+        improver.rng = random.Random(seed)
+        base = IMP.Candidate("h-1", program(), full=0.3)
+        tried: set[str] = set()
+        out = []
+        for _ in range(12):
+            genome, lineage, _op = improver.propose(base, [base], tried)
+            tried.add(IMP.genome_key(genome))
+            out.append(lineage)
+        return out
+
+    assert draws(7) == draws(7) and draws(7) != draws(8)
+    assert len(set(draws(7))) == 12                                 # never the same program twice
+
+
+def test_literals_are_rewritten_in_place_and_rendered_readably():
+    src = 'A = {\n    "k": 3,  # attempts\n    "t": ["x"],\n}\nB = [1, 2]\n'
+    out = IMP.replace_literals(src, {"A": {"k": 4, "t": ["x"]}, "B": [2, 1]})
+    assert out == 'A = {\n    "k": 4,  # attempts\n    "t": ["x"],\n}\nB = [2, 1]\n'
+    out = IMP.replace_literals(src, {"A": {"k": 3}})                 # keys changed: the whole literal
+    assert out.startswith('A = {"k": 3}\nB') and ast.literal_eval(IMP.render({"a": list(range(50))})) == {"a": list(range(50))}
+    with pytest.raises(KeyError):
+        IMP.replace_literals(src, {"C": 1})
+
+
+def test_params_toml_targets_get_numeric_changes_in_place():
+    text = "data_fraction = 0.4\nk = 3\nname = \"x\"\nimprove_step = 1.5\n"
+    p = IMP.Program({"params.toml": text})
+    assert p.operators() == ["point", "crossover"] and "improve_step" not in p.space["RANGES"]
+    genome, lineage = IMP.propose(p, "point", random.Random(0), 1.5, [])
+    new = p.write(genome, lineage)["params.toml"]
+    assert IMP.tomllib.loads(new) == genome["params"] and new.count("\n") == text.count("\n")
+    assert IMP.propose(p, "phase", random.Random(0), 1.5, []) is None
+
+
+# ---------------------------------------------------------------------------------- episodes
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    monkeypatch.setenv("RSIGYM_HOME", str(tmp_path / "home"))
+
+
+def small(**world: Any) -> Any:
+    s = load_scenario("recursive-scripted-small")
+    return s.model_copy(update={"world_options": {**s.world_options, **world}})
+
+
+def test_a_params_target_is_improved_and_its_best_version_submitted():
+    env = gym.make("RSIGym/Harness-v0", scenario=small())
+    improver = IMP.make_improver({"candidates": 4})
+    result = run_episode(env, improver, seed=3)
+    run = env.unwrapped.run
+    assert result.terminated and improver.log[0]["op"] == "target" and len(improver.log) <= 5
+    best = max((r for r in improver.log if r["accepted"]), key=lambda r: r["full"])
+    assert result.info["submitted"]["harness"] == best["version"] == improver.submitted
+    assert all(r["op"] == "point" or r["op"] == "crossover" for r in improver.log[1:])
+    assert IMP.tomllib.loads(run.harness.files(best["version"])["params.toml"])
+    env.close()
+
+
+def program_kind_wired() -> bool:
+    try:
+        from rsigym_env.programs import ProgramResearcher  # noqa: F401
+    except ImportError:
+        return False
+    from rsigym_env.agents import KINDS
+
+    return "program" in KINDS
+
+
+@pytest.mark.skipif(not program_kind_wired(), reason="the program kind is not wired yet")
+def test_the_seed_program_improves_itself_in_the_recursive_world():
+    """The seed program is the target (its evaluations run it in its sandbox) and, loaded in-process,
+    the improver: it plays to a submit of its best candidate, a rewritten researcher.py."""
+    from rsigym_env.agents import AgentSpec, seed_program
+
+    spec = seed_program()
+    env = gym.make("RSIGym/Harness-v0", scenario=small(target_spec=spec.model_dump(mode="json")))
+    improver = load(spec.code, "improver").make_improver({"candidates": 3, "full_k": 1})
+    result = run_episode(env, improver, seed=5)
+    run = env.unwrapped.run
+    assert result.terminated and improver.log[0]["op"] == "target" and improver.log[0]["full"] > 0
+    assert [r["op"] for r in improver.log[1:]] and all(r["screen"] is not None for r in improver.log[1:])
+    best = max((r for r in improver.log if r["accepted"]), key=lambda r: r["full"])
+    assert best["op"] != "target" and result.info["submitted"]["harness"] == best["version"]
+    submitted = AgentSpec.from_files(run.harness.files(best["version"]))
+    assert submitted.kind == "program"
+    source = submitted.code["researcher.py"]
+    ast.parse(source)
+    assert source != spec.code["researcher.py"] and source.startswith(f"# lineage: {best['lineage']}\n")
+    load(submitted.code, "researcher").make_researcher({})
+    env.close()
