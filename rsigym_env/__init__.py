@@ -24,8 +24,9 @@ from .errors import ActionError  # noqa: E402
 from .scenario import Scenario, list_scenarios, load_scenario  # noqa: E402
 from .scoring import normalized_gain, rsi_index  # noqa: E402
 from .tools import TOOLS, action_space, parse_action, tool_schemas  # noqa: E402
-from .researchers import Researchers as _Researchers  # noqa: E402
+from .researchers import Researchers as _Researchers, spec_id as _spec_id  # noqa: E402
 from .worlds.recursive.ports import use_researchers as _use_researchers  # noqa: E402
+from .archive import use_identity as _use_identity  # noqa: E402
 
 __all__ = [
     "ENV_IDS", "TOOLS", "ActionError", "ResearchEnv", "Scenario", "action_space", "list_scenarios",
@@ -40,3 +41,4 @@ for _track, _env_id in TRACK_ENV_IDS.items():
         register(id=_env_id, entry_point="rsigym_env.env:ResearchEnv", kwargs={"track": _track})
 
 _use_researchers(_Researchers())  # what the recursive world needs from the researcher layer (it may not import it)
+_use_identity(_spec_id)  # archive nodes are identified by their spec's id (the archive may not import agents either)

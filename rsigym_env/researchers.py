@@ -75,3 +75,11 @@ class Researchers:
         from . import sweep
 
         return sweep.sweep(list(episodes), local=False, num_cpus=2).records if ray else sweep.run_local(list(episodes))
+
+
+def spec_id(files: dict[str, str]) -> str:
+    """The :class:`~rsigym_env.agents.AgentSpec` id of a files view (``ValueError`` if it is no spec):
+    the identity of :mod:`rsigym_env.archive`'s nodes, installed there by ``import rsigym_env``."""
+    from .agents import AgentSpec
+
+    return AgentSpec.from_files(files).id

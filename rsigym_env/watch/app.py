@@ -9,12 +9,16 @@ nothing from the network) and keeps pages current through server-sent events:
   ``GET /runs/{key}/steps/{n}`` is step n's full observation text; ``GET /runs/{key}/diff?a=&b=``
   the harness diff between two versions; ``GET /runs/{key}/trajectory.json`` the ATIF export.
 * ``GET /sweeps/{key}``, ``GET /sweeps/{key}/episodes/{i}``, ``GET /sweeps/{key}/files/{name}``.
-* ``GET /api/runs``, ``GET /api/runs/{key}``, ``GET /api/sweeps/{key}`` — the same as JSON.
+* ``GET /archives`` — the archives of candidate researchers (:mod:`rsigym_env.archive`);
+  ``GET /archives/{name}`` one archive's score by generation, tree and nodes;
+  ``GET /archives/{name}/nodes/{node}`` a node's evaluations per split and its diff from its parent.
+* ``GET /api/runs``, ``GET /api/runs/{key}``, ``GET /api/sweeps/{key}``, ``GET /api/archives``,
+  ``GET /api/archives/{name}`` — the same as JSON.
 
 Every route but ``/static/...`` and ``/health`` needs a token (:mod:`.auth`: the admin token sees
 everything; under ``rsigym serve --watch`` a run key sees its own run, redacted; anything else is 401).
 Each route says what it shows (``run``: the run ``{key}``; ``list``: the rows the viewer may see;
-``admin``: sweeps; ``public``), and the app refuses to build with a route that does not.
+``admin``: sweeps and archives; ``public``), and the app refuses to build with a route that does not.
 
 >>> import httpx, tempfile
 >>> from rsigym_env.serving.asgi import ThreadedASGIServer
@@ -190,7 +194,8 @@ def templates() -> jinja2.Environment:
 def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_after_s: float = STALL_AFTER_S,
                live: LiveSource | None = None, catalog: Catalog | None = None, poll_s: float = POLL_S,
                title: str = "rsigym watch", admin_token: str | None = None, auth: WatchAuth | None = None,
-               private_paths: Iterable[str | os.PathLike[str]] = ()) -> Starlette:
+               private_paths: Iterable[str | os.PathLike[str]] = (),
+               archives: str | os.PathLike[str] | None = None) -> Starlette:
     """The watch app over ``roots`` (run directories, sweep directories or folders of them).
 
     Args:
@@ -203,6 +208,8 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
             default: ``admin_token`` alone.
         private_paths: more host paths never shown to a run key (besides the roots, ``$RSIGYM_HOME``,
             the home and working directories).
+        archives: the folder of archives the lineage pages show (default ``$RSIGYM_HOME/archives``,
+            read at each request); they are the admin's alone, as sweeps are.
     """
     catalog = catalog or Catalog(list(roots), stall_after_s=stall_after_s, live=live)
     if auth is None:
@@ -272,17 +279,17 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
         return JSONResponse({"ok": False, "error": "not_found" if status == 404 else "forbidden", "message": message},
                             status_code=status)
 
-    def access(kind: str) -> Any:
+    def access(kind: str, what: str = "sweep") -> Any:
         """The route's guard: ``run`` routes show the run ``{key}`` only to a viewer who may see it
-        (another run is not found: 404), ``admin`` routes only to the admin (403)."""
+        (another run is not found: 404), ``admin`` routes (a ``what``: sweeps, archives) only to the admin (403)."""
         assert kind in ACCESS
 
         def wrap(fn: Any) -> Any:
             async def endpoint(request: Request) -> Response:
                 viewer = viewer_of(request) if kind != "public" else None
                 if kind == "admin" and not viewer.admin:  # type: ignore[union-attr]
-                    return refused(request, 403, "sweep for this key (a run key opens its own run only)",
-                                   "sweeps need the dashboard's admin token (a run key opens its own run only)")
+                    return refused(request, 403, f"{what} for this key (a run key opens its own run only)",
+                                   f"{what}s need the dashboard's admin token (a run key opens its own run only)")
                 if kind == "run" and not viewer.admin:  # type: ignore[union-attr]
                     key = request.path_params["key"]
                     if not viewer.may_see(await thread(catalog.entry, key)):  # type: ignore[union-attr]
@@ -530,6 +537,67 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
             return PlainTextResponse("not found", status_code=404)
         return FileResponse(path)
 
+    # ---------------------------------------------------------------- archives: lineage (the admin's alone)
+
+    def _split(request: Request) -> str | None:
+        from ..archive import check_split
+
+        try:
+            return check_split(request.query_params.get("split", "validation"))
+        except ValueError:
+            return None
+
+    def _archives_root() -> Path:
+        from .lineage import archives_root
+
+        return archives_root(archives)
+
+    @access("admin", "archive")
+    async def archives_page(request: Request, viewer: Viewer) -> Response:
+        from .lineage import archives_index
+
+        split = _split(request) or "validation"
+        rows = await thread(archives_index, _archives_root(), split)
+        return page(request, "archives.html", archives=rows, root=str(_archives_root()), split=split)
+
+    @access("admin", "archive")
+    async def api_archives(request: Request, viewer: Viewer) -> Response:
+        from .lineage import archives_index
+
+        rows = await thread(archives_index, _archives_root(), _split(request) or "validation")
+        return JSONResponse({"archives": _nan_free(rows), "root": str(_archives_root())})
+
+    @access("admin", "archive")
+    async def archive_page(request: Request, viewer: Viewer) -> Response:
+        from .lineage import archive_view
+
+        name, split = request.path_params["name"], _split(request)
+        base = request.scope.get("root_path", "").rstrip("/")
+        view = await thread(archive_view, _archives_root(), name, split, base) if split else None
+        if view is None:
+            return not_found(request, f"archive {name!r}" + ("" if split else " split"))
+        return page(request, "archive.html", a=view)
+
+    @access("admin", "archive")
+    async def api_archive(request: Request, viewer: Viewer) -> Response:
+        from .lineage import archive_view
+
+        name, split = request.path_params["name"], _split(request)
+        view = await thread(archive_view, _archives_root(), name, split) if split else None
+        if view is None:
+            return JSONResponse({"error": "unknown_archive" if split else "unknown_split"}, status_code=404)
+        return JSONResponse(_nan_free({k: v for k, v in view.items() if k not in ("chart", "badges")}))
+
+    @access("admin", "archive")
+    async def archive_node_page(request: Request, viewer: Viewer) -> Response:
+        from .lineage import node_view
+
+        name, ref = request.path_params["name"], request.path_params["node"]
+        view = await thread(node_view, _archives_root(), name, ref)
+        if view is None:
+            return not_found(request, f"node {ref!r} of archive {name!r}")
+        return page(request, "archive_node.html", v=view)
+
     # ---------------------------------------------------------------- static (public: no run data)
 
     @access("public")
@@ -558,6 +626,9 @@ def create_app(roots: Iterable[str | os.PathLike[str]] = ("runs",), *, stall_aft
         Route("/runs/{key}/trajectory.json", trajectory),
         Route("/sweeps/{key}", sweep_page), Route("/sweeps/{key}/episodes/{i:int}", episode_page),
         Route("/api/sweeps/{key}", api_sweep), Route("/sweeps/{key}/files/{name}", sweep_file),
+        Route("/archives", archives_page), Route("/archives/{name}", archive_page),
+        Route("/archives/{name}/nodes/{node}", archive_node_page), Route("/api/archives", api_archives),
+        Route("/api/archives/{name}", api_archive),
         Route("/static/plotly.min.js", plotly_file), Route("/health", health),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]

@@ -4,7 +4,7 @@
 ``python -m rsigym_env.watch.cli`` runs it on its own::
 
     rsigym watch [DIR ...] [--port 8766] [--host 127.0.0.1] [--stall-after 300] [--token-file F]
-                 [--serve-url http://127.0.0.1:8765 --admin-token-file F]
+                 [--serve-url http://127.0.0.1:8765 --admin-token-file F] [--archives DIR]
 
 The dashboard needs a token (the pages show every run's steps, seeds and paths): ``--token-file``'s, or
 the one kept in ``$RSIGYM_HOME/watch-token`` (created 0600 on first use). It prints its URL with
@@ -84,7 +84,7 @@ def cmd_watch(args: argparse.Namespace, console: Console) -> int:
     except OSError as exc:
         console.print(f"[red]error:[/] cannot listen on {args.host}:{args.port}: {exc}")
         return 2
-    app = create_app(dirs, stall_after_s=args.stall_after, live=live, admin_token=token)
+    app = create_app(dirs, stall_after_s=args.stall_after, live=live, admin_token=token, archives=args.archives)
     server = uvicorn_server(app, args.log_level)
     server.config.timeout_graceful_shutdown = 1  # live pages hold streams open: do not wait for them
     console.print(f"watching {', '.join(map(str, dirs))}" + (f" and the runs of {args.serve_url}" if live else ""),
@@ -116,6 +116,8 @@ def register(subparsers: Any) -> None:
                                             "on first use); the URL printed at start carries it")
     watch.add_argument("--serve-url", help="also list the live runs of `rsigym serve` at this URL")
     watch.add_argument("--admin-token-file", help="the service's admin token (with --serve-url)")
+    watch.add_argument("--archives", metavar="DIR", help="the folder of archives of candidate researchers the "
+                                                         "lineage pages show (default: $RSIGYM_HOME/archives)")
     watch.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     watch.set_defaults(func=cmd_watch)
 
