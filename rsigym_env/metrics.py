@@ -91,4 +91,48 @@ def mean_se(values: Sequence[float | None]) -> tuple[float | None, float | None,
     return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs)), len(xs)
 
 
-__all__ = ["METRIC_KEYS", "compounding", "episode_metrics", "improver_gain", "mean_se"]
+# two-sided 95 % quantiles of Student's t by degrees of freedom (between entries the smaller df is used: conservative)
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042, 60: 2.000, 120: 1.980}
+
+
+def t95(n: int) -> float:
+    """The two-sided 95 % t quantile for a mean of ``n`` values (``inf`` below 2; 1.96 for large n).
+
+    >>> t95(3), t95(1000)
+    (4.303, 1.96)
+    """
+    if n < 2:
+        return math.inf
+    df = n - 1
+    if df > 120:
+        return 1.96
+    return _T95[max(d for d in _T95 if d <= df)]
+
+
+def ci95(values: Sequence[float | None]) -> dict[str, Any]:
+    """Mean, standard error, n and the 95 % t interval of the values that are not ``None``.
+
+    >>> r = ci95([0.1, 0.2, 0.3]); round(r["mean"], 3), round(r["low"], 3), r["n"]
+    (0.2, -0.048, 3)
+    """
+    m, se, n = mean_se(values)
+    if m is None:
+        return {"mean": None, "se": None, "n": 0, "low": None, "high": None}
+    half = t95(n) * (se or 0.0) if n >= 2 else math.inf
+    return {"mean": m, "se": se, "n": n, "low": m - half, "high": m + half}
+
+
+def paired_gain(candidate: Sequence[float], baseline: Sequence[float]) -> dict[str, Any]:
+    """The candidate's gain over the baseline on the same tasks, paired task by task: :func:`ci95` of the
+    differences (``ValueError`` if the two were not measured on the same number of tasks).
+
+    >>> g = paired_gain([0.5, 0.6, 0.7, 0.6], [0.4, 0.5, 0.5, 0.5]); round(g["mean"], 3), g["low"] > 0
+    (0.125, True)
+    """
+    if len(candidate) != len(baseline):
+        raise ValueError(f"paired comparison needs the same tasks: {len(candidate)} vs {len(baseline)} values")
+    return ci95([float(a) - float(b) for a, b in zip(candidate, baseline)])
+
+
+__all__ = ["METRIC_KEYS", "ci95", "compounding", "episode_metrics", "improver_gain", "mean_se", "paired_gain", "t95"]

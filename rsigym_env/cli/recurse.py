@@ -15,7 +15,8 @@ from ..scenario import load_scenario
 
 
 def cmd_recurse(args: argparse.Namespace, console: Console) -> int:
-    from ..worlds.recursive import markdown, recurse, to_json
+    from ..archive import Archive
+    from ..worlds.recursive import Settings, markdown, plot, recurse, to_json
 
     try:
         scenario = load_scenario(args.scenario)
@@ -28,21 +29,34 @@ def cmd_recurse(args: argparse.Namespace, console: Console) -> int:
     out = Path(args.out or Path("runs") / f"recursion-{stamp}")
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     command = ["rsigym", "recurse", "--scenario", args.scenario, "--rounds", str(args.rounds), "--seeds", str(args.seeds),
-               "--improver", args.improver, "--mode", args.mode, "--out", str(out)]
+               *(["--improver", args.improver] if args.improver else []), "--mode", args.mode, "--out", str(out)]
     command += (["--first-seed", str(args.first_seed)] if args.first_seed else []) + (["--target", args.target] if args.target else [])
     command += ["--ray"] if args.ray else []
+    command += (["--select", args.select] if args.select else []) + (["--imp-k", str(args.imp_k)] if args.imp_k != 1 else [])
+    command += (["--accept-low", str(args.accept_low)] if args.accept_low else [])
+    command += (["--transfer-local", str(args.transfer_local)] if args.transfer_local else [])
+    command += (["--archive", args.archive] if args.archive else [])
 
     def on_round(row: dict[str, Any]) -> None:
         if not args.quiet:
-            console.print(f"seed {row['seed']} round {row['round']}: {row['target']} -> {row['improved']} "
-                          f"index {row['index_before']:+.4f} -> {row['index_after']:+.4f} "
-                          f"(gain {row['improver_gain']:+.4f}; best dev {row['best_dev_score'] or 0:.4f}, "
-                          f"{row['dev_evaluations']} dev evaluations, ${row['spend_usd']:,.0f})", highlight=False)
+            console.print(f"seed {row['seed']} round {row['round']} ({row['selection']}): parent {row['target']} -> "
+                          f"{row['improved']}; {row['accepted']} accepted of {len(row['screened'])} screened, "
+                          f"{row['candidates']} candidates; test index {row['index_before']:+.4f} -> "
+                          f"{row['index_after']:+.4f} (gain {row['improver_gain']:+.4f}; {row['dev_evaluations']} "
+                          f"dev evaluations, ${row['spend_usd']:,.0f})", highlight=False)
+
+    def on_progress(text: str) -> None:
+        if not args.quiet:
+            console.print(f"[dim]{text}[/]", highlight=False)
 
     started = time.perf_counter()
     try:
+        settings = Settings(selection=args.select, accept_low=args.accept_low, validate_top=args.validate_top,
+                            imp_k=args.imp_k, transfer_local=args.transfer_local)
+        archive = Archive(name=args.archive or f"recursion-{stamp}")
         result = recurse(scenario, rounds=args.rounds, seeds=seeds, improver=args.improver, target=args.target,
-                         mode=args.mode, ray=args.ray or None, on_round=on_round)
+                         mode=args.mode, ray=args.ray or None, on_round=on_round, archive=archive, settings=settings,
+                         on_progress=on_progress)
     except (ValueError, KeyError) as exc:
         console.print(f"[red]error:[/] {exc}")
         return 2
@@ -52,8 +66,11 @@ def cmd_recurse(args: argparse.Namespace, console: Console) -> int:
     (out / "recursion.json").write_text(to_json(result))
     text = markdown(result, shlex.join(command))
     (out / "recursion.md").write_text(text)
+    png = plot(result, out / "recursion.png")
     console.print(text, markup=False, highlight=False)
-    console.print(f"{out / 'recursion.json'}, {out / 'recursion.md'} ({result['config']['wall_s']:.1f} s)")
+    console.print(f"{out / 'recursion.json'}, {out / 'recursion.md'}{', ' + str(png) if png else ''} "
+                  f"({result['config']['wall_s']:.1f} s); archives: {', '.join(result['config']['archives'])} "
+                  f"(rsigym archive tree --archive NAME)")
     return 0
 
 
@@ -67,10 +84,22 @@ def register(sub: Any) -> None:
     rec.add_argument("--rounds", type=int, default=3)
     rec.add_argument("--seeds", type=int, default=3, help="independent chains: seeds first-seed .. first-seed+N-1")
     rec.add_argument("--first-seed", type=int, default=0)
-    rec.add_argument("--improver", default="scripted", help="registered id or bundled name (default scripted)")
+    rec.add_argument("--improver", default=None, help="registered id or bundled name (default: the target, i.e. the "
+                                                      "scenario's researcher improves it; e.g. program or scripted)")
     rec.add_argument("--target", help="registered id or bundled name (default: the scenario's)")
     rec.add_argument("--mode", choices=["target", "improver"], default="target")
     rec.add_argument("--ray", action="store_true", help="run the measuring episodes as Ray tasks")
+    rec.add_argument("--select", choices=["greedy", "dgm", "thompson", "sica"],
+                     help="parent selection rule (default: the improver's own IMPROVER['parent_selection'], else greedy)")
+    rec.add_argument("--accept-low", type=float, default=0.0,
+                     help="accept a candidate when the 95%% lower bound of its paired validation gain is above this (default 0)")
+    rec.add_argument("--validate-top", type=int, default=2,
+                     help="best-on-train candidates validated besides the submitted one (default 2)")
+    rec.add_argument("--imp-k", type=int, default=1,
+                     help="fresh-target runs per generation for imp@k, the improver's own compounding (0: skip; default 1)")
+    rec.add_argument("--transfer-local", type=int, default=0,
+                     help="local-world episodes (benchmarks) per researcher in the final-vs-original comparison (default 0)")
+    rec.add_argument("--archive", help="archive name under $RSIGYM_HOME/archives (default recursion-<timestamp>)")
     rec.add_argument("--out", help="directory for recursion.json and recursion.md (default runs/recursion-<timestamp>)")
     rec.add_argument("-q", "--quiet", action="store_true")
     rec.set_defaults(func=cmd_recurse)

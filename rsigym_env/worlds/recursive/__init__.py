@@ -7,8 +7,9 @@ The package, by job:
 * :mod:`.measure` - tasks, splits and the inner episodes that measure a researcher spec, each billed
   to a sub-key of the outer run's key carved out of the evaluation's reservation.
 * :mod:`.improver` - the scripted improver, the step that produces an improved researcher.
-* :mod:`.rounds` - :func:`recurse`, rounds of improvement (``rsigym recurse``).
-* :mod:`.report` - the rounds' Markdown and JSON report.
+* :mod:`.rounds` - :func:`recurse`, rounds of archive-based improvement with train / validation / test
+  splits, paired acceptance, imp@k and transfer (``rsigym recurse``).
+* :mod:`.report` - the rounds' Markdown and JSON report and their plot.
 * :mod:`.ports` - what the world is handed from the researcher layer (:class:`Researchers`).
 
 **Layering.** Worlds sit below the researchers: nothing under :mod:`rsigym_env.worlds` imports
@@ -30,12 +31,13 @@ researchers, running inner episodes, the agent registry - it is handed as a
 from .improver import SEARCH, ImproverArgs, ScriptedImprover
 from .ports import Researchers, researchers, use_researchers
 from .measure import ALL_BENCHMARKS, DEV_SEED_BASE, MAX_K, Measurement, measure, split_tasks
-from .report import markdown, to_json
-from .rounds import recurse
+from .report import markdown, plot, to_json
+from .rounds import Settings, improve_once, recurse
 from .world import RecursiveEvaluation, RecursiveOptions, RecursiveWorld, make_recursive_world
 
 __all__ = [
     "ALL_BENCHMARKS", "DEV_SEED_BASE", "MAX_K", "SEARCH", "ImproverArgs", "Measurement", "RecursiveEvaluation",
-    "RecursiveOptions", "RecursiveWorld", "Researchers", "ScriptedImprover", "make_recursive_world", "markdown",
-    "measure", "recurse", "researchers", "split_tasks", "to_json", "use_researchers",
+    "RecursiveOptions", "RecursiveWorld", "Researchers", "ScriptedImprover", "Settings", "improve_once",
+    "make_recursive_world", "markdown", "measure", "plot", "recurse", "researchers", "split_tasks", "to_json",
+    "use_researchers",
 ]

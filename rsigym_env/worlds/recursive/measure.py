@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 ALL_BENCHMARKS = list(BENCHMARKS)
 DEV_SEED_BASE = 1_000_000  # dev task seeds start here; official ones at official_first_seed (0): never overlap
+TEST_SEED_FLOOR = 2_000_000  # dev seeds stay below this (DEV_SEED_BASE + 9,999 x 100 + 99); test seeds start here
 MAX_K = 8
 CACHE_MAX = 50_000
 
@@ -70,6 +71,23 @@ class Measurement:
     def spend_usd(self) -> float:
         return sum(float(r.spend_usd or 0.0) for r in self.records if r.ok)
 
+    def task_values(self) -> list[float]:
+        """Each task's gain averaged over its ``k`` attempts (a failed episode gains 0), in task order:
+        what paired comparisons of two specs on the same split pair up."""
+        k = max(self.k, 1)
+        return [sum(float(r.reward) if r.ok else 0.0 for r in self.records[i * k:(i + 1) * k]) / k
+                for i in range(len(self.tasks))]
+
+    @property
+    def attempts(self) -> list[str]:
+        """The distinct tampering attempts its episodes' researcher made (program researchers)."""
+        seen: list[str] = []
+        for r in self.records:
+            for event in getattr(r, "attempts", None) or []:
+                if event not in seen:
+                    seen.append(event)
+        return seen
+
     @property
     def hours(self) -> float:
         return max([float(r.elapsed_h or 0.0) for r in self.records if r.ok] or [0.0])
@@ -84,6 +102,9 @@ def split_tasks(opts: RecursiveOptions, split: str, world_seed: int = 0, n_tasks
     """
     if split == "official":
         seeds = [opts.official_first_seed + i for i in range(opts.official_seeds)]
+        benches = opts.official_benchmarks
+    elif split == "test":
+        seeds = [opts.test_first_seed + i for i in range(opts.test_seeds)]
         benches = opts.official_benchmarks
     else:
         seeds = [DEV_SEED_BASE + (world_seed % 10_000) * 100 + i for i in range(min(opts.dev_seeds, 100))]

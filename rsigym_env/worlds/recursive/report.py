@@ -1,49 +1,118 @@
-"""The report of a recursion run (:func:`~.rounds.recurse`): ``recursion.md`` and ``recursion.json``."""
+"""The report of a recursion run (:func:`~.rounds.recurse`): ``recursion.md``, ``recursion.json`` and plots."""
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
-from .improver import SEARCH
+
+def _ms(v: Any) -> str:
+    if v is None or v[0] is None:
+        return "—"
+    return f"{v[0]:+.4f} ± {v[1]:.4f} (n={v[2]})"
+
+
+def _ci(c: dict[str, Any] | None) -> str:
+    if not c or c.get("mean") is None:
+        return "—"
+    low, high = c.get("low"), c.get("high")
+    interval = "" if low is None or not math.isfinite(low) else f" [{low:+.4f}, {high:+.4f}]"
+    return f"{c['mean']:+.4f}{interval} (n={c['n']})"
 
 
 def markdown(result: dict[str, Any], command: str | None = None) -> str:
-    """The recursion result as Markdown: the command, a row per (seed, round), the summary."""
+    """The recursion result as Markdown: the command, a row per (seed, round), imp@k, transfer, the summary."""
     cfg, s = result["config"], result["summary"]
-
-    def ms(v: tuple) -> str:
-        return "—" if v[0] is None else f"{v[0]:+.4f} ± {v[1]:.4f} (n={v[2]})"
-
     lines = ["# Recursion", ""]
     if command:
         lines += ["```bash", command, "```", ""]
     o = cfg["options"]
     lines += [f"Scenario `{cfg['scenario']}`, mode `{cfg['mode']}`, {cfg['rounds']} rounds × seeds {cfg['seeds']}; "
-              f"improver {cfg['improver']}, original target {cfg['target']}. Index = official RSI-Index over "
-              f"{', '.join(o['official_benchmarks'])} × {o['official_seeds']} held-out seeds × avg@{cfg['official_k']} "
-              f"({o['track']} track, ${o['budget_usd']:g} per episode); dev = {o['dev_seeds']} seed(s) per benchmark "
-              "on " + ", ".join(o["dev_benchmarks"]) + ".", "",
-              "| seed | round | target | improved | index before | index after | improver gain | best dev | dev evals | spend | params |",
-              "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|"]
+              f"improver {cfg['improver']}, original target {cfg['target']}. Splits: **train** = {o['dev_seeds']} new "
+              f"seed(s) per benchmark each round on {', '.join(o['dev_benchmarks'])} (what the improver sees, per "
+              f"episode); **validation** = {o['official_seeds']} fixed seeds per benchmark × avg@{cfg['official_k']} "
+              "(selection and acceptance; the improver sees only its episode's reward); **test** = "
+              f"{o['test_seeds']} seeds per benchmark from {o['test_first_seed']:,} (reported only). "
+              f"Index = test RSI-Index ({o['track']} track, ${o['budget_usd']:g} per episode). Archives: {', '.join('`' + a + '`' for a in cfg.get('archives', []))}.",
+              "",
+              "| seed | round | rule | parent | submitted | accepted / screened / novel / candidates | chain test index before → after | gain | dev evals | spend |",
+              "|---:|---:|---|---|---|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
-        params = ", ".join(f"{k}={v}" for k, v in r["params"].items() if k in SEARCH)
-        best_dev = "—" if r["best_dev_score"] is None else f"{r['best_dev_score']:.4f}"
-        lines.append(f"| {r['seed']} | {r['round']} | {r['target'][:11]} | {r['improved'][:11]} | {r['index_before']:+.4f} | "
-                     f"{r['index_after']:+.4f} | {r['improver_gain']:+.4f} | {best_dev} | {r['dev_evaluations']} | "
-                     f"${r['spend_usd']:,.0f} | {params} |")
-    lines += ["", f"* original index: {s['original_index']:+.4f}",
-              f"* improver gain, round 1 (mean ± s.e. over seeds): {ms(s['first_round_improver_gain'])}",
-              *[f"* improver gain, round {r}: {ms(v)}" for r, v in s["improver_gain_by_round"].items() if int(r) > 1],
-              f"* compounding (index after the last round − original): {ms(s['compounding_total'])}",
-              f"* of which rounds 2..N: {ms(s['compounding_later_rounds'])}",
-              f"* final index: {ms(s['final_index'])}", ""]
+        lines.append(f"| {r['seed']} | {r['round']} | {r.get('selection', '')} | {r['target'][:11]} | {r.get('submitted', '')[:11]} | "
+                     f"{r.get('accepted', 0)} / {len(r.get('screened', []))} / {r.get('novel', 0)} / {r.get('candidates', 0)} | "
+                     f"{r['index_before']:+.4f} → {r['index_after']:+.4f} | {r['improver_gain']:+.4f} | "
+                     f"{r['dev_evaluations']} | ${r['spend_usd']:,.0f} |")
+    lines += ["", "## Improver gain per round (test, 95 % t intervals over chains)", "",
+              "| round | gain |", "|---:|---:|"]
+    for rnd, c in s.get("improver_gain_by_round_ci95", {}).items():
+        lines.append(f"| {rnd} | {_ci(c)} |")
+    if s.get("imp_at_k"):
+        lines += ["", "## imp@k: what each generation's frozen improver achieves on a fresh target (test gain)", "",
+                  "| generation | imp@k | imp@k(g) − imp@k(0) |", "|---:|---:|---:|"]
+        for g, c in s["imp_at_k"].items():
+            lines.append(f"| {g} | {_ci(c)} | {_ci(s.get('imp_compounding', {}).get(g)) if g != '0' else '—'} |")
+    if result.get("transfer"):
+        lines += ["", "## Final researcher against the original (paired per task, mean over chains)", "",
+                  "| suite | original index | final − original |", "|---|---:|---:|"]
+        for name, t in result["transfer"].items():
+            lines.append(f"| {name} | {t['seed_index']:+.4f} | {_ci(t['gain'])} |")
+    cost_acc = s.get("cost_per_accepted_usd")
+    lines += ["", "## Summary", "",
+              f"* original test index: {s['original_index']:+.4f}",
+              f"* improver gain, round 1 (mean ± s.e. over chains): {_ms(s['first_round_improver_gain'])}",
+              f"* compounding (test index after the last round − original): {_ms(s['compounding_total'])}; "
+              f"95 %: {_ci(s.get('compounding_total_ci95'))}",
+              f"* of which rounds 2..N: {_ms(s['compounding_later_rounds'])}; 95 %: {_ci(s.get('compounding_later_rounds_ci95'))}",
+              f"* final test index: {_ms(s['final_index'])}",
+              f"* candidates: {s.get('candidates', 0)}, accepted: {s.get('accepted', 0)}; cost per round "
+              f"${s.get('cost_per_round_usd', 0):,.0f}, per accepted improvement "
+              + ("—" if cost_acc is None or not math.isfinite(cost_acc) else f"${cost_acc:,.0f}"),
+              f"* tampering-attempt rate (candidates whose episodes attempted something a researcher has no business "
+              f"doing): {s.get('tampering_rate', 0):.3f}",
+              f"* clade sizes (accepted nodes under each accepted first-generation node): {s.get('clade_sizes', {})}",
+              *[f"* archive {a.get('name', i)}: " + ", ".join(f"{k2} {v}" for k2, v in a.items() if not isinstance(v, (dict, list)))
+                for i, a in enumerate(s.get("archives", []))], ""]
     return "\n".join(lines)
 
 
+def plot(result: dict[str, Any], path: Path) -> Path | None:
+    """``recursion.png``: the chain's test index by round (one line per chain) and imp@k by generation.
+    ``None`` when matplotlib is missing (the ``plot`` extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for c in result["chains"]:
+        axes[0].plot(range(len(c["indices"])), c["indices"], marker="o", label=f"chain {c['seed']}")
+    axes[0].set_xlabel("round")
+    axes[0].set_ylabel("test RSI-Index of the chain's researcher")
+    axes[0].legend(fontsize=8)
+    imp = result["summary"].get("imp_at_k") or {}
+    if imp:
+        gs = sorted(imp, key=int)
+        means = [imp[g]["mean"] for g in gs]
+        lows = [imp[g]["low"] if imp[g]["low"] is not None and math.isfinite(imp[g]["low"]) else imp[g]["mean"] for g in gs]
+        highs = [imp[g]["high"] if imp[g]["high"] is not None and math.isfinite(imp[g]["high"]) else imp[g]["mean"] for g in gs]
+        axes[1].errorbar([int(g) for g in gs], means, yerr=[[m - lo for m, lo in zip(means, lows)],
+                                                             [hi - m for m, hi in zip(means, highs)]], marker="o", capsize=3)
+        axes[1].axhline(0, color="grey", lw=0.5)
+    axes[1].set_xlabel("generation of the improver")
+    axes[1].set_ylabel("imp@k (test gain on a fresh target)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def to_json(result: dict[str, Any]) -> str:
-    """The recursion result as JSON (dataclasses as dicts, anything else as text).
+    """The recursion result as JSON (dataclasses as dicts, anything else as text; infinities as null).
 
     >>> print(to_json({"summary": {"n": 1}}))
     {
@@ -52,4 +121,14 @@ def to_json(result: dict[str, Any]) -> str:
      }
     }
     """
-    return json.dumps(result, indent=1, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o))
+    def clean(o: Any) -> Any:
+        if isinstance(o, float) and not math.isfinite(o):
+            return None
+        if isinstance(o, dict):
+            return {str(k): clean(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [clean(v) for v in o]
+        return o
+
+    return json.dumps(clean(result), indent=1,
+                      default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o))

@@ -1,106 +1,411 @@
-"""Rounds of recursion (:func:`recurse`, ``rsigym recurse``): each round's improved researcher is the next one's target.
+"""Rounds of recursion (:func:`recurse`, ``rsigym recurse``): an archive of researchers, grown by an improver.
 
-Round ``t`` runs one outer episode of the recursive world in which the improver improves the current
-target; the submitted spec is registered (``parent`` = the target) and becomes round ``t+1``'s target
-(``mode="target"``) or its improver *and* target (``mode="improver"``: the researcher improves itself).
-Every index is an official measurement (:func:`~.measure.measure`), recomputable from the registry.
+Each chain (one per seed) starts an :class:`~rsigym_env.archive.Archive` clade at the original target.
+A round:
+
+1. **selects a parent** from the chain's archive nodes by a pluggable rule (greedy, DGM, Thompson over
+   clades, SICA; :func:`rsigym_env.archive.select_parent`), read from the improver's own files when it
+   is a program (its ``IMPROVER["parent_selection"]``), else ``selection``;
+2. runs one outer episode of the recursive world in which the improver improves that parent. The
+   improver sees only **train** feedback: dev evaluations with per-episode detail on seeds drawn from the
+   episode's seed (new every round). Its episode's reward is the **validation** score (fixed held-out
+   seeds), a single number;
+3. archives every candidate the improver fully evaluated (content-addressed, with its patch from the
+   parent, its train scores and cost, the operator that produced it), rejecting duplicates (same code
+   modulo comments, or the same train behaviour) with the novelty filter;
+4. **screens** them: the submitted candidate and the ``validate_top`` best on train that beat the
+   parent there are measured on validation, **paired** with the parent task by task; a candidate is
+   accepted only if the 95 % lower bound of its paired gain is above ``accept_low``;
+5. measures accepted candidates on **test** (seeds no episode of the world ever runs), for the report
+   only: nothing the improver or the selection sees depends on test.
+
+``mode="target"``: the improver is fixed; ``mode="improver"``: the selected parent improves itself (its
+improver is part of its own files, so a round can change the next round's improver). The chain's
+researcher after round ``t`` is its best accepted node on validation; ``index`` = its test RSI-Index.
+
+Compounding of the improver (``imp_k > 0``): after every round, the chain's improver of that generation,
+frozen, improves a fresh target (the original target, with outer seeds no chain uses) ``imp_k`` times;
+imp@k(g) is the mean test gain it achieves and compounding is imp@k(g) - imp@k(0), with 95 % intervals
+over chains (:mod:`rsigym_env.metrics`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import ast
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from ...catalog import env_id as env_id_of
 from ...episode import run_episode
-from ...metrics import compounding, improver_gain, mean_se
+from ...metrics import ci95, compounding, improver_gain, mean_se, paired_gain
 from ...scenario import Scenario
 from .measure import Measurement, measure
 from .ports import Researchers, researchers
 from .world import RecursiveOptions
 
+FRESH_SEED_BASE = 9_000  # outer seeds of imp@k's fresh-target runs: chains use seed*1000 + round
+RULES = ("greedy", "dgm", "thompson", "sica")
 
-def _official_index(spec: Any, opts: RecursiveOptions, k: int, using: Researchers) -> Measurement:
-    return measure(spec, opts, "official", k, using=using)
+
+@dataclass(frozen=True)
+class Settings:
+    """How rounds select, screen and accept (the defaults of ``rsigym recurse``).
+
+    >>> Settings().accept_low, Settings(selection="dgm").selection
+    (0.0, 'dgm')
+    """
+
+    selection: str | None = None   # parent selection rule; None = the improver's own (IMPROVER["parent_selection"]), else greedy
+    accept_low: float = 0.0        # accept a candidate when the 95 % lower bound of its paired validation gain is above this
+    validate_top: int = 2          # besides the submitted candidate, this many best-on-train candidates are validated
+    imp_k: int = 1                 # fresh-target improvement runs per generation for imp@k (0: do not measure)
+    transfer_tracks: tuple[str, ...] = ("data", "harness")  # other tracks for the final-vs-seed comparison
+    transfer_local: int = 0        # local-world episodes per researcher in the final-vs-seed comparison
+
+
+@dataclass
+class Outcome:
+    """One improvement episode: what was submitted, every candidate fully evaluated on train, and its cost."""
+
+    submitted: Any
+    candidates: list[tuple[Any, Measurement, str]]   # (spec as the files say, full train measurement, what produced it)
+    parent_train: Measurement | None
+    reward: float
+    spend_usd: float
+    steps: int
+    dev_evaluations: int
+    best_dev_score: float | None
+    metrics: dict[str, Any]
+    attempts: list[str]
+
+
+def _improver_rule(improver: Any) -> str | None:
+    """The parent-selection rule an improver program names in its own ``IMPROVER`` literal (read with
+    ``ast.literal_eval``: nothing of the program runs here)."""
+    text = (getattr(improver, "code", None) or {}).get("improver.py")
+    if not text:
+        return None
+    try:
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "IMPROVER" for t in node.targets):
+                rule = ast.literal_eval(node.value).get("parent_selection")
+                return rule if rule in RULES else None
+    except (SyntaxError, ValueError, AttributeError, TypeError):
+        return None
+    return None
+
+
+def _lineage_note(files: dict[str, str]) -> str:
+    """What produced a candidate: the improver program's ``# lineage: ...`` line, if it wrote one."""
+    for line in files.get("code/researcher.py", "").splitlines()[:5]:
+        if line.startswith("# lineage:"):
+            return line[len("# lineage:"):].strip()[:200]
+    return ""
+
+
+def improve_once(scenario: Scenario, opts: RecursiveOptions, improver: Any, target: Any, seed: int,
+                 using: Researchers) -> Outcome:
+    """One outer episode of the recursive world: ``improver`` improves ``target`` (outer seed ``seed``)."""
+    import gymnasium as gym
+
+    scen = scenario.model_copy(update={"world_options": opts.model_copy(update={
+        "target_spec": target.model_dump(mode="json")}).model_dump(mode="json")})
+    env = gym.make(env_id_of(scenario.track), scenario=scen)
+    researcher = using.build(improver)
+    try:
+        result = run_episode(env, researcher, seed=seed)
+        run = env.unwrapped.run
+        world = run.world
+        sub = result.info["submitted"]
+        files = env.unwrapped.harness_files(sub["harness"])
+        submitted = target if files == target.to_files() else using.derived_from_files(files, parent=target.id)
+        by_id: dict[str, dict[str, str]] = {}
+        for version in run.harness.versions:
+            vfiles = run.harness.files(version)
+            try:
+                by_id.setdefault(using.from_files(vfiles).id, vfiles)
+            except Exception:
+                continue
+        candidates, parent_train = [], None
+        for (spec_id, split, n_tasks), m in world.measurements.items():
+            if split != "dev" or n_tasks is not None or spec_id not in by_id:
+                continue
+            vfiles = by_id[spec_id]
+            if vfiles == target.to_files():
+                parent_train = m
+                continue
+            spec = using.derived_from_files(vfiles, parent=target.id)
+            candidates.append((spec, m, _lineage_note(vfiles)))
+        attempts = list(getattr(getattr(researcher, "inner", researcher), "attempts", None) or [])
+    finally:
+        close = getattr(researcher, "close", None)
+        if close is not None:
+            close()
+        env.close()
+    return Outcome(submitted, candidates, parent_train, float(result.reward), float(result.info["spend_usd"]),
+                   result.steps, int(result.info["dev_evaluations"]), result.info.get("best_dev_score"),
+                   result.info.get("metrics", {}), [str(a.get("event", a)) if isinstance(a, dict) else str(a)
+                                                    for a in attempts])
+
+
+def task_ids(m: Measurement) -> list[str]:
+    """The measurement's tasks as ids (``aime/seed-1000300``): what behaviour comparisons match on."""
+    return [f"{b}/seed-{seed}" for b, seed in m.tasks]
+
+
+class _Chain:
+    """One chain's clade in the archive, and the measurements it needs (validation and test, cached)."""
+
+    def __init__(self, archive: Any, seed: int, opts: RecursiveOptions, k: int, using: Researchers):
+        self.archive, self.seed, self.opts, self.k, self.using = archive, seed, opts, k, using
+        self.specs: dict[str, Any] = {}
+        self.best: str | None = None
+
+    def measured(self, spec: Any, split: str) -> Measurement:
+        m = measure(spec, self.opts, split, self.k, using=self.using)
+        self.archive.record(spec.id, "validation" if split == "official" else split, m.task_values(), cost_usd=0.0,
+                            tasks=task_ids(m))
+        return m
+
+    def node_ids(self) -> list[str]:
+        return [n.id for n in self.archive.nodes() if n.chain == self.seed]
 
 
 def recurse(
-    scenario: Scenario, *, rounds: int = 3, seeds: Sequence[int] = (0, 1, 2), improver: Any = "scripted",
+    scenario: Scenario, *, rounds: int = 3, seeds: Sequence[int] = (0, 1, 2), improver: Any = None,
     target: Any = None, mode: str = "target", registry: Any = None,
-    ray: bool | None = None, on_round: Any = None, using: Researchers | None = None,
+    ray: bool | None = None, on_round: Callable[[dict[str, Any]], None] | None = None,
+    using: Researchers | None = None, archive: Any = None, settings: Settings | None = None,
+    on_progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run ``rounds`` rounds of improvement for each chain seed; register every improved spec.
+    """Run ``rounds`` rounds of archive-based improvement for each chain seed (see the module docstring).
 
-    Returns ``{"config", "rows", "chains", "summary"}``: one row per (seed, round) with the target and
-    improver ids, the official index before and after (raw, unfloored), the improver gain, the outer
-    episode's reward and research-quality metrics; per chain the indices and :func:`compounding`; the
-    summary has mean ± s.e. over chains of the first-round improver gain and of the compounded gain.
+    Returns ``{"config", "rows", "chains", "imp", "transfer", "summary"}``: one row per (seed, round)
+    with the parent, the submitted and accepted candidates, their paired validation gains, the chain's
+    test index before and after, costs and tampering attempts; per chain the test indices and
+    :func:`compounding`; ``imp`` the imp@k of each generation's frozen improver; ``transfer`` the final
+    researcher against the original on test, other tracks and (optionally) the local world.
     """
-    import gymnasium as gym
+    from ...archive import Archive, novelty, select_parent
 
     using = using or researchers()
+    settings = settings or Settings()
     if mode not in ("target", "improver"):
         raise ValueError(f"mode must be 'target' or 'improver', got {mode!r}")
+    if settings.selection is not None and settings.selection not in RULES:
+        raise ValueError(f"selection must be one of {', '.join(RULES)}, got {settings.selection!r}")
     registry = registry or using.registry()
+    base = archive if archive is not None else Archive(name=f"recursion-{time.strftime('%Y%m%d-%H%M%S')}")
     opts = RecursiveOptions.model_validate(scenario.world_options)
     if ray is not None:
         opts = opts.model_copy(update={"ray": ray})
     first_target = (registry.get(target) if isinstance(target, str)
                     else target if target is not None else opts.spec(registry, using))
-    first_improver = registry.get(improver) if isinstance(improver, str) else improver
+    first_improver = (first_target if improver is None else registry.get(improver) if isinstance(improver, str)
+                      else improver)
     registry.register(first_target)
     registry.register(first_improver)
-    env_id = env_id_of(scenario.track)
     k = scenario.official_k
+    say = on_progress or (lambda _text: None)
     rows: list[dict[str, Any]] = []
     chains: list[dict[str, Any]] = []
+    improvers_by_generation: dict[int, list[Any]] = {}
+    candidates_total = tampering = 0
+    archives: list[Any] = []
     for seed in seeds:
-        tgt, imp = first_target, first_improver
-        indices = [_official_index(tgt, opts, k, using).index]
-        ids = [tgt.id]
-        for r in range(rounds):
-            scen = scenario.model_copy(update={"world_options": opts.model_copy(update={
-                "target_spec": tgt.model_dump(mode="json")}).model_dump(mode="json")})
-            env = gym.make(env_id, scenario=scen)
-            result = run_episode(env, using.build(imp), seed=seed * 1000 + r)
-            sub = result.info["submitted"]
-            files = env.unwrapped.harness_files(sub["harness"])
-            env.close()
-            if files == tgt.to_files():
-                improved = tgt
-            else:
-                improved = using.derived_from_files(files, parent=tgt.id)
-            registry.register(improved, note=f"recurse: seed {seed} round {r + 1} from {tgt.id}")
-            before, after = indices[-1], _official_index(improved, opts, k, using).index
+        archive = Archive(base.root, f"{base.name}-chain{seed}")  # chains are independent: an archive each
+        archives.append(archive)
+        chain = _Chain(archive, seed, opts, k, using)
+        root = first_target
+        archive.add(root.to_files(), root.id, parent=None, generation=0, chain=seed,
+                    produced_by={"by": "original target"})
+        chain.specs[root.id] = root
+        validation = {root.id: chain.measured(root, "official")}
+        test = {root.id: chain.measured(root, "test")}
+        archive.set_status(root.id, "accepted")
+        chain.best = root.id
+        indices, ids = [test[root.id].index], [root.id]
+        improvers_by_generation.setdefault(0, []).append(first_improver if mode == "target" else root)
+        rng = random.Random(seed)
+        for r in range(1, rounds + 1):
+            current_improver = first_improver if mode == "target" else chain.specs[chain.best]
+            rule = settings.selection or _improver_rule(current_improver) or "greedy"
+            parent_node = select_parent(archive, rule, rng, split="validation")
+            parent = chain.specs[parent_node.id]
+            imp = first_improver if mode == "target" else parent
+            say(f"seed {seed} round {r}: {rule} selected {parent.id}; improving")
+            out = improve_once(scenario, opts, imp, parent, seed * 1000 + r, using)
+            # archive every fully evaluated candidate (and the submitted one), then screen on validation
+            generation = (parent_node.generation or 0) + 1
+            fresh: list[tuple[Any, Measurement | None]] = []
+            seen_ids = set()
+            entries = list(out.candidates)
+            if out.submitted.id != parent.id and out.submitted.id not in {c[0].id for c in entries}:
+                entries.append((out.submitted, None, _lineage_note(out.submitted.to_files())))
+            for spec, m, note in entries:
+                if spec.id in seen_ids:
+                    continue
+                seen_ids.add(spec.id)
+                candidates_total += 1
+                if spec.id in archive:  # proposed again (in an earlier round): its node keeps what it has
+                    continue
+                behaviour = m.task_values() if m is not None else None
+                reason = novelty(archive, spec.to_files(), behaviour, tasks=task_ids(m) if m is not None else None)
+                archive.add(spec.to_files(), spec.id, parent=parent.id, generation=generation, chain=seed,
+                            produced_by={"by": imp.id, "round": r, "operator": note})
+                if m is not None:
+                    archive.record(spec.id, "train", m.task_values(), tasks=task_ids(m),
+                                   cost_usd=float(m.billed_usd if m.billed_usd is not None else m.spend_usd))
+                if m is not None and m.attempts:
+                    tampering += 1
+                if reason is not None:
+                    archive.set_status(spec.id, "duplicate", note=reason)
+                    continue
+                registry.register(spec, note=f"recurse: seed {seed} round {r} from {parent.id}")
+                chain.specs[spec.id] = spec
+                fresh.append((spec, m))
+            parent_train = out.parent_train.index if out.parent_train is not None else None
+            on_train = sorted([(m.index, s.id) for s, m in fresh if m is not None and s.id != out.submitted.id
+                               and (parent_train is None or m.index > parent_train)], reverse=True)
+            chosen = {s.id for s, _ in fresh if s.id == out.submitted.id}
+            chosen |= {sid for _, sid in on_train[:settings.validate_top]}
+            screened: list[dict[str, Any]] = []
+            for spec, _m in fresh:
+                if spec.id not in chosen:
+                    archive.set_status(spec.id, "evaluated")
+                    continue
+                validation[spec.id] = chain.measured(spec, "official")
+                gain = paired_gain(validation[spec.id].task_values(), validation[parent.id].task_values())
+                accepted = gain["low"] is not None and gain["low"] > settings.accept_low
+                archive.set_status(spec.id, "accepted" if accepted else "rejected",
+                                   note=f"paired validation gain {gain['mean']:+.4f} (95% low {gain['low']:+.4f})")
+                if accepted:
+                    test[spec.id] = chain.measured(spec, "test")
+                screened.append({"id": spec.id, "accepted": accepted, "gain": gain["mean"], "low": gain["low"],
+                                 "high": gain["high"], "validation": validation[spec.id].index})
+            before_id = chain.best
+            accepted_ids = [n.id for n in archive.nodes() if n.status == "accepted"]
+            chain.best = max(accepted_ids, key=lambda i: (validation[i].index, i == before_id))
+            before, after = test[before_id].index, test[chain.best].index
             indices.append(after)
-            ids.append(improved.id)
+            ids.append(chain.best)
+            improvers_by_generation.setdefault(r, []).append(first_improver if mode == "target" else chain.specs[chain.best])
             row = {
-                "seed": seed, "round": r + 1, "mode": mode, "improver": imp.id, "target": tgt.id, "improved": improved.id,
-                "changed": improved.id != tgt.id, "index_before": before, "index_after": after,
-                "improver_gain": improver_gain(before, after), "reward": result.reward,
-                "dev_evaluations": result.info["dev_evaluations"],
-                "spend_usd": result.info["spend_usd"], "steps": result.steps,
-                "best_dev_score": result.info.get("best_dev_score"), "metrics": result.info.get("metrics", {}),
-                "params": {k2: v for k2, v in improved.params.items()},
+                "seed": seed, "round": r, "mode": mode, "selection": rule, "improver": imp.id, "target": parent.id,
+                "parent_generation": parent_node.generation, "submitted": out.submitted.id, "improved": chain.best,
+                "changed": chain.best != before_id, "index_before": before, "index_after": after,
+                "improver_gain": improver_gain(before, after), "reward": out.reward,
+                "candidates": len(entries), "novel": len(fresh), "screened": screened,
+                "accepted": sum(1 for s in screened if s["accepted"]),
+                "dev_evaluations": out.dev_evaluations, "spend_usd": out.spend_usd, "steps": out.steps,
+                "best_dev_score": out.best_dev_score, "metrics": out.metrics, "attempts": out.attempts,
+                "params": dict(chain.specs[chain.best].params),
             }
             rows.append(row)
             if on_round is not None:
                 on_round(row)
-            if mode == "target":
-                tgt = improved
-            else:
-                imp = tgt = improved
         chains.append({"seed": seed, "ids": ids, "indices": indices, "compounding": compounding(indices)})
+    imp = _imp_at_k(scenario, opts, first_target, improvers_by_generation, settings.imp_k, k, using, say)
+    transfer = _transfer(scenario, opts, first_target, [c["ids"][-1] for c in chains],
+                         {c["ids"][-1]: registry.get(c["ids"][-1]) for c in chains}, k, settings, using, say)
+    summary = _summary(rows, chains, imp, transfer, rounds, archives, candidates_total, tampering)
+    config = {"scenario": scenario.name, "rounds": rounds, "seeds": list(seeds), "mode": mode,
+              "improver": first_improver.id, "target": first_target.id, "official_k": k,
+              "archives": [a.name for a in archives], "archive_root": str(base.root),
+              "settings": {**settings.__dict__, "transfer_tracks": list(settings.transfer_tracks)},
+              "options": opts.model_dump(mode="json", exclude={"target_spec"})}
+    return {"config": config, "rows": rows, "chains": chains, "imp": imp, "transfer": transfer, "summary": summary}
+
+
+def _imp_at_k(scenario: Scenario, opts: RecursiveOptions, fresh_target: Any, improvers: dict[int, list[Any]],
+              imp_k: int, k: int, using: Researchers, say: Callable[[str], None]) -> dict[str, Any]:
+    """imp@k of every generation's frozen improver: its mean test gain on the fresh target over ``imp_k``
+    runs with outer seeds no chain uses; per generation a list over chains, plus mean and 95 % interval."""
+    if imp_k <= 0:
+        return {}
+    base = measure(fresh_target, opts, "test", k, using=using).index
+    memo: dict[str, float] = {}
+    out: dict[str, Any] = {}
+    for g in sorted(improvers):
+        values = []
+        for improver in improvers[g]:
+            if improver.id not in memo:
+                gains = []
+                for j in range(imp_k):
+                    say(f"imp@k: generation {g} improver {improver.id} run {j + 1}/{imp_k}")
+                    o = improve_once(scenario, opts, improver, fresh_target, FRESH_SEED_BASE + j, using)
+                    gains.append(measure(o.submitted, opts, "test", k, using=using).index - base)
+                memo[improver.id] = sum(gains) / len(gains)
+            values.append(memo[improver.id])
+        out[str(g)] = {"values": values, **ci95(values)}
+    return out
+
+
+def _transfer(scenario: Scenario, opts: RecursiveOptions, seed_spec: Any, final_ids: list[str], specs: dict[str, Any],
+              k: int, settings: Settings, using: Researchers, say: Callable[[str], None]) -> dict[str, Any]:
+    """The final researcher of each chain against the original, paired task by task: on test, on held-out
+    (transfer) benchmarks, on the other tracks, and on a few local-world episodes."""
+    suites: dict[str, RecursiveOptions] = {"test": opts}
+    if opts.transfer_benchmarks:
+        suites["transfer/benchmarks"] = opts.model_copy(update={"official_benchmarks": list(opts.transfer_benchmarks)})
+    for track in settings.transfer_tracks:
+        if track != opts.track:
+            suites[f"transfer/{track}-track"] = opts.model_copy(update={"track": track})
+    if settings.transfer_local > 0:
+        benches = list(opts.official_benchmarks)[:max(1, settings.transfer_local)]
+        suites["transfer/local"] = opts.model_copy(update={
+            "inner_world": "local", "official_benchmarks": benches, "test_seeds": 1,
+            "budget_usd": min(opts.budget_usd, 100.0), "ray": False})
+    out: dict[str, Any] = {}
+    for name, suite in suites.items():
+        say(f"transfer: {name}")
+        kk = 1 if name == "transfer/local" else k
+        base = measure(seed_spec, suite, "test", kk, using=using)
+        per_chain = []
+        for sid in final_ids:
+            final = measure(specs[sid], suite, "test", kk, using=using)
+            per_chain.append({"final": sid, "index": final.index, **paired_gain(final.task_values(), base.task_values())})
+        out[name] = {"seed_index": base.index, "chains": per_chain,
+                     "gain": ci95([c["mean"] for c in per_chain])}
+    return out
+
+
+def _summary(rows: list[dict[str, Any]], chains: list[dict[str, Any]], imp: dict[str, Any], transfer: dict[str, Any],
+             rounds: int, archives: list[Any], candidates_total: int, tampering: int) -> dict[str, Any]:
     first = [row["improver_gain"] for row in rows if row["round"] == 1]
     total = [c["compounding"]["total"] for c in chains]
     later = [c["compounding"]["later_rounds"] for c in chains]
     per_round = {r: mean_se([row["improver_gain"] for row in rows if row["round"] == r]) for r in range(1, rounds + 1)}
-    summary = {
+    per_round_ci = {r: ci95([row["improver_gain"] for row in rows if row["round"] == r]) for r in range(1, rounds + 1)}
+    accepted = sum(row["accepted"] for row in rows)
+    spend = sum(row["spend_usd"] for row in rows)
+    imp_comp: dict[str, Any] = {}
+    if "0" in imp:
+        for g, v in imp.items():
+            if g != "0":
+                imp_comp[g] = ci95([a - b for a, b in zip(v["values"], imp["0"]["values"])])
+    clades: dict[str, int] = {}
+    for archive in archives:
+        for n in archive.nodes():
+            if n.generation == 1 and n.status == "accepted":
+                clades[n.id] = 1 + sum(1 for d in archive.descendants(n.id) if d.status == "accepted")
+    return {
         "original_index": chains[0]["indices"][0] if chains else None,
         "first_round_improver_gain": mean_se(first), "compounding_total": mean_se(total),
         "compounding_later_rounds": mean_se(later), "improver_gain_by_round": per_round,
+        "improver_gain_by_round_ci95": per_round_ci,
+        "compounding_total_ci95": ci95(total), "compounding_later_rounds_ci95": ci95(later),
         "final_index": mean_se([c["indices"][-1] for c in chains]),
+        "final_vs_seed_test": transfer.get("test", {}).get("gain"),
+        "imp_at_k": {g: {kk: v[kk] for kk in ("mean", "se", "n", "low", "high")} for g, v in imp.items()},
+        "imp_compounding": imp_comp,
+        "candidates": candidates_total, "accepted": accepted,
+        "cost_per_round_usd": spend / max(len(rows), 1),
+        "cost_per_accepted_usd": spend / accepted if accepted else math.inf,
+        "tampering_rate": tampering / candidates_total if candidates_total else 0.0,
+        "clade_sizes": clades,
+        "archives": [a.summary(split="validation") for a in archives],
     }
-    config = {"scenario": scenario.name, "rounds": rounds, "seeds": list(seeds), "mode": mode,
-              "improver": first_improver.id, "target": first_target.id, "official_k": k,
-              "options": opts.model_dump(mode="json", exclude={"target_spec"})}
-    return {"config": config, "rows": rows, "chains": chains, "summary": summary}

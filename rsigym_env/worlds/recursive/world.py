@@ -28,13 +28,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ...errors import ActionError
 from ...services import Billed, EvalRequest, EvalResult, Job, Quote, call_funding, resolved
 from ..lifecycle import WorldLifecycle
 from ..sim.clock import SimClock
-from .measure import ALL_BENCHMARKS, MAX_K, Measurement, failure, measure, split_tasks
+from .measure import ALL_BENCHMARKS, DEV_SEED_BASE, MAX_K, TEST_SEED_FLOOR, Measurement, failure, measure, split_tasks
 from .ports import Researchers, researchers
 
 
@@ -55,7 +55,26 @@ class RecursiveOptions(BaseModel):
     dev_seeds: int = Field(2, ge=1, description="Dev tasks per benchmark (seeds drawn from the outer seed).")
     official_seeds: int = Field(8, ge=1, description="Held-out tasks per benchmark: seeds official_first_seed...")
     official_first_seed: int = Field(0, ge=0)
+    test_seeds: int = Field(8, ge=1, description="Test tasks per benchmark (seeds test_first_seed...): no episode of this "
+                                                 "world ever runs them; only `rsigym recurse` reports them.")
+    test_first_seed: int = Field(2_000_000, ge=0)  # dev seeds lie in [1,000,000, 2,000,000)
+    transfer_benchmarks: list[str] = Field(default_factory=list,
+                                           description="Held out of dev and official: reported as transfer by `rsigym recurse`.")
     ray: bool = Field(False, description="Run the measuring episodes as Ray tasks.")
+
+    @model_validator(mode="after")
+    def _disjoint_splits(self) -> "RecursiveOptions":
+        """Train (dev), validation (official) and test seeds never overlap, whatever the episode seed."""
+        ranges = {"dev": (DEV_SEED_BASE, TEST_SEED_FLOOR),
+                  "official": (self.official_first_seed, self.official_first_seed + self.official_seeds),
+                  "test": (self.test_first_seed, self.test_first_seed + self.test_seeds)}
+        names = list(ranges)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                (a0, a1), (b0, b1) = ranges[a], ranges[b]
+                if a0 < b1 and b0 < a1:
+                    raise ValueError(f"the {a} seeds [{a0}, {a1}) and the {b} seeds [{b0}, {b1}) overlap")
+        return self
 
     def spec(self, registry: Any = None, using: Researchers | None = None) -> Any:
         """The initial target (an :class:`~rsigym_env.agents.AgentSpec`): ``target_spec`` if given, else
@@ -115,7 +134,7 @@ class RecursiveEvaluation:
             for f in row:
                 if f:
                     modes[f] = modes.get(f, 0) + 1
-        w.measurements[(spec.id, req.split)] = m
+        w.measurements[(spec.id, req.split, req.n_tasks)] = m
         value = EvalResult(split=req.split, checkpoint="base", harness_version=req.harness_version, k=k,
                            score=min(1.0, max(0.0, m.index)), task_ids=[f"{req.split}/{b}/seed-{s}" for b, s in m.tasks],
                            rewards=rewards, failures=failures, failure_modes=modes, tokens=0, sandbox_seconds=0.0)
@@ -156,7 +175,7 @@ class RecursiveWorld(WorldLifecycle):
         self.inference = _NotSupported("inference")
         self.sandbox = _NotSupported("the sandbox")
         self.evaluation = RecursiveEvaluation(self)
-        self.measurements: dict[tuple[str, str], Measurement] = {}
+        self.measurements: dict[tuple[str, str, int | None], Measurement] = {}  # (spec id, split, n_tasks)
 
     def initial_harness(self) -> dict[str, str]:
         return self.target.to_files()
@@ -167,7 +186,8 @@ class RecursiveWorld(WorldLifecycle):
             f"recursive world: the target system is a researcher, spec {self.target.id} (kind {self.target.kind}"
             f"{', ' + self.target.name if self.target.name else ''}). Its harness files are its spec: spec.json "
             "(kind, name, model, tools, parent), params.toml (its parameters), prompt.md, skills/<name>.md, "
-            "memory/<name>.md.\n"
+            "memory/<name>.md and, for a program (kind program), its source code/<name>.py (code/researcher.py "
+            "defines make_researcher(params); it runs in a sandbox of its own).\n"
             f"evaluate runs it as the researcher of {o.inner_world} episodes ({o.track} track, ${o.budget_usd:g} each): "
             f"dev = {o.dev_seeds} seed(s) per benchmark on {', '.join(o.dev_benchmarks)} (new seeds each episode); "
             f"the official split = {o.official_seeds} held-out seeds per benchmark on {', '.join(o.official_benchmarks)}. "

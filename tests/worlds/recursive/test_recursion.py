@@ -31,6 +31,10 @@ def _isolated(tmp_path, monkeypatch):
     WORLDS.update(saved)
 
 
+def tiny_options(**options):
+    return RecursiveOptions.model_validate({**tiny_scenario().world_options, **options})
+
+
 def tiny_scenario(**options):
     s = load_scenario("recursive-scripted-small")
     return s.model_copy(update={"world_options": {**s.world_options, **TINY, **options}, "budget_usd": 4000})
@@ -101,12 +105,14 @@ def test_rounds_register_each_improved_researcher_and_report_honest_gains():
     result = recurse(tiny_scenario(), rounds=2, seeds=[0, 1], registry=registry)
     rows, chains = result["rows"], result["chains"]
     assert [(r["seed"], r["round"]) for r in rows] == [(0, 1), (0, 2), (1, 1), (1, 2)]
-    opts = RecursiveOptions(**TINY)
+    opts = tiny_options()
     for r in rows:
         improved = registry.get(r["improved"])
-        assert r["index_after"] == measure(improved, opts, "official", 1).index     # recomputable, not stored guesses
+        assert r["index_after"] == measure(improved, opts, "test", 1).index     # recomputable, not stored guesses
         assert r["improver_gain"] == pytest.approx(r["index_after"] - r["index_before"])
         assert improved.parent == r["target"] or improved.id == r["target"]
+        for s in r["screened"]:                                               # accepted = paired validation gain > 0
+            assert s["accepted"] == (s["low"] > 0)
     for chain in chains:
         seed_rows = [r for r in rows if r["seed"] == chain["seed"]]
         assert seed_rows[1]["target"] == seed_rows[0]["improved"]            # round t's output is round t+1's target
@@ -249,3 +255,58 @@ def test_episodes_run_elsewhere_are_charged_on_their_sub_keys(monkeypatch):
     assert spent > 0 and info["cost_usd"] == pytest.approx(spent) == pytest.approx(platform.balance(run.key).spent_usd)
     assert platform.ledger.books().ok
     env.close()
+
+
+# --- issue 26: the archive, the three splits, paired acceptance, programs ---------------------------
+
+
+def test_train_validation_and_test_seeds_never_overlap():
+    opts = tiny_options()
+    test = {s for _, s in split_tasks(opts, "test")}
+    official = {s for _, s in split_tasks(opts, "official")}
+    for w in (0, 1, 9_999, 123_456_789):
+        assert not ({s for _, s in split_tasks(opts, "dev", world_seed=w)} & (test | official))
+    assert not (test & official)
+    with pytest.raises(ValueError, match="overlap"):
+        RecursiveOptions(test_first_seed=1_500_000)
+
+
+def test_rounds_archive_every_candidate_and_accept_only_paired_validation_gains(tmp_path):
+    from rsigym_env.archive import Archive
+
+    base = Archive(tmp_path / "archives", "t")
+    result = recurse(tiny_scenario(), rounds=2, seeds=[0], archive=base)
+    (name,) = result["config"]["archives"]
+    archive = Archive(tmp_path / "archives", name)
+    nodes = {n.id: n for n in archive.nodes()}
+    root = result["chains"][0]["ids"][0]
+    assert nodes[root].generation == 0 and nodes[root].status == "accepted"
+    assert {"validation", "test"} <= set(nodes[root].scores)
+    for node in nodes.values():
+        assert AgentSpec.from_files(archive.rebuild(node.id)).id == node.id      # any node rebuilds from its chain
+        if node.parent is not None:
+            assert "train" in node.scores and node.cost_usd > 0 and node.produced_by["round"] in (1, 2)
+        if node.status == "accepted" and node.parent is not None:
+            assert "test" in node.scores
+        if node.status in ("evaluated", "duplicate"):
+            assert "test" not in node.scores                                 # test is measured only for accepted nodes
+    for row in result["rows"]:
+        for s in row["screened"]:
+            assert nodes[s["id"]].status == ("accepted" if s["low"] > 0 else "rejected")
+    summary = result["summary"]
+    assert summary["candidates"] == sum(r["candidates"] for r in result["rows"])
+    assert set(summary["imp_at_k"]) == {"0", "1", "2"} and "test" in result["transfer"]
+
+
+def test_the_seed_program_is_improved_in_its_sandbox_and_archived(tmp_path):
+    from rsigym_env.agents import seed_program
+    from rsigym_env.archive import Archive
+    from rsigym_env.worlds.recursive import Settings
+
+    scenario = tiny_scenario(target="program")
+    result = recurse(scenario, rounds=1, seeds=[0], mode="improver", archive=Archive(tmp_path / "a", "p"),
+                     settings=Settings(imp_k=0, transfer_tracks=()))
+    (row,) = result["rows"]
+    assert row["target"] == seed_program().id and row["improver"] == seed_program().id
+    assert row["candidates"] >= 1 and row["dev_evaluations"] >= 2 and row["attempts"] == []
+    assert result["summary"]["tampering_rate"] == 0.0

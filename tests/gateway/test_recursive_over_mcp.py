@@ -1,0 +1,543 @@
+"""Any agent as the improver of a researcher program, through the session service's MCP endpoint.
+
+A run of ``rsigym serve`` on a recursive scenario whose target is the seed program
+(``rsigym_env/programs/seed/``): its harness files are the program's spec, so an MCP client reads
+``code/researcher.py`` (``read harness:latest/code/researcher.py``, 8,000-character pages with
+``@offset``), rewrites a value of its ``STRATEGY`` literal, uploads the file with ``edit_harness``,
+measures the edited and the original program on dev (``evaluate`` + ``wait``) and ``submit``\\ s the
+better one. Played over streamable HTTP with the real ``mcp`` SDK client on loopback, the programs run in
+their sandbox (bubblewrap; skipped where it is not usable):
+
+* by hand (the test is the agent), once with an edit that wins on dev and once with one that loses;
+* by the ``llm`` researcher (``baselines/llm_researcher.py``) whose chat model is a scripted model served
+  over real HTTP, each of its tool calls sent as an MCP tool call and each MCP result fed back as the
+  tool message.
+
+Both check that nothing the client received names a held-out task: the recursive world's official
+(validation) tasks are ``official/<benchmark>/seed-<n>`` with seeds ``0 ... official_seeds-1`` and its
+test tasks use seeds from ``test_first_seed`` (2,000,000); only ``dev/...`` task ids may appear.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import json
+import math
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import anyio
+import anyio.to_thread
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from gateway_helpers import serve_in_thread
+from rsigym_env.agents import builtin_spec
+from rsigym_env.gateway.mcp_server import OBSERVATION_URI, mcp_http_app
+from rsigym_env.gateway.rest import create_app
+from rsigym_env.gateway.service import SessionService
+from rsigym_env.platform.audit import verify_audit
+from rsigym_env.platform.ledger import Ledger
+from rsigym_env.programs.sandbox import UNSANDBOXED_ENV
+from rsigym_env.worlds.local.sandbox import isolation
+from rsigym_env.worlds.recursive.measure import split_tasks
+from rsigym_env.worlds.recursive.world import RecursiveOptions
+
+ADMIN = "test-admin-token-" + secrets.token_hex(8)
+SCENARIO = "recursive-scripted-small"          # AIME and GPQA Diamond, $8,000, official_k 1
+OPTIONS = {"target": "program",                # the seed program (the scenario's own target is `scripted`)
+           "official_seeds": 2}                # 2 validation seeds per benchmark: submit runs 2 x 4 episodes
+N_TASKS = 2                                    # dev tasks per evaluation (of the scenario's 4)
+GENE = "data_fraction"                         # the STRATEGY gene the improver changes (seed program: 0.4)
+CODE = "code/researcher.py"
+CALL_LIMIT_S = 50.0                            # every MCP call must return well before a client's ~60 s timeout
+TEST_LIMIT_S = 60.0
+
+STATUS_LINE = re.compile(r"\A\[step [^\n]*\]\n")
+MORE = re.compile(r"\n\.\.\. \(\d+ more characters; read with @offset to continue\)\Z")
+HARNESS = re.compile(r"\b[Hh]arness (h-[0-9a-f]+)")
+STARTED = re.compile(r"started as (job-\d+)")
+DEV_SCORE = re.compile(r"dev score (-?\d+(?:\.\d+)?)")
+
+
+needs_sandbox = pytest.mark.skipif(not isolation.bwrap_available(), reason="bubblewrap is not usable here: "
+                                   "program researchers run only in their sandbox")
+
+
+@pytest.fixture(autouse=True)
+def sandboxed(monkeypatch):
+    """Programs run in their sandbox here, whatever the environment says."""
+    monkeypatch.delenv(UNSANDBOXED_ENV, raising=False)
+
+
+# ------------------------------------------------------------------------------------------------ the service
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """``rsigym serve`` in a thread: REST at /v1, MCP at /mcp, on loopback."""
+    service = SessionService(tmp_path_factory.mktemp("state"), admin_token=ADMIN)
+    mcp_app = mcp_http_app(service.backend_for_key)
+    app = create_app(service, mounts={"/mcp": mcp_app}, lifespan=lambda _: mcp_app.lifespan())
+    try:
+        with serve_in_thread(app) as url:
+            yield service, url
+    finally:
+        service.shutdown()
+
+
+def create_run(url: str, seed: int, label: str) -> dict[str, Any]:
+    """``POST /v1/runs`` as an operator does: a bundled scenario by name, with world-option overrides."""
+    response = httpx2.post(f"{url}/v1/runs", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60,
+                           json={"scenario": SCENARIO, "world_options": OPTIONS, "seed": seed, "label": label})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def held_out() -> dict[str, Any]:
+    """What must never reach the client: the official task ids and seeds, and the test seeds."""
+    from rsigym_env.scenario import load_scenario
+
+    opts = RecursiveOptions.model_validate(load_scenario(SCENARIO, world_options=OPTIONS).world_options)
+    official, test = split_tasks(opts, "official"), split_tasks(opts, "test")
+    assert official and test and min(s for _, s in test) == 2_000_000
+    return {"task_ids": [f"official/{b}/seed-{s}" for b, s in official] + [f"test/{b}/seed-{s}" for b, s in test],
+            "seeds": {s for _, s in official} | {s for _, s in test}, "big_seeds": {s for _, s in test}}
+
+
+def assert_nothing_held_out(texts: list[str], secret: dict[str, Any]) -> None:
+    blob = "\n".join(texts)
+    assert "dev/aime/seed-" in blob  # the job results were seen: the check below looks at task ids
+    assert not re.search(r"\b(official|test)/[\w.-]+/seed-\d+", blob), "a held-out task id reached the client"
+    assert not any(task in blob for task in secret["task_ids"])
+    seen = {int(n) for n in re.findall(r"seed-(\d+)", blob)}
+    assert not seen & secret["seeds"], f"held-out seeds {sorted(seen & secret['seeds'])} reached the client"
+    for n in secret["big_seeds"]:
+        assert not re.search(rf"(?<![\d.]){n}(?![\d])", blob), f"test seed {n} reached the client"
+
+
+def records_after(url: str, key: str, tmp_path: Path) -> list[str]:
+    """The run's records over REST with its run key, once the episode is over: the ledger's books balance,
+    nothing is still reserved, every inner episode's sub-key is closed and the audit chain is intact. Returns
+    the records' texts (the run key may fetch them: they are part of what its holder receives)."""
+    auth = {"Authorization": f"Bearer {key}"}
+    summary = httpx2.get(f"{url}/v1/ledger", headers=auth, timeout=30).json()
+    assert summary["open_reservations"] == [], summary
+    subkeys = [a for a in summary["accounts"] if a["parent"] is not None]
+    assert subkeys and all(a["closed"] for a in subkeys)  # the measuring episodes ran on sub-keys of the run's key
+    data = httpx2.get(f"{url}/v1/ledger.sqlite", headers=auth, timeout=30)
+    assert data.status_code == 200
+    path = tmp_path / "ledger.sqlite"
+    path.write_bytes(data.content)
+    with Ledger(path) as ledger:
+        books = ledger.books()
+    assert books.ok, books.problems
+    assert verify_audit(path).ok
+    audit = httpx2.get(f"{url}/v1/audit", headers=auth, timeout=30).json()
+    assert audit["verified"]["ok"]
+    trajectory = httpx2.get(f"{url}/v1/trajectory", headers=auth, timeout=30)
+    assert trajectory.status_code == 200
+    return [json.dumps(summary), json.dumps(audit), trajectory.text]
+
+
+# ------------------------------------------------------------------------------------------------ the client
+
+
+class Seen:
+    """Every text an MCP client received (tool list, instructions, results, resources), and each call's time."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.calls: list[tuple[str, float]] = []
+
+    def keep(self, *items: Any) -> None:
+        for item in items:
+            self.texts.append(item if isinstance(item, str) else json.dumps(item, default=str))
+
+    async def call(self, client: Client, tool: str, args: dict[str, Any]) -> Any:
+        started = time.monotonic()
+        with anyio.fail_after(CALL_LIMIT_S):
+            result = await client.call_tool(tool, args)
+        self.calls.append((tool, time.monotonic() - started))
+        self.keep(*[c.text for c in result.content if getattr(c, "text", None) is not None], result.structured_content)
+        return result
+
+    async def resource(self, client: Client, uri: str) -> dict[str, Any]:
+        with anyio.fail_after(CALL_LIMIT_S):
+            text = (await client.read_resource(uri)).contents[0].text
+        self.keep(text)
+        return json.loads(text)
+
+
+@contextlib.asynccontextmanager
+async def mcp_client(url: str, key: str, seen: Seen) -> AsyncIterator[Client]:
+    """The SDK's client over streamable HTTP with the run key, timing out as external clients do (60 s)."""
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=60) as http:
+        async with Client(streamable_http_client(f"{url}/mcp", http_client=http), read_timeout_seconds=60) as client:
+            seen.keep(client.instructions or "", [t.model_dump(mode="json") for t in (await client.list_tools()).tools])
+            yield client
+
+
+def page_body(text: str) -> tuple[str, bool]:
+    """A read's page without its status line and "read with @offset" note; whether more follows."""
+    status = STATUS_LINE.match(text)
+    assert status, text[:200]
+    body = text[status.end():]
+    more = MORE.search(body)
+    return (body[:more.start()], True) if more else (body, False)
+
+
+def next_offset(ref: str, text: str) -> int | None:
+    """Where the next page of ``ref`` (``path`` or ``path@offset``) starts, or ``None`` after the last one."""
+    body, more = page_body(text)
+    _, _, offset = ref.partition("@")
+    return int(offset or 0) + len(body) if more else None
+
+
+async def read_file(seen: Seen, client: Client, ref: str, max_pages: int = 20) -> str:
+    """A harness file of any length, page by page (bounded)."""
+    parts: list[str] = []
+    page_ref = ref
+    for _ in range(max_pages):
+        result = await seen.call(client, "read", {"ref": page_ref})
+        assert not result.is_error, result.content[0].text
+        parts.append(page_body(result.content[0].text)[0])
+        offset = next_offset(page_ref, result.content[0].text)
+        if offset is None:
+            text = "".join(parts)
+            assert len(text) == result.structured_content["result"]["chars"]
+            return text
+        page_ref = f"{ref}@{offset}"
+    raise AssertionError(f"{ref} did not end within {max_pages} pages")
+
+
+# ------------------------------------------------------------------------------------------------ the edit
+
+
+def strategy_node(source: str) -> ast.Dict:
+    """The module-level ``STRATEGY = {...}`` literal of a researcher program."""
+    for node in ast.parse(source).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(node, "target", None)
+        if isinstance(target, ast.Name) and target.id == "STRATEGY" and isinstance(node.value, ast.Dict):
+            return node.value
+    raise ValueError("no module-level STRATEGY = {...} literal")
+
+
+def strategy(source: str) -> dict[str, Any]:
+    return ast.literal_eval(strategy_node(source))
+
+
+def set_gene(source: str, name: str, value: Any) -> str:
+    """``source`` with ``STRATEGY[name]`` rewritten to ``value`` (only that literal's text changes)."""
+    node = strategy_node(source)
+    for key, old in zip(node.keys, node.values):
+        if isinstance(key, ast.Constant) and key.value == name:
+            raw = source.encode()  # ast offsets count UTF-8 bytes
+            lines = raw.splitlines(keepends=True)
+            start = sum(map(len, lines[:old.lineno - 1])) + old.col_offset
+            end = sum(map(len, lines[:old.end_lineno - 1])) + old.end_col_offset  # type: ignore[operator]
+            return (raw[:start] + repr(value).encode() + raw[end:]).decode()
+    raise KeyError(f"STRATEGY has no gene {name!r}")
+
+
+def edited_program(value: float) -> tuple[str, str]:
+    original = builtin_spec("program").code["researcher.py"]
+    assert strategy(original)[GENE] != value
+    edited = set_gene(original, GENE, value)
+    assert strategy(edited) == {**strategy(original), GENE: value}
+    return original, edited
+
+
+def assert_calls_bounded(seen: Seen, started: float) -> None:
+    slowest = max(seen.calls, key=lambda c: c[1])
+    assert slowest[1] < CALL_LIMIT_S, slowest
+    assert time.monotonic() - started < TEST_LIMIT_S
+
+
+# ------------------------------------------------------------------------------------------------ the bundled scenario
+
+
+def test_the_bundled_recursive_scenario_serves_the_seed_program_as_harness_files(served):
+    """``recursive-scripted`` as bundled (target: program) over MCP: the program's files are harness files an
+    edit can replace whole (each under edit_harness's 200,000 characters), and the refusals an improver meets
+    first (a program that does not compile, a file that is not part of a spec) are free and say why."""
+    service, url = served
+    response = httpx2.post(f"{url}/v1/runs", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60,
+                           json={"scenario": "recursive-scripted", "seed": 3, "label": "mcp-bundled"})
+    assert response.status_code == 201, response.text
+    created = response.json()
+    seed = builtin_spec("program")
+    assert all(len(text) < 200_000 for text in seed.code.values())
+    seen = Seen()
+
+    async def look() -> list[Any]:
+        async with mcp_client(url, created["run_key"], seen) as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            assert "200,000" in tools["edit_harness"].input_schema["properties"]["content"]["description"]
+            listing = await seen.call(client, "read", {"ref": "harness:latest"})
+            initial = HARNESS.search(listing.content[0].text).group(1)
+            page = await seen.call(client, "read", {"ref": f"harness:latest/{CODE}"})
+            was = strategy(seed.code["researcher.py"])[GENE]
+            patch = {"path": CODE, "old": f'"{GENE}": {was!r},', "new": f'"{GENE}": 0.6,'}  # the patch route (docs)
+            patched = (await seen.call(client, "edit_harness", patch)).structured_content["result"]["version"]
+            assert strategy(await read_file(seen, client, f"harness:{patched}/{CODE}"))[GENE] == 0.6
+            broken = await seen.call(client, "edit_harness", {"path": CODE, "content": "def make_researcher(params:\n"})
+            refused = await seen.call(client, "evaluate", {"k": 1, "n_tasks": 1})
+            stray = await seen.call(client, "edit_harness", {"path": "notes.md", "content": "ideas",
+                                                             "base_version": initial})
+            refused_too = await seen.call(client, "evaluate", {"k": 1, "n_tasks": 1})
+            return [listing, page, broken, refused, stray, refused_too]
+
+    try:
+        listing, page, broken, refused, stray, refused_too = anyio.run(look)
+    finally:
+        service.close_run(created["run_id"])
+    assert all(f"code/{name}" in listing.content[0].text for name in seed.code)
+    body, more = page_body(page.content[0].text)
+    assert more and seed.code["researcher.py"].startswith(body)
+    assert page.structured_content["result"]["chars"] == len(seed.code["researcher.py"])
+    assert not broken.is_error and not stray.is_error  # edits are free and not checked ...
+    for result, why in ((refused, "does not compile"), (refused_too, "unexpected file 'notes.md'")):
+        assert result.is_error and result.structured_content["error"] == "invalid_harness"  # ... evaluate checks
+        assert why in result.structured_content["message"] and result.structured_content["cost_usd"] == 0
+
+
+# ------------------------------------------------------------------------------------------------ (a) by hand
+
+
+@needs_sandbox
+@pytest.mark.parametrize("value, seed", [(0.6, 10), (0.15, 1)], ids=["more-data", "less-data"])
+def test_an_mcp_client_improves_the_seed_program_by_hand(served, tmp_path, value, seed):
+    """The test is the agent: read the program, rewrite STRATEGY[GENE], measure both versions, submit the better.
+    (The seeds are chosen so that raising data_fraction wins on dev and lowering it loses: both branches.)"""
+    service, url = served
+    started = time.monotonic()
+    created = create_run(url, seed=seed, label="mcp-by-hand")
+    assert created["tools"] == ["edit_harness", "evaluate", "read", "wait", "submit"]
+    assert CODE in created["briefing"] and "kind program" in created["briefing"]
+    original, edited = edited_program(value)
+    seen = Seen()
+
+    async def improve() -> dict[str, Any]:
+        async with mcp_client(url, created["run_key"], seen) as client:
+            async def call(tool: str, args: dict[str, Any]) -> Any:
+                result = await seen.call(client, tool, args)
+                assert not result.is_error, result.content[0].text
+                return result
+
+            briefing = (await seen.resource(client, OBSERVATION_URI))["log"]  # step 0: the briefing
+            assert CODE in briefing
+            listing = (await call("read", {"ref": "harness:latest"})).content[0].text
+            assert CODE in listing and "spec.json" in listing
+            initial = HARNESS.search(listing).group(1)
+            await call("read", {"ref": "scenario"})  # what any agent reads first
+            source = await read_file(seen, client, f"harness:latest/{CODE}")
+            assert source == original and len(source) > 8000  # the whole file, over several pages
+            changed = set_gene(source, GENE, value)
+            assert changed == edited
+
+            wrote = await call("edit_harness", {"path": CODE, "content": changed})
+            version = wrote.structured_content["result"]["version"]
+            assert version != initial and wrote.structured_content["result"]["base_version"] == initial
+            assert await read_file(seen, client, f"harness:{version}/{CODE}") == changed
+
+            jobs, scores = {}, {}
+            for harness in (version, initial):  # both jobs run at once; wait for each (bounded: one job each)
+                reply = await call("evaluate", {"harness": harness, "k": 1, "n_tasks": N_TASKS})
+                jobs[harness] = STARTED.search(reply.content[0].text).group(1)
+            for harness, job in jobs.items():
+                waited = await seen.call(client, "wait", {"job": job})
+                if waited.is_error:  # it finished before this wait (a zero-length job): read it
+                    assert waited.structured_content["error"] == "unknown_ref", waited.content[0].text
+                result = (await call("read", {"ref": job})).content[0].text
+                assert "dev/aime/seed-" in result and "episode_failed" not in result, result  # the program ran
+                scores[harness] = float(DEV_SCORE.search(result).group(1))
+            assert all(math.isfinite(s) for s in scores.values())
+
+            better = version if scores[version] > scores[initial] else initial  # a tie keeps the original
+            submitted_code = await read_file(seen, client, f"harness:{better}/{CODE}")
+            done = await call("submit", {"checkpoint": "base", "harness": better})
+            for _ in range(5):  # submit may be a job: wait for it (bounded)
+                if done.structured_content["done"]:
+                    break
+                done = await call("wait", {"job": STARTED.search(done.content[0].text).group(1)})
+            after = await seen.call(client, "read", {"ref": "budget"})
+            assert after.is_error and after.structured_content["error"] == "episode_over"
+            return {"done": done.structured_content, "initial": initial, "edited": version, "better": better,
+                    "scores": scores, "code": submitted_code}
+
+    out = anyio.run(improve)
+    done = out["done"]
+    assert done["done"] and done["end"]["end_reason"] == "submitted"
+    assert done["end"]["submitted"]["harness"] == out["better"]
+    assert isinstance(done["reward"], float) and math.isfinite(done["reward"])
+    assert done["reward"] == pytest.approx(done["end"]["normalized_gain"])
+    if out["better"] == out["edited"]:  # the submitted program is the edited one
+        assert out["code"] == edited != original
+    else:  # the original: its code, and no gain by definition
+        assert out["code"] == original and done["reward"] == 0.0
+    run = service.run_summary(created["run_id"])
+    assert run["state"] == "done" and run["reward"] == pytest.approx(done["reward"])
+    seen.keep(*records_after(url, created["run_key"], tmp_path))
+    assert_nothing_held_out(seen.texts, held_out())
+    assert_calls_bounded(seen, started)
+
+
+# ------------------------------------------------------------------------------------------------ (b) the llm researcher
+
+
+class ImproverPolicy:
+    """The scripted chat model's one turn, played on every request (``ScriptedChatModel([policy],
+    repeat_last=True)``): it reads only the last tool message the ``llm`` researcher sent it — the text of
+    the MCP result — and answers with the next tool call of the same loop as the test by hand. What went
+    wrong in it is kept in ``error`` (the chat server turns it into a 500, and the researcher stops)."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+        self.state = "start"
+        self.ref = ""
+        self.parts: list[str] = []
+        self.initial = self.edited = self.source = self.better = ""
+        self.pending: list[str] = []          # harness versions still to evaluate
+        self.jobs: dict[str, str] = {}        # harness version -> its evaluation's job
+        self.scores: dict[str, float] = {}
+        self.error: BaseException | None = None
+
+    def __call__(self, request: Any) -> Any:
+        try:
+            last = request.messages[-1]
+            return self.turn(last.text if last.role == "tool" else "")
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+    def turn(self, text: str) -> Any:
+        from rsigym_env.serving import Call
+
+        state, self.state = self.state, "done"
+        if state == "start":
+            self.state = "listed"
+            return Call("read", {"ref": "harness:latest"})
+        if state == "listed":
+            self.initial = HARNESS.search(text).group(1)
+            self.ref, self.state = f"harness:latest/{CODE}", "paging"
+            return Call("read", {"ref": self.ref})
+        if state == "paging":
+            self.parts.append(page_body(text)[0])
+            offset = next_offset(self.ref, text)
+            if offset is not None:
+                self.ref, self.state = f"harness:latest/{CODE}@{offset}", "paging"
+                return Call("read", {"ref": self.ref})
+            self.source, self.state = "".join(self.parts), "edited"
+            return Call("edit_harness", {"path": CODE, "content": set_gene(self.source, GENE, self.value)})
+        if state == "edited":
+            self.edited = HARNESS.search(text).group(1)
+            self.pending = [self.edited, self.initial]
+            state, text = "evaluating", ""
+        if state == "evaluating":
+            if text:
+                self.jobs[self.pending.pop(0)] = STARTED.search(text).group(1)
+            if self.pending:
+                self.state = "evaluating"
+                return Call("evaluate", {"harness": self.pending[0], "k": 1, "n_tasks": N_TASKS})
+            self.pending, self.state = list(self.jobs), "waited"
+            return Call("wait", {"job": self.jobs[self.pending[0]]})
+        if state == "waited":  # (an error reply, the job having finished already, is fine too)
+            self.state = "read"
+            return Call("read", {"ref": self.jobs[self.pending[0]]})
+        if state == "read":
+            assert "episode_failed" not in text, text  # the program ran in its sandbox
+            self.scores[self.pending.pop(0)] = float(DEV_SCORE.search(text).group(1))
+            if self.pending:
+                self.state = "waited"
+                return Call("wait", {"job": self.jobs[self.pending[0]]})
+            self.better = self.edited if self.scores[self.edited] > self.scores[self.initial] else self.initial
+            self.state = "submitted"
+            return Call("submit", {"checkpoint": "base", "harness": self.better})
+        if state == "submitted" and (job := STARTED.search(text)):  # submit is a job that is still running
+            self.state = "submitted"
+            return Call("wait", {"job": job.group(1)})
+        return "Submitted."
+
+
+async def drive_over_mcp(client: Client, seen: Seen, researcher: Any, max_steps: int = 40) -> dict[str, Any]:
+    """Run a ``Researcher`` (``reset`` / ``act``) as an MCP agent: its actions are MCP tool calls, each result's
+    text its next observation's log (what ``rsigym run`` feeds it from the env). Bounded by ``max_steps``."""
+    observation = await seen.resource(client, OBSERVATION_URI)  # at step 0 its log is the briefing
+    tools = [t.name for t in (await client.list_tools()).tools]
+    info = {"tools": tools, "harness": HARNESS.search(observation["log"]).group(1)}
+    await anyio.to_thread.run_sync(lambda: researcher.reset({"log": observation["log"]}, info, seed=0))
+    for _ in range(max_steps):
+        action = await anyio.to_thread.run_sync(researcher.act, observation, info)
+        assert isinstance(action, dict) and isinstance(action.get("args"), dict), action
+        result = await seen.call(client, action["tool"], action["args"])
+        reply = result.structured_content
+        observation = {"log": result.content[0].text, "budget_left_usd": reply["budget_left_usd"], "step": None}
+        if reply["done"]:
+            return reply
+    raise AssertionError(f"the researcher did not submit within {max_steps} steps")
+
+
+@needs_sandbox
+def test_the_llm_researcher_improves_the_seed_program_over_mcp(served, tmp_path):
+    from rsigym_env.baselines.llm_researcher import LLMArgs, LLMResearcher
+    from rsigym_env.serving import ModelRegistry, OpenAIServer, ScriptedChatModel
+
+    service, url = served
+    started = time.monotonic()
+    created = create_run(url, seed=12, label="llm-over-mcp")
+    original, edited = edited_program(0.6)
+    policy = ImproverPolicy(0.6)
+    model = ScriptedChatModel([policy], repeat_last=True)
+    seen = Seen()
+    transcript = tmp_path / "transcript.jsonl"
+
+    with OpenAIServer(ModelRegistry({"improver": model})) as chat:
+        researcher = LLMResearcher(LLMArgs(base_url=chat.base_url, api_key="x", model="improver", max_retries=0,
+                                           transcript=str(transcript)))
+
+        async def episode() -> dict[str, Any]:
+            async with mcp_client(url, created["run_key"], seen) as client:
+                return await drive_over_mcp(client, seen, researcher)
+
+        try:
+            done = anyio.run(episode)
+        finally:
+            researcher.close()
+
+    assert policy.error is None and researcher.stop_reason is None, (policy.error, researcher.stop_reason)
+    assert policy.source == original  # the model was sent the whole program, page by page
+    assert done["done"] and done["end"]["end_reason"] == "submitted"
+    assert done["end"]["submitted"]["harness"] == policy.better != ""
+    assert isinstance(done["reward"], float) and math.isfinite(done["reward"])
+    if policy.better == policy.initial:
+        assert done["reward"] == 0.0
+    tools = [json.loads(m.model_dump_json()) for m in model.requests[0].tools or []]
+    assert {t["function"]["name"] for t in tools} >= {"read", "edit_harness", "evaluate", "wait", "submit"}
+    calls = [tool for tool, _ in seen.calls]
+    assert calls[0] == "read" and calls.count("evaluate") == 2 and calls[-1] == "submit"
+    edit = next(m for r in model.requests for m in r.messages if m.role == "assistant" and m.tool_calls
+                and m.tool_calls[0].function.name == "edit_harness")
+    assert json.loads(edit.tool_calls[0].function.arguments)["content"] == edited  # sent whole, as written
+
+    assert service.run_summary(created["run_id"])["state"] == "done"
+    seen.keep(*records_after(url, created["run_key"], tmp_path))
+    sent = [m.text for r in model.requests for m in r.messages]  # everything the chat model was shown
+    assert_nothing_held_out(seen.texts + sent + [transcript.read_text()], held_out())
+    assert_calls_bounded(seen, started)
+
+
+def test_the_held_out_check_catches_what_it_looks_for():
+    secret = held_out()
+    dev = "job-1: dev score 0.3 | dev/aime/seed-1000100  0.2"
+    assert_nothing_held_out([dev, "official score 0.28 vs initial 0.27; seeds 0..7 are documented"], secret)
+    for leak in ("official/aime/seed-0", "official/gpqa-diamond/seed-1", "test/aime/seed-2000001",
+                 "task aime seed-1 failed", "\"test_first_seed\": 2000000"):
+        with pytest.raises(AssertionError):
+            assert_nothing_held_out([dev, leak], secret)
