@@ -23,10 +23,10 @@ A round:
 improver is part of its own files, so a round can change the next round's improver). The chain's
 researcher after round ``t`` is its best accepted node on validation; ``index`` = its test RSI-Index.
 
-Compounding of the improver (``imp_k > 0``): after every round, the chain's improver of that generation,
-frozen, improves a fresh target (the original target, with outer seeds no chain uses) ``imp_k`` times;
-imp@k(g) is the mean test gain it achieves and compounding is imp@k(g) - imp@k(0), with 95 % intervals
-over chains (:mod:`rsigym_env.metrics`).
+Compounding of the improver (``imp_k > 0``): the chain's improver of each generation, frozen, runs
+``imp_k`` rounds of this same protocol on a fresh target (the original target, with outer seeds no
+chain uses); imp@k(g) is the test gain of the best researcher it gets accepted, and compounding is
+imp@k(g) - imp@k(0), with 95 % intervals over chains (:mod:`rsigym_env.metrics`).
 """
 
 from __future__ import annotations
@@ -174,6 +174,129 @@ class _Chain:
         return [n.id for n in self.archive.nodes() if n.chain == self.seed]
 
 
+@dataclass
+class _Context:
+    """What every chain of one recursion run shares."""
+
+    scenario: Scenario
+    opts: RecursiveOptions
+    k: int
+    using: Researchers
+    registry: Any
+    settings: Settings
+    say: Callable[[str], None]
+
+
+@dataclass
+class _ChainRun:
+    rows: list[dict[str, Any]]
+    chain: dict[str, Any]
+    improvers: list[Any]     # the chain's improver after each round (index 0: before the first)
+    candidates: int
+    tampering: int
+
+
+def _run_chain(ctx: _Context, archive: Any, seed: int, root: Any, fixed_improver: Any, rounds: int,
+               outer_seed: Callable[[int], int], on_round: Callable[[dict[str, Any]], None] | None) -> _ChainRun:
+    """One chain: ``rounds`` rounds grown from ``root`` in ``archive``; ``fixed_improver`` improves every
+    round (``None``: the selected parent improves itself)."""
+    from ...archive import novelty, select_parent
+
+    opts, k, using, registry, settings, say = ctx.opts, ctx.k, ctx.using, ctx.registry, ctx.settings, ctx.say
+    chain = _Chain(archive, seed, opts, k, using)
+    archive.add(root.to_files(), root.id, parent=None, generation=0, chain=seed, produced_by={"by": "original target"})
+    chain.specs[root.id] = root
+    validation = {root.id: chain.measured(root, "official")}
+    test = {root.id: chain.measured(root, "test")}
+    archive.set_status(root.id, "accepted")
+    chain.best = root.id
+    indices, ids = [test[root.id].index], [root.id]
+    improvers = [fixed_improver or root]
+    rows: list[dict[str, Any]] = []
+    candidates_total = tampering = 0
+    mode = "target" if fixed_improver is not None else "improver"
+    rng = random.Random(seed)
+    for r in range(1, rounds + 1):
+        current_improver = fixed_improver or chain.specs[chain.best]
+        rule = settings.selection or _improver_rule(current_improver) or "greedy"
+        parent_node = select_parent(archive, rule, rng, split="validation")
+        parent = chain.specs[parent_node.id]
+        imp = fixed_improver or parent
+        say(f"seed {seed} round {r}: {rule} selected {parent.id}; improving")
+        out = improve_once(ctx.scenario, opts, imp, parent, outer_seed(r), using)
+        # archive every fully evaluated candidate (and the submitted one), then screen on validation
+        generation = (parent_node.generation or 0) + 1
+        fresh: list[tuple[Any, Measurement | None]] = []
+        seen_ids = set()
+        entries = list(out.candidates)
+        if out.submitted.id != parent.id and out.submitted.id not in {c[0].id for c in entries}:
+            entries.append((out.submitted, None, _lineage_note(out.submitted.to_files())))
+        for spec, m, note in entries:
+            if spec.id in seen_ids:
+                continue
+            seen_ids.add(spec.id)
+            candidates_total += 1
+            if m is not None and m.attempts:
+                tampering += 1
+            if spec.id in archive:  # proposed again (in an earlier round): its node keeps what it has
+                continue
+            behaviour = m.task_values() if m is not None else None
+            reason = novelty(archive, spec.to_files(), behaviour, tasks=task_ids(m) if m is not None else None)
+            archive.add(spec.to_files(), spec.id, parent=parent.id, generation=generation, chain=seed,
+                        produced_by={"by": imp.id, "round": r, "operator": note})
+            if m is not None:
+                archive.record(spec.id, "train", m.task_values(), tasks=task_ids(m),
+                               cost_usd=float(m.billed_usd if m.billed_usd is not None else m.spend_usd))
+            if reason is not None:
+                archive.set_status(spec.id, "duplicate", note=reason)
+                continue
+            registry.register(spec, note=f"recurse: seed {seed} round {r} from {parent.id}")
+            chain.specs[spec.id] = spec
+            fresh.append((spec, m))
+        parent_train = out.parent_train.index if out.parent_train is not None else None
+        on_train = sorted([(m.index, s.id) for s, m in fresh if m is not None and s.id != out.submitted.id
+                           and (parent_train is None or m.index > parent_train)], reverse=True)
+        chosen = {s.id for s, _ in fresh if s.id == out.submitted.id}
+        chosen |= {sid for _, sid in on_train[:settings.validate_top]}
+        screened: list[dict[str, Any]] = []
+        for spec, _m in fresh:
+            if spec.id not in chosen:
+                archive.set_status(spec.id, "evaluated")
+                continue
+            validation[spec.id] = chain.measured(spec, "official")
+            gain = paired_gain(validation[spec.id].task_values(), validation[parent.id].task_values())
+            accepted = gain["low"] is not None and gain["low"] > settings.accept_low
+            archive.set_status(spec.id, "accepted" if accepted else "rejected",
+                               note=f"paired validation gain {gain['mean']:+.4f} (95% low {gain['low']:+.4f})")
+            if accepted:
+                test[spec.id] = chain.measured(spec, "test")
+            screened.append({"id": spec.id, "accepted": accepted, "gain": gain["mean"], "low": gain["low"],
+                             "high": gain["high"], "validation": validation[spec.id].index})
+        before_id = chain.best
+        accepted_ids = [n.id for n in archive.nodes() if n.status == "accepted"]
+        chain.best = max(accepted_ids, key=lambda i: (validation[i].index, i == before_id))
+        before, after = test[before_id].index, test[chain.best].index
+        indices.append(after)
+        ids.append(chain.best)
+        improvers.append(fixed_improver or chain.specs[chain.best])
+        row = {
+            "seed": seed, "round": r, "mode": mode, "selection": rule, "improver": imp.id, "target": parent.id,
+            "parent_generation": parent_node.generation, "submitted": out.submitted.id, "improved": chain.best,
+            "changed": chain.best != before_id, "index_before": before, "index_after": after,
+            "improver_gain": improver_gain(before, after), "reward": out.reward,
+            "candidates": len(entries), "novel": len(fresh), "screened": screened,
+            "accepted": sum(1 for s in screened if s["accepted"]),
+            "dev_evaluations": out.dev_evaluations, "spend_usd": out.spend_usd, "steps": out.steps,
+            "best_dev_score": out.best_dev_score, "metrics": out.metrics, "attempts": out.attempts,
+            "params": dict(chain.specs[chain.best].params),
+        }
+        rows.append(row)
+        if on_round is not None:
+            on_round(row)
+    return _ChainRun(rows, {"seed": seed, "ids": ids, "indices": indices, "compounding": compounding(indices)},
+                     improvers, candidates_total, tampering)
+
+
 def recurse(
     scenario: Scenario, *, rounds: int = 3, seeds: Sequence[int] = (0, 1, 2), improver: Any = None,
     target: Any = None, mode: str = "target", registry: Any = None,
@@ -189,7 +312,7 @@ def recurse(
     :func:`compounding`; ``imp`` the imp@k of each generation's frozen improver; ``transfer`` the final
     researcher against the original on test, other tracks and (optionally) the local world.
     """
-    from ...archive import Archive, novelty, select_parent
+    from ...archive import Archive
 
     using = using or researchers()
     settings = settings or Settings()
@@ -210,6 +333,7 @@ def recurse(
     registry.register(first_improver)
     k = scenario.official_k
     say = on_progress or (lambda _text: None)
+    ctx = _Context(scenario, opts, k, using, registry, settings, say)
     rows: list[dict[str, Any]] = []
     chains: list[dict[str, Any]] = []
     improvers_by_generation: dict[int, list[Any]] = {}
@@ -218,97 +342,15 @@ def recurse(
     for seed in seeds:
         archive = Archive(base.root, f"{base.name}-chain{seed}")  # chains are independent: an archive each
         archives.append(archive)
-        chain = _Chain(archive, seed, opts, k, using)
-        root = first_target
-        archive.add(root.to_files(), root.id, parent=None, generation=0, chain=seed,
-                    produced_by={"by": "original target"})
-        chain.specs[root.id] = root
-        validation = {root.id: chain.measured(root, "official")}
-        test = {root.id: chain.measured(root, "test")}
-        archive.set_status(root.id, "accepted")
-        chain.best = root.id
-        indices, ids = [test[root.id].index], [root.id]
-        improvers_by_generation.setdefault(0, []).append(first_improver if mode == "target" else root)
-        rng = random.Random(seed)
-        for r in range(1, rounds + 1):
-            current_improver = first_improver if mode == "target" else chain.specs[chain.best]
-            rule = settings.selection or _improver_rule(current_improver) or "greedy"
-            parent_node = select_parent(archive, rule, rng, split="validation")
-            parent = chain.specs[parent_node.id]
-            imp = first_improver if mode == "target" else parent
-            say(f"seed {seed} round {r}: {rule} selected {parent.id}; improving")
-            out = improve_once(scenario, opts, imp, parent, seed * 1000 + r, using)
-            # archive every fully evaluated candidate (and the submitted one), then screen on validation
-            generation = (parent_node.generation or 0) + 1
-            fresh: list[tuple[Any, Measurement | None]] = []
-            seen_ids = set()
-            entries = list(out.candidates)
-            if out.submitted.id != parent.id and out.submitted.id not in {c[0].id for c in entries}:
-                entries.append((out.submitted, None, _lineage_note(out.submitted.to_files())))
-            for spec, m, note in entries:
-                if spec.id in seen_ids:
-                    continue
-                seen_ids.add(spec.id)
-                candidates_total += 1
-                if spec.id in archive:  # proposed again (in an earlier round): its node keeps what it has
-                    continue
-                behaviour = m.task_values() if m is not None else None
-                reason = novelty(archive, spec.to_files(), behaviour, tasks=task_ids(m) if m is not None else None)
-                archive.add(spec.to_files(), spec.id, parent=parent.id, generation=generation, chain=seed,
-                            produced_by={"by": imp.id, "round": r, "operator": note})
-                if m is not None:
-                    archive.record(spec.id, "train", m.task_values(), tasks=task_ids(m),
-                                   cost_usd=float(m.billed_usd if m.billed_usd is not None else m.spend_usd))
-                if m is not None and m.attempts:
-                    tampering += 1
-                if reason is not None:
-                    archive.set_status(spec.id, "duplicate", note=reason)
-                    continue
-                registry.register(spec, note=f"recurse: seed {seed} round {r} from {parent.id}")
-                chain.specs[spec.id] = spec
-                fresh.append((spec, m))
-            parent_train = out.parent_train.index if out.parent_train is not None else None
-            on_train = sorted([(m.index, s.id) for s, m in fresh if m is not None and s.id != out.submitted.id
-                               and (parent_train is None or m.index > parent_train)], reverse=True)
-            chosen = {s.id for s, _ in fresh if s.id == out.submitted.id}
-            chosen |= {sid for _, sid in on_train[:settings.validate_top]}
-            screened: list[dict[str, Any]] = []
-            for spec, _m in fresh:
-                if spec.id not in chosen:
-                    archive.set_status(spec.id, "evaluated")
-                    continue
-                validation[spec.id] = chain.measured(spec, "official")
-                gain = paired_gain(validation[spec.id].task_values(), validation[parent.id].task_values())
-                accepted = gain["low"] is not None and gain["low"] > settings.accept_low
-                archive.set_status(spec.id, "accepted" if accepted else "rejected",
-                                   note=f"paired validation gain {gain['mean']:+.4f} (95% low {gain['low']:+.4f})")
-                if accepted:
-                    test[spec.id] = chain.measured(spec, "test")
-                screened.append({"id": spec.id, "accepted": accepted, "gain": gain["mean"], "low": gain["low"],
-                                 "high": gain["high"], "validation": validation[spec.id].index})
-            before_id = chain.best
-            accepted_ids = [n.id for n in archive.nodes() if n.status == "accepted"]
-            chain.best = max(accepted_ids, key=lambda i: (validation[i].index, i == before_id))
-            before, after = test[before_id].index, test[chain.best].index
-            indices.append(after)
-            ids.append(chain.best)
-            improvers_by_generation.setdefault(r, []).append(first_improver if mode == "target" else chain.specs[chain.best])
-            row = {
-                "seed": seed, "round": r, "mode": mode, "selection": rule, "improver": imp.id, "target": parent.id,
-                "parent_generation": parent_node.generation, "submitted": out.submitted.id, "improved": chain.best,
-                "changed": chain.best != before_id, "index_before": before, "index_after": after,
-                "improver_gain": improver_gain(before, after), "reward": out.reward,
-                "candidates": len(entries), "novel": len(fresh), "screened": screened,
-                "accepted": sum(1 for s in screened if s["accepted"]),
-                "dev_evaluations": out.dev_evaluations, "spend_usd": out.spend_usd, "steps": out.steps,
-                "best_dev_score": out.best_dev_score, "metrics": out.metrics, "attempts": out.attempts,
-                "params": dict(chain.specs[chain.best].params),
-            }
-            rows.append(row)
-            if on_round is not None:
-                on_round(row)
-        chains.append({"seed": seed, "ids": ids, "indices": indices, "compounding": compounding(indices)})
-    imp = _imp_at_k(scenario, opts, first_target, improvers_by_generation, settings.imp_k, k, using, say)
+        run = _run_chain(ctx, archive, seed, first_target, first_improver if mode == "target" else None, rounds,
+                         lambda r, seed=seed: seed * 1000 + r, on_round)
+        rows += run.rows
+        chains.append(run.chain)
+        for g, spec in enumerate(run.improvers):
+            improvers_by_generation.setdefault(g, []).append(spec)
+        candidates_total += run.candidates
+        tampering += run.tampering
+    imp = _imp_at_k(ctx, first_target, first_target, improvers_by_generation)
     transfer = _transfer(scenario, opts, first_target, [c["ids"][-1] for c in chains],
                          {c["ids"][-1]: registry.get(c["ids"][-1]) for c in chains}, k, settings, using, say)
     summary = _summary(rows, chains, imp, transfer, rounds, archives, candidates_total, tampering)
@@ -320,27 +362,32 @@ def recurse(
     return {"config": config, "rows": rows, "chains": chains, "imp": imp, "transfer": transfer, "summary": summary}
 
 
-def _imp_at_k(scenario: Scenario, opts: RecursiveOptions, fresh_target: Any, improvers: dict[int, list[Any]],
-              imp_k: int, k: int, using: Researchers, say: Callable[[str], None]) -> dict[str, Any]:
-    """imp@k of every generation's frozen improver: its mean test gain on the fresh target over ``imp_k``
-    runs with outer seeds no chain uses; per generation a list over chains, plus mean and 95 % interval."""
+def _imp_at_k(ctx: _Context, root: Any, fresh_target: Any, improvers: dict[int, list[Any]]) -> dict[str, Any]:
+    """imp@k of every generation's frozen improver: the test gain of the best accepted researcher after
+    ``imp_k`` rounds of this same protocol (selection, paired acceptance on validation) in which it
+    improves a fresh target, with outer seeds no chain uses; per generation a value per chain, their mean
+    and 95 % interval. Its archives are scratch (a temporary directory)."""
+    import tempfile
+
+    from ...archive import Archive
+
+    imp_k = ctx.settings.imp_k
     if imp_k <= 0:
         return {}
-    base = measure(fresh_target, opts, "test", k, using=using).index
     memo: dict[str, float] = {}
     out: dict[str, Any] = {}
-    for g in sorted(improvers):
-        values = []
-        for improver in improvers[g]:
-            if improver.id not in memo:
-                gains = []
-                for j in range(imp_k):
-                    say(f"imp@k: generation {g} improver {improver.id} run {j + 1}/{imp_k}")
-                    o = improve_once(scenario, opts, improver, fresh_target, FRESH_SEED_BASE + j, using)
-                    gains.append(measure(o.submitted, opts, "test", k, using=using).index - base)
-                memo[improver.id] = sum(gains) / len(gains)
-            values.append(memo[improver.id])
-        out[str(g)] = {"values": values, **ci95(values)}
+    with tempfile.TemporaryDirectory(prefix="rsigym-imp-") as scratch:
+        for g in sorted(improvers):
+            values = []
+            for improver in improvers[g]:
+                if improver.id not in memo:
+                    ctx.say(f"imp@{imp_k}: generation {g} improver {improver.id} on a fresh target")
+                    quiet = _Context(**{**ctx.__dict__, "say": lambda _t: None})
+                    run = _run_chain(quiet, Archive(scratch, f"imp-{improver.id}"), 0, fresh_target, improver, imp_k,
+                                     lambda r: FRESH_SEED_BASE + r, None)
+                    memo[improver.id] = run.chain["indices"][-1] - run.chain["indices"][0]
+                values.append(memo[improver.id])
+            out[str(g)] = {"values": values, **ci95(values)}
     return out
 
 
