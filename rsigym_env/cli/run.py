@@ -74,10 +74,14 @@ def scenario_of(args: argparse.Namespace) -> Scenario:
 
 
 def settle_agent_and_seed(args: argparse.Namespace) -> None:
-    """Default ``--agent`` (scripted) and ``--seed`` (0); an agent that is neither bundled nor a
-    registered id (``ag-...``) is a ``ValueError``."""
+    """Default ``--agent`` (scripted) and ``--seed`` (0); ``program`` (the seed program) becomes its
+    registered id; an agent that is neither bundled nor a registered id (``ag-...``) is a ``ValueError``."""
     args.agent = args.agent or "scripted"
     args.seed = 0 if args.seed is None else args.seed
+    if args.agent == "program":  # the bundled seed program: registered, then run as any registered spec
+        from ..agents import AgentRegistry, seed_program
+
+        args.agent = AgentRegistry().register(seed_program(), note="bundled")
     if args.agent not in RESEARCHERS and not args.agent.startswith("ag-"):
         raise ValueError(f"unknown agent {args.agent!r}; bundled: {', '.join(sorted(RESEARCHERS))}, "
                          "or a registered id 'ag-...' (rsigym agents list)")
@@ -249,7 +253,7 @@ def register(sub: Any) -> None:
     """Add ``run`` to ``rsigym``'s subparsers."""
     run = sub.add_parser("run", help="run one research episode and print its result")
     add_scenario_arguments(run)
-    run.add_argument("--agent", help=f"researcher: {', '.join(sorted(RESEARCHERS))} or a registered id 'ag-...' "
+    run.add_argument("--agent", help=f"researcher: {', '.join(sorted(RESEARCHERS))}, program (the seed program, sandboxed) or a registered id 'ag-...' "
                                       "(default: scripted; with --replay: the recorded one)")
     run.add_argument("--seed", type=int, help="reset seed (default 0; with --replay: the recorded one)")
     run.add_argument("--record", metavar="PATH", help="record every service request/response and clock reading to this tape")

@@ -83,6 +83,11 @@ def episode_specs(args: argparse.Namespace, agents: list[str], benchmarks: list[
     known = set(all_agents())
     registered: dict[str, Any] = {}
     for name in agents:
+        if name == "program":  # the bundled seed program travels with its spec, as a registered one does
+            from ..agents import seed_program
+
+            registered[name] = seed_program()
+            continue
         if name.startswith("ag-"):
             from ..agents import AgentRegistry
 

@@ -252,7 +252,10 @@ def fill(template: str, world: World, surface: str) -> list[tuple[str, str | Non
             elif name in ("n", "i"):
                 url = re.sub(pattern, "1" if name == "n" else "0", url)
             elif name == "name":
-                url = re.sub(pattern, "heatmap.png" if sweep_route else "no_such_tool", url)
+                url = re.sub(pattern, "heatmap.png" if sweep_route else "no-such-archive" if "/archives/" in template
+                             else "no_such_tool", url)
+            elif name == "node":
+                url = re.sub(pattern, "ag-0000000000000000", url)
             elif name == "job_id":
                 url = re.sub(pattern, "job-1", url)
             else:
@@ -337,8 +340,8 @@ def test_a_run_key_sees_its_own_run_only_and_redacted(world: World):
                 elif t.template.startswith("/watch") and not is_public(t.template, "serve"):
                     if t.owner == other:
                         assert status in (403, 404), (me, t, status, body[:200])
-                    elif t.owner == "sweep" or "/sweeps/" in t.template:
-                        assert status == 403, (me, t, status)
+                    elif t.owner == "sweep" or "/sweeps/" in t.template or "/archives" in t.template:
+                        assert status == 403, (me, t, status)  # sweeps and archives: the admin's only
                     elif t.owner == me and t.method == "GET":
                         assert status == 200, (me, t, status, body[:300])
                     elif t.owner is None and t.method == "GET":
@@ -383,7 +386,8 @@ def test_the_admin_token_sees_every_run_with_its_seed(world: World):
         assert any(str(Path(p)) in listed.text for p in world.texts)  # its paths too
         assert str(SEED_A) in client.get("/v1/runs").text
         for t in targets(world.serve_app, world, "serve"):
-            if t.method == "GET" and t.template.startswith("/watch") and "/sweeps/" not in t.template:
+            if t.method == "GET" and t.template.startswith("/watch") and "/sweeps/" not in t.template \
+                    and "/archives/" not in t.template:  # (no archive exists here: its pages are 404)
                 status, body, _ = _call(client, "GET", t.url, ADMIN)
                 assert status == 200, (t, status, body[:200])
     with httpx.Client(base_url=world.watch) as client:
