@@ -59,6 +59,12 @@ def markdown(result: dict[str, Any], command: str | None = None) -> str:
                   "| suite | original index | final − original |", "|---|---:|---:|"]
         for name, t in result["transfer"].items():
             lines.append(f"| {name} | {t['seed_index']:+.4f} | {_ci(t['gain'])} |")
+        beats = s.get("final_beats_seed_chains")
+        if beats:
+            lines += ["", f"Chains whose final researcher beats the original on test, paired over the test tasks "
+                          f"(95 % lower bound > 0): {beats[0]} of {beats[1]} ("
+                          + ", ".join(f"{c['mean']:+.4f} [{c['low']:+.4f}, {c['high']:+.4f}]"
+                                      for c in result["transfer"]["test"]["chains"]) + ")."]
     cost_acc = s.get("cost_per_accepted_usd")
     lines += ["", "## Summary", "",
               f"* original test index: {s['original_index']:+.4f}",

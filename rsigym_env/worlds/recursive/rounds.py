@@ -447,6 +447,9 @@ def _summary(rows: list[dict[str, Any]], chains: list[dict[str, Any]], imp: dict
         "compounding_total_ci95": ci95(total), "compounding_later_rounds_ci95": ci95(later),
         "final_index": mean_se([c["indices"][-1] for c in chains]),
         "final_vs_seed_test": transfer.get("test", {}).get("gain"),
+        "final_beats_seed_chains": [sum(1 for c in transfer.get("test", {}).get("chains", [])
+                                        if c.get("low") is not None and c["low"] > 0),
+                                    len(transfer.get("test", {}).get("chains", []))],
         "imp_at_k": {g: {kk: v[kk] for kk in ("mean", "se", "n", "low", "high")} for g, v in imp.items()},
         "imp_compounding": imp_comp,
         "candidates": candidates_total, "accepted": accepted,
