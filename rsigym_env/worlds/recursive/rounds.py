@@ -170,9 +170,6 @@ class _Chain:
                             tasks=task_ids(m))
         return m
 
-    def node_ids(self) -> list[str]:
-        return [n.id for n in self.archive.nodes() if n.chain == self.seed]
-
 
 @dataclass
 class _Context:

@@ -330,3 +330,17 @@ def make_researcher(params):
     m = measure(snoop, tiny_options(), "dev", 1)
     assert all(r.ok for r in m.records) and "open" in m.attempts        # it ran, was contained, and was counted
     assert measure(builtin_spec("program"), tiny_options(), "dev", 1).attempts == []  # the seed program attempts nothing
+
+
+@pytest.mark.parametrize("rule", ["greedy", "dgm", "thompson", "sica"])
+def test_every_parent_selection_rule_runs_rounds_and_picks_an_accepted_parent(rule, tmp_path):
+    from rsigym_env.archive import Archive
+    from rsigym_env.worlds.recursive import Settings
+
+    result = recurse(tiny_scenario(), rounds=2, seeds=[0], archive=Archive(tmp_path / "a", rule),
+                     settings=Settings(selection=rule, imp_k=0, transfer_tracks=()))
+    archive = Archive(tmp_path / "a", result["config"]["archives"][0])
+    accepted = {n.id for n in archive.nodes() if n.status == "accepted"}
+    assert all(row["selection"] == rule and row["target"] in accepted for row in result["rows"])
+    with pytest.raises(ValueError, match="selection must be one of"):
+        recurse(tiny_scenario(), rounds=1, seeds=[0], settings=Settings(selection="best-guess"))
