@@ -400,9 +400,12 @@ def _transfer(scenario: Scenario, opts: RecursiveOptions, seed_spec: Any, final_
             suites[f"transfer/{track}-track"] = opts.model_copy(update={"track": track})
     if settings.transfer_local > 0:
         benches = list(opts.official_benchmarks)[:max(1, settings.transfer_local)]
+        from ...scenario import load_scenario
+
+        local_budget = load_scenario(world="local", track=opts.track).budget_usd  # the local world's own ($5)
         suites["transfer/local"] = opts.model_copy(update={
             "inner_world": "local", "official_benchmarks": benches, "test_seeds": 1,
-            "budget_usd": min(opts.budget_usd, 100.0), "ray": False})
+            "budget_usd": local_budget, "ray": False})
     out: dict[str, Any] = {}
     for name, suite in suites.items():
         say(f"transfer: {name}")
