@@ -22,7 +22,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 from typing import Any, Callable
+
+import numpy as np
 
 Default = Callable[[Any], Any] | None
 
@@ -46,3 +49,32 @@ def sha256_hex(value: Any, *, default: Default = None, compact: bool = True) -> 
 
 
 __all__ = ["canonical_dumps", "sha256_hex"]
+
+
+def jsonable(value: Any, fallback: Callable[[Any], Any] | None = None) -> Any:
+    """``value`` as JSON data: NumPy scalars/arrays as Python numbers/lists, tuples and sets as lists,
+    dict keys as strings, non-finite floats as ``None``, pydantic models as their dump; anything else
+    as it is, or as ``fallback(value)`` when given (e.g. ``str``: what a program's sandbox is sent).
+
+    >>> jsonable({"a": np.float64(1.5), "b": np.array([1, 2]), "c": float("nan"), 4: {3}})
+    {'a': 1.5, 'b': [1, 2], 'c': None, '4': [3]}
+    >>> jsonable(object, fallback=lambda o: "<type>")
+    '<type>'
+    """
+    if isinstance(value, dict):
+        return {str(k): jsonable(v, fallback) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v, fallback) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return [jsonable(v, fallback) for v in sorted(value, key=repr)]
+    if isinstance(value, np.ndarray):
+        return jsonable(value.tolist(), fallback)
+    if isinstance(value, np.generic):
+        return jsonable(value.item(), fallback)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if hasattr(value, "model_dump"):
+        return jsonable(value.model_dump(), fallback)
+    return fallback(value) if fallback is not None else value

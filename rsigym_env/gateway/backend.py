@@ -19,12 +19,12 @@ True
 
 from __future__ import annotations
 
-import math
 import threading
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
 from pydantic import BaseModel, Field
+
+from ..canonical import jsonable  # noqa: F401  (the surfaces import it from here)
 
 
 class ToolReply(BaseModel):
@@ -56,26 +56,6 @@ class RunBackend(Protocol):
 END_KEYS = ("initial_score", "official_score", "normalized_gain", "spend_usd", "budget_usd", "submitted",
             "end_reason", "best_dev_score", "best_candidate", "steps", "elapsed_h", "official_eval_usd")
 
-
-def jsonable(value: Any) -> Any:
-    """``value`` with NumPy scalars/arrays as Python numbers/lists and non-finite floats as ``None``.
-
-    >>> jsonable({"a": np.float64(1.5), "b": np.array([1, 2]), "c": float("nan")})
-    {'a': 1.5, 'b': [1, 2], 'c': None}
-    """
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return jsonable(value.tolist())
-    if isinstance(value, np.generic):
-        return jsonable(value.item())
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if hasattr(value, "model_dump"):
-        return jsonable(value.model_dump())
-    return value
 
 
 class LocalRun:

@@ -89,8 +89,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
+from rsigym_env.canonical import jsonable
 from rsigym_env.worlds.local.sandbox import isolation
 from rsigym_env.worlds.local.sandbox.isolation import INSTALL_HINT, Limits, Mount, SandboxGroup, bwrap_available
 
@@ -173,32 +173,14 @@ def _rebuild_error(code: str, message: str, tb: str, stderr: str, attempts: list
 
 
 def to_jsonable(value: Any) -> Any:
-    """``value`` as plain JSON data: NumPy arrays and scalars as lists and numbers, tuples and sets as
-    lists, non-finite floats as ``None``, pydantic models as their dump, anything else as its ``str``
-    (what :func:`rsigym_env.gateway.backend.jsonable` does for the REST gateway, which this package
-    cannot import: the gateway reaches the programs through the agent registry).
+    """``value`` as plain JSON data for a sandbox: :func:`rsigym_env.canonical.jsonable` (the REST
+    gateway's encoding), anything it does not know as its ``str``.
 
     >>> import numpy as np
     >>> to_jsonable({"a": np.array([1.5, np.nan]), "b": (1, np.int64(2)), "c": {3}, 4: None})
     {'a': [1.5, None], 'b': [1, 2], 'c': [3], '4': None}
     """
-    if value is None or isinstance(value, (str, bool, int)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return to_jsonable(value.tolist())
-    if isinstance(value, np.generic):
-        return to_jsonable(value.item())
-    if isinstance(value, (set, frozenset)):
-        return [to_jsonable(v) for v in sorted(value, key=repr)]
-    if hasattr(value, "model_dump"):
-        return to_jsonable(value.model_dump())
-    return str(value)
+    return jsonable(value, fallback=str)
 
 
 def _dumps(value: Any) -> str:
