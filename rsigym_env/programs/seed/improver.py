@@ -43,10 +43,7 @@ from typing import Any, Generator
 try:  # the seed program's modules are flat: common.py sits next to this file
     from common import PlanResearcher
 except ImportError:  # loaded as a package (tests, tools)
-    try:
-        from .common import PlanResearcher  # type: ignore[no-redef]
-    except ImportError:
-        PlanResearcher = None  # type: ignore[assignment,misc]
+    from .common import PlanResearcher  # type: ignore[no-redef]
 
 # The improver's own procedure. The "self" operator rewrites this literal in a target's improver.py.
 IMPROVER = {
@@ -598,30 +595,6 @@ def propose(program: Program, operator: str, rng: random.Random, step: float,
 # ---------------------------------------------------------------------------------- the researcher
 
 
-class _Plan:
-    """Runs a plan generator (used when common.PlanResearcher is not importable)."""
-
-    def start(self, plan: Generator[Action, Step, None]) -> None:
-        self.events: dict[str, dict[str, Any]] = {}
-        self._plan: Generator[Action, Step, None] | None = plan
-        self._first: Action | None = next(plan)
-
-    def act(self, observation: dict[str, Any], info: dict[str, Any]) -> Action:
-        for event in info.get("events", []):
-            self.events[event["job"]] = event
-        if self._first is not None:
-            action, self._first = self._first, None
-            return action
-        assert self._plan is not None, "reset() first"
-        try:
-            return self._plan.send((observation, info))
-        except StopIteration:
-            return {"tool": "submit", "args": {}}
-
-
-_Base: Any = PlanResearcher if PlanResearcher is not None else _Plan
-
-
 def _body(log: str) -> str:
     """The text a read returned: the log without its status line and without a truncation note."""
     return _NOTE.sub("", log.split("\n", 1)[1] if "\n" in log else "")
@@ -647,7 +620,7 @@ class Candidate:
                 "screen": self.screen, "full": self.full, "accepted": self.accepted}
 
 
-class ProgramImprover(_Base):  # type: ignore[misc,valid-type]
+class ProgramImprover(PlanResearcher):
     """Improves a researcher program by rewriting its strategy literals (see the module docstring).
 
     ``log`` lists every measured candidate: op, lineage, version, screen, full, accepted."""
