@@ -41,7 +41,7 @@ from typing import Any, Callable, Sequence
 from ...catalog import env_id as env_id_of
 from ...episode import run_episode
 from ...metrics import ci95, compounding, improver_gain, mean_se, paired_gain
-from ...scenario import Scenario
+from ...scenario import Scenario, load_scenario
 from .measure import Measurement, measure
 from .ports import Researchers, researchers
 from .world import RecursiveOptions
@@ -400,8 +400,6 @@ def _transfer(scenario: Scenario, opts: RecursiveOptions, seed_spec: Any, final_
             suites[f"transfer/{track}-track"] = opts.model_copy(update={"track": track})
     if settings.transfer_local > 0:
         benches = list(opts.official_benchmarks)[:max(1, settings.transfer_local)]
-        from ...scenario import load_scenario
-
         local_budget = load_scenario(world="local", track=opts.track).budget_usd  # the local world's own ($5)
         suites["transfer/local"] = opts.model_copy(update={
             "inner_world": "local", "official_benchmarks": benches, "test_seeds": 1,
