@@ -6,6 +6,7 @@
 VENV     ?= .venv
 PY       := $(VENV)/bin/python
 STAMP    := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
 RUN_ARGS ?= --world local --benchmark terminal-bench-2 --track joint --agent scripted --seed 0
 TEST_ARGS ?=
 export HARBOR_TELEMETRY=0
@@ -18,13 +19,13 @@ export RAY_AUTH_MODE=disabled
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml constraints.txt
+# make run needs the package with its services (the local world) and bubblewrap; make test adds the test
+# tools, every extra and the browser the dashboard's tests drive. Each command sets up only what it needs.
+$(RUN_STAMP): pyproject.toml constraints.txt
 	@PYBIN=$$(scripts/find-python) && echo "using $$PYBIN" && \
 	  { [ -x $(PY) ] || $$PYBIN -m venv $(VENV); }
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
-	@# OpenEnv's client for the OpenEnv-surface tests, without its gradio/pandas dependencies
-	$(PY) -m pip install --quiet --no-deps -c constraints.txt openenv-core==0.3.0
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[services]"
 	@# the local world isolates sandbox commands with bubblewrap
 	@if ! command -v bwrap >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -36,6 +37,12 @@ $(STAMP): pyproject.toml constraints.txt
 	      "Install it as root: apt-get install -y bubblewrap (or dnf/apk install bubblewrap)." >&2; \
 	  fi; \
 	fi
+	@touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	@# OpenEnv's client for the OpenEnv-surface tests, without its gradio/pandas dependencies
+	$(PY) -m pip install --quiet --no-deps -c constraints.txt openenv-core==0.3.0
 	@# the dashboard's browser tests drive Debian's chromium through chromedriver
 	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -49,9 +56,9 @@ $(STAMP): pyproject.toml constraints.txt
 	fi
 	@touch $(STAMP)
 
-setup: $(STAMP)  ## create .venv and install the package with every extra the tests need
+setup: $(STAMP)  ## create .venv and install the package with every extra the tests need (make run needs less)
 
-run: $(STAMP)  ## one research episode on the offline default world, with progress and a summary
+run: $(RUN_STAMP)  ## one research episode on the offline default world, with progress and a summary
 	$(VENV)/bin/rsigym run $(RUN_ARGS)
 
 test: $(STAMP) lint  ## lint, the layering rules, then the whole test suite (what CI runs, with test-llm)
