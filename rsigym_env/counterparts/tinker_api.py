@@ -21,6 +21,9 @@ tinker 0.38's ``ServiceClient``, ``TrainingClient`` and ``SamplingClient`` call,
                                            poll), or ``{"error", "category"}`` when it failed
 ``POST /api/v1/cancel_future``             accepted (work already queued finishes)
 ``POST /api/v1/telemetry``                 accepted and dropped
+``/oai/api/v1/...``                        Tinker's OpenAI-compatible endpoint (``Authorization: Bearer`` the
+                                           key): each base model by its Tinker id, each saved checkpoint by its
+                                           ``tinker://…/sampler_weights/…`` path (found on first use)
 ========================================== =================================================================
 
 Every JSON body is validated with the SDK's own request type (``tinker.types.*Request``), the protobuf one is
@@ -53,12 +56,15 @@ from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 from tinker.proto.response_conv import _tensor_data_from_proto
 
+from ..errors import ActionError
 from ..serving.asgi import HTTPServing, ThreadedASGIServer
+from ..serving.models import ModelRegistry, RegisteredModel
+from ..serving.openai_server import UsageMeter, create_app, error_response
 
 log = logging.getLogger("rsigym_env.counterparts.tinker")
 
@@ -69,6 +75,20 @@ PROTO = "application/x-protobuf"
 
 class Unsupported(Exception):
     """A call the counterpart does not implement (400 naming it)."""
+
+
+def bearer_guard(app: Any, token: str) -> Any:
+    """``app`` behind ``Authorization: Bearer <token>`` (401 in OpenAI's error shape otherwise)."""
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and dict(scope.get("headers", [])).get(b"authorization") != expected:
+            await error_response(401, "invalid API key (Authorization: Bearer ...)", "authentication_error",
+                                 code="invalid_api_key")(scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+    return guarded
 
 
 def new_api_key() -> str:
@@ -169,10 +189,35 @@ def _concurrent(future: Any) -> cf.Future:
 
 
 def _user_error(exc: BaseException) -> bool:
-    from ..errors import ActionError
-
     return isinstance(exc, (ActionError, ValueError, KeyError, FileExistsError, FileNotFoundError, Unsupported,
                             ValidationError))
+
+
+class CheckpointRegistry(ModelRegistry):
+    """The models of Tinker's OpenAI-compatible endpoint: each served base model by its Tinker id and each saved
+    sampler checkpoint by its ``tinker://`` path, registered on first use (an unknown path is a 404)."""
+
+    def __init__(self, service: Any, bases: list[str]):
+        super().__init__()
+        self.service, self.bases = service, list(bases)
+        self._adding = threading.Lock()
+
+    def entry(self, name: str) -> RegisteredModel | None:
+        from ..worlds.local.lm.chat import register_base, register_checkpoint
+
+        found = super().entry(name)
+        if found is None and (name in self.bases or name.startswith("tinker://")):
+            with self._adding:
+                if name not in self:
+                    try:
+                        if name in self.bases:
+                            register_base(self, self.service, name)
+                        else:
+                            register_checkpoint(self, self.service, name)
+                    except (ActionError, ValueError):
+                        return None
+            found = super().entry(name)
+        return found
 
 
 class TinkerCounterpart(HTTPServing):
@@ -203,7 +248,14 @@ class TinkerCounterpart(HTTPServing):
         self._sampling: dict[str, tuple[Any, str, str | None]] = {}  # session id -> (client, base model, path)
         self._futures: OrderedDict[str, tuple[cf.Future, str]] = OrderedDict()
         self._ids = itertools.count(1)
-        self._http = ThreadedASGIServer(self._app(), host=host, port=port)
+        self.oai_registry = CheckpointRegistry(self.service, sorted(self.models))
+        self.usage = UsageMeter()  # tokens served by the OpenAI-compatible endpoint, per model id
+        self._http = ThreadedASGIServer(self._app(), host=host, port=port, name="tinker")
+
+    @property
+    def oai_base_url(self) -> str:
+        """Tinker's OpenAI-compatible endpoint here (``{TINKER_BASE_URL}/oai/api/v1``)."""
+        return f"{self.url}/oai/api/v1"
 
     # ---- plumbing ------------------------------------------------------------------------------
 
@@ -244,7 +296,9 @@ class TinkerCounterpart(HTTPServing):
             except (KeyError, ValueError) as exc:
                 return JSONResponse({"detail": f"/api/v1/{name}: {exc}"}, status_code=400)
 
-        return Starlette(routes=[Route("/api/v1/{name:path}", dispatch, methods=["GET", "POST"])])
+        oai = bearer_guard(create_app(self.oai_registry, 600.0, self.usage), self.api_key)
+        return Starlette(routes=[Route("/api/v1/{name:path}", dispatch, methods=["GET", "POST"]),
+                                 Mount("/oai/api", app=oai)])
 
     async def _body(self, request: Request, model: type[BaseModel]) -> Any:
         return model.model_validate(await request.json())
@@ -510,5 +564,5 @@ class TinkerCounterpart(HTTPServing):
                 self._sessions[sid] = False
 
 
-__all__ = ["TinkerCounterpart", "Unsupported", "forward_backward_output_to_proto", "forward_backward_request_from_proto",
+__all__ = ["CheckpointRegistry", "TinkerCounterpart", "bearer_guard", "Unsupported", "forward_backward_output_to_proto", "forward_backward_request_from_proto",
            "new_api_key", "sample_response_to_proto"]

@@ -160,8 +160,8 @@ class TrialEnvironment(Protocol):
 
 @dataclass(frozen=True)
 class HarborEnvironmentType:
-    """A Harbor ``EnvironmentType`` value (``docker``, ``e2b``, ``daytona``, ...) and its kwargs; a trial's
-    sandbox time is Harbor's own timing of it."""
+    """A Harbor ``EnvironmentType`` value (``docker``, ``e2b``, ``daytona``, ...), or a Harbor environment class by
+    import path (``module:Class``), and its kwargs; a trial's sandbox time is Harbor's own timing of it."""
 
     type: str
     kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -172,6 +172,8 @@ class HarborEnvironmentType:
     def config(self, sandboxes_dir: Path, memory_gib: float, idle_gate: str | None = None) -> Any:
         from harbor.models.trial.config import EnvironmentConfig
 
+        if ":" in self.type:  # a Harbor environment class by import path ('module:Class')
+            return EnvironmentConfig(import_path=self.type, kwargs=dict(self.kwargs))
         return EnvironmentConfig(type=self.type, kwargs=dict(self.kwargs))  # trials elsewhere: no gate here
 
     def trial_seconds(self, trial_dir: Path, result: Any) -> float:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,10 +53,12 @@ class TeacherEndpoint(Endpoint):
 class EvalOptions(_Strict):
     """Harbor evaluation: environment type, tasks (a Harbor dataset or task directories), limits."""
 
-    environment: str = Field("docker", description="Harbor EnvironmentType value: docker, e2b, daytona, modal, ...")
+    environment: str = Field("docker", description="Harbor EnvironmentType value (docker, e2b, daytona, modal, ...) "
+                                                   "or a Harbor environment class as 'module:Class'")
     environment_kwargs: dict[str, Any] = Field(default_factory=dict)
     dataset: str | None = Field(None, description="Harbor dataset 'name@version' (registry) or 'org/name@ref' (hub).")
     dataset_path: str | None = Field(None, description="A local directory of Harbor task directories.")
+    dataset_path_env: str | None = Field(None, description="The variable holding dataset_path (when that is unset).")
     tasks: dict[Literal["dev", "official"], str] | None = Field(None, description="Split directories given explicitly.")
     dev_fraction: float = Field(0.5, gt=0, lt=1, description="Share of the dataset's tasks in the dev split.")
     split_seed: int = 0
@@ -68,6 +70,12 @@ class EvalOptions(_Strict):
     model_port: int = Field(0, ge=0, le=65535)
     model_url: str | None = Field(None, description="URL harnesses use to reach the proxy; '{port}' is filled in. "
                                                     "Default for docker: http://host.docker.internal:{port}/v1")
+
+
+    def local_dataset(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """``dataset_path``, else the directory ``dataset_path_env`` names (None when neither is set)."""
+        env = os.environ if environ is None else environ
+        return self.dataset_path or ((env.get(self.dataset_path_env) or None) if self.dataset_path_env else None)
 
 
 class SandboxOptions(_Strict):

@@ -107,8 +107,12 @@ def run_checks(scenario: Scenario, environ: Mapping[str, str] | None = None, net
         missing = [p for p in e.tasks.values() if not os.path.isdir(p)]
         checks.append(Check("tasks", "fail" if missing else "ok",
                             f"missing directories: {missing}" if missing else f"splits {sorted(e.tasks)}"))
-    elif e.dataset_path:
-        checks.append(Check("tasks", "ok" if os.path.isdir(e.dataset_path) else "fail", e.dataset_path))
+    elif e.dataset_path or e.dataset_path_env:
+        path = e.local_dataset(env)
+        if path is None:
+            checks.append(Check("tasks", "missing", f"export {e.dataset_path_env}=<a directory of Harbor tasks>"))
+        else:
+            checks.append(Check("tasks", "ok" if os.path.isdir(path) else "fail", path))
     else:
         bench = BENCHMARKS.get(scenario.benchmark)
         ref = e.dataset or (bench.dataset if bench else None)
@@ -144,7 +148,9 @@ def run_checks(scenario: Scenario, environ: Mapping[str, str] | None = None, net
 
     if network:
         endpoints = {"Tinker": options.tinker_url(), "inference": options.inference_base_url(),
-                     "E2B": f"https://api.{env.get('E2B_DOMAIN') or 'e2b.app'}"}
+                     "E2B": env.get("E2B_API_URL") or f"https://api.{env.get('E2B_DOMAIN') or 'e2b.app'}"}
+        if env.get("E2B_SANDBOX_URL"):
+            endpoints["E2B sandboxes"] = env["E2B_SANDBOX_URL"]
         for t in allowed:
             spec = options.teachers.get(t)
             url = spec.resolved_url() if spec else None

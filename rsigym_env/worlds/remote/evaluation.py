@@ -70,8 +70,8 @@ def prepare_splits(options: EvalOptions, dataset: str | None, target: Path) -> d
     """The dev and official split directories (of symlinks to task directories) under ``target``."""
     if options.tasks:
         return {split: Path(path) for split, path in options.tasks.items()}
-    if options.dataset_path:
-        root = Path(options.dataset_path)
+    if options.local_dataset():
+        root = Path(options.local_dataset())
         paths = sorted(p for p in root.iterdir() if (p / "task.toml").is_file())
     elif dataset:
         paths = download_dataset(dataset)
