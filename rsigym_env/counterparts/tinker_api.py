@@ -26,6 +26,10 @@ tinker 0.38's ``ServiceClient``, ``TrainingClient`` and ``SamplingClient`` call,
                                            ``tinker://…/sampler_weights/…`` path (found on first use)
 ========================================== =================================================================
 
+Also ``GET /api/v1/samplers/{id}`` (a sampling session's base model and path), ``POST
+/api/v1/sessions/{id}/finish`` (``ServiceClient`` on close) and ``GET /api/v1/training_runs/{id}/checkpoints``
+(``RestClient.list_checkpoints``, one page).
+
 Every JSON body is validated with the SDK's own request type (``tinker.types.*Request``), the protobuf one is
 decoded with the SDK's own ``tinker_public_pb2`` into a ``ForwardBackwardRequest``; a malformed request gets
 400 ``{"detail": …}`` naming the problem, a call this counterpart does not implement 400 naming it (the SDK
@@ -284,6 +288,8 @@ class TinkerCounterpart(HTTPServing):
                 handler = self._sampler
             elif request.method == "POST" and len(parts) == 3 and parts[0] == "sessions" and parts[2] == "finish":
                 handler = self._finish
+            elif request.method == "GET" and len(parts) == 3 and parts[0] == "training_runs" and parts[2] == "checkpoints":
+                handler = self._checkpoints
             if handler is None:
                 return JSONResponse({"detail": f"the Tinker counterpart does not serve {request.method} /api/v1/{name} "
                                                "(not implemented here)"}, status_code=404)
@@ -374,6 +380,29 @@ class TinkerCounterpart(HTTPServing):
                 raise KeyError(f"no session {session_id!r}")
             self._sessions[session_id] = False
         return Response(status_code=200, content=b"null", media_type="application/json")
+
+    async def _checkpoints(self, request: Request) -> Response:
+        """``RestClient.list_checkpoints``: the run's saved checkpoints (one page)."""
+        import datetime as dt
+        import json
+
+        run = request.path_params["name"].split("/")[1]
+        with self._lock:  # the SDK's model id names the same run as the one in its tinker:// paths
+            tc = self._training.get(run)
+        run = tc.model_id if tc is not None else run
+        found = []
+        for meta in sorted((self.service.root_dir / "runs" / run).glob("*/*/meta.json")):
+            kind, name = meta.parent.parent.name, meta.parent.name
+            if kind not in ("weights", "sampler_weights"):
+                continue
+            info = json.loads(meta.read_text())
+            found.append(types.Checkpoint(
+                checkpoint_id=f"{kind}/{name}", checkpoint_type="training" if kind == "weights" else "sampler",
+                time=dt.datetime.fromtimestamp(meta.stat().st_mtime, dt.timezone.utc),
+                tinker_path=f"tinker://{run}/{kind}/{name}", user_metadata=info.get("user_metadata") or None,
+                size_bytes=sum(f.stat().st_size for f in meta.parent.iterdir())))
+        reply = types.CheckpointsListResponse(checkpoints=found)
+        return JSONResponse(reply.model_dump(mode="json", exclude_none=True))
 
     async def _health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})

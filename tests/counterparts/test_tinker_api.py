@@ -59,7 +59,7 @@ def test_protobuf_round_trips_through_the_sdks_own_codecs():
     assert (list(seq.tokens), list(seq.logprobs), seq.stop_reason) == ([5, 6], [-0.5, -1.5], "length")
 
 
-def test_train_save_sample_and_resume_with_the_unchanged_sdk(service):
+def test_train_save_sample_and_resume_with_the_unchanged_sdk(service, counterpart):
     with pytest.warns(FutureWarning):  # deprecated in 0.38, still served
         caps = service.get_server_capabilities()
     assert [m.model_name for m in caps.supported_models] == [MODEL]
@@ -84,6 +84,11 @@ def test_train_save_sample_and_resume_with_the_unchanged_sdk(service):
     again = sampler.sample(types.ModelInput.from_ints([256, 259, 104]), 2, params).result()
     assert [len(s.tokens) for s in one.sequences] == [4, 4] and one.sequences[0].stop_reason == "length"
     assert [list(s.tokens) for s in one.sequences] == [list(s.tokens) for s in again.sequences]  # seeded
+
+    listed = tinker.RestClient(base_url=counterpart.url, api_key=counterpart.api_key).list_checkpoints(
+        tc.model_id).result()
+    assert sorted(c.tinker_path for c in listed.checkpoints) == sorted([sampler_path, state_path])
+    assert {c.checkpoint_type for c in listed.checkpoints} == {"training", "sampler"}
 
     resumed = service.create_training_client_from_state_with_optimizer(state_path).result()
     assert resumed.forward_backward([_datum()], "cross_entropy").result().metrics["loss:sum"] == pytest.approx(
@@ -112,3 +117,24 @@ def test_the_key_is_checked_and_unknown_routes_are_named(counterpart):
         assert bad.status_code == 400 and "optim_step" in bad.json()["detail"]
     with pytest.raises(tinker.AuthenticationError, match="API key"):
         tinker.ServiceClient(base_url=counterpart.url, api_key="tml-wrong").create_lora_training_client(MODEL, rank=2)
+
+
+def test_the_openai_compatible_endpoint_serves_the_base_and_checkpoints_by_path(service, counterpart):
+    import openai
+
+    tc = service.create_lora_training_client(base_model=MODEL, rank=2, seed=1).result()
+    tc.forward_backward([_datum()], "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    path = tc.save_weights_for_sampler("oai-1").result().path
+    client = openai.OpenAI(base_url=counterpart.oai_base_url, api_key=counterpart.api_key, max_retries=0, timeout=30)
+    for model in (MODEL, path):
+        reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=3, seed=0)
+        assert reply.usage.completion_tokens <= 3 and reply.choices[0].finish_reason in ("stop", "length")
+    assert counterpart.usage.get(path).completion_tokens > 0
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="tinker://nope/sampler_weights/x", max_tokens=1,
+                                       messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=counterpart.oai_base_url, api_key="tml-wrong", max_retries=0).chat.completions.create(
+            model=MODEL, max_tokens=1, messages=[{"role": "user", "content": "hi"}])
