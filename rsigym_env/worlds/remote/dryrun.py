@@ -57,6 +57,25 @@ def _reachable(url: str, timeout_s: float = 5.0) -> tuple[bool, str]:
         return False, f"{host}:{port} unreachable ({exc})"
 
 
+def offline_tasks(dirs: list[str]) -> list[str]:
+    """The tasks under ``dirs`` whose ``task.toml`` says ``network_mode = "no-network"``: in the remote world the
+    harness reaches the model over TCP, which such a trial cannot (Harbor's docker environment runs it without a
+    network), so they are refused by the dry run."""
+    import tomllib
+    from pathlib import Path
+
+    found = []
+    for root in dirs:
+        for toml in sorted(Path(root).glob("*/task.toml")):
+            try:
+                mode = tomllib.loads(toml.read_text()).get("environment", {}).get("network_mode")
+            except (OSError, tomllib.TOMLDecodeError):
+                continue
+            if mode == "no-network":
+                found.append(toml.parent.name)
+    return found
+
+
 def run_checks(scenario: Scenario, environ: Mapping[str, str] | None = None, network: bool = True,
                timeout_s: float = 20.0) -> list[Check]:
     """The dry run's checks for ``scenario`` (``network=False``: skip registry and endpoint checks)."""
@@ -103,16 +122,19 @@ def run_checks(scenario: Scenario, environ: Mapping[str, str] | None = None, net
     checks.append(Check("E2B rates", "ok", f"${E2B_RATES.vcpu_second:g}/vCPU-s, ${E2B_RATES.gib_second:g}/GiB-s"))
 
     e = options.evaluation
+    local_dirs: list[str] = []
     if e.tasks:
         missing = [p for p in e.tasks.values() if not os.path.isdir(p)]
         checks.append(Check("tasks", "fail" if missing else "ok",
                             f"missing directories: {missing}" if missing else f"splits {sorted(e.tasks)}"))
+        local_dirs = [p for p in e.tasks.values() if os.path.isdir(p)]
     elif e.dataset_path or e.dataset_path_env:
         path = e.local_dataset(env)
         if path is None:
             checks.append(Check("tasks", "missing", f"export {e.dataset_path_env}=<a directory of Harbor tasks>"))
         else:
             checks.append(Check("tasks", "ok" if os.path.isdir(path) else "fail", path))
+            local_dirs = [path] if os.path.isdir(path) else []
     else:
         bench = BENCHMARKS.get(scenario.benchmark)
         ref = e.dataset or (bench.dataset if bench else None)
@@ -136,6 +158,12 @@ def run_checks(scenario: Scenario, environ: Mapping[str, str] | None = None, net
                     why = f" (because {type(cause).__name__}: {str(cause)[:120]})" if cause is not None else ""
                     checks.append(Check(f"dataset {ref}", "fail", f"cannot resolve: {type(exc).__name__}: "
                                                                   f"{str(exc)[:160]}{why}"))
+    if local_dirs and ("evaluate" in scenario.tools() or "submit" in scenario.tools()):
+        offline = offline_tasks(local_dirs)
+        checks.append(Check("task network", "fail" if offline else "ok",
+                            f"{len(offline)} task(s) declare network_mode no-network (e.g. {offline[0]}): their harness "
+                            "could not reach the evaluation's model proxy over TCP" if offline else
+                            "every task lets its harness reach the model proxy"))
     if "evaluate" in scenario.tools() or "submit" in scenario.tools():
         if e.environment == "docker":
             checks.append(Check("harbor environment docker", "ok" if docker_available() else "fail",

@@ -86,6 +86,23 @@ def test_dry_run_says_what_is_missing_and_fails(monkeypatch, capsys):
     assert "prefill 0.54" in out
 
 
+def test_dry_run_reads_the_dataset_variable_and_refuses_tasks_without_network(tmp_path, monkeypatch):
+    from rsigym_env.worlds.remote.dryrun import run_checks
+
+    scenario = load_scenario("remote-counterparts-aime")
+    by_name = lambda checks: {c.name: c for c in checks}  # noqa: E731
+    assert by_name(run_checks(scenario, environ={}, network=False))["tasks"].status == "missing"
+    for name, mode in (("a-task", "public"), ("b-task", "no-network")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "task.toml").write_text(f'[environment]\nnetwork_mode = "{mode}"\n')
+    checks = by_name(run_checks(scenario, environ={"RSIGYM_REMOTE_TASKS": str(tmp_path)}, network=False))
+    assert checks["tasks"].status == "ok"
+    assert checks["task network"].status == "fail" and "b-task" in checks["task network"].detail
+    (tmp_path / "b-task" / "task.toml").write_text('[environment]\nnetwork_mode = "public"\n')
+    checks = by_name(run_checks(scenario, environ={"RSIGYM_REMOTE_TASKS": str(tmp_path)}, network=False))
+    assert checks["task network"].status == "ok"
+
+
 def test_dry_run_of_a_sim_scenario_passes(capsys):
     assert main(["run", "--scenario", "sim-joint-aime-500", "--dry-run"]) == 0
 
