@@ -379,6 +379,8 @@ class TinkerCounterpart(HTTPServing):
             if session_id not in self._sessions:
                 raise KeyError(f"no session {session_id!r}")
             self._sessions[session_id] = False
+            for model_id in [m for m in self._training if m.startswith(f"{session_id}:")]:
+                del self._training[model_id]  # its checkpoints stay; its in-memory weights go
         return Response(status_code=200, content=b"null", media_type="application/json")
 
     async def _checkpoints(self, request: Request) -> Response:
@@ -416,11 +418,13 @@ class TinkerCounterpart(HTTPServing):
         return JSONResponse(types.GetServerCapabilitiesResponse(supported_models=models).model_dump(mode="json"))
 
     async def _telemetry(self, request: Request) -> Response:
-        await request.body()
-        return JSONResponse({"status": "accepted"})
+        await self._body(request, types.TelemetrySendRequest)
+        return JSONResponse(types.TelemetryResponse(status="accepted").model_dump(mode="json"))
 
     async def _cancel(self, request: Request) -> Response:
-        await request.body()
+        body = await request.json()  # the SDK sends {"request_id"} (no request type of its own)
+        if not isinstance(body, dict) or not isinstance(body.get("request_id"), str):
+            raise ValueError("cancel_future needs {'request_id': str}")
         return Response(status_code=200, content=b"null", media_type="application/json")
 
     # ---- training ------------------------------------------------------------------------------
