@@ -57,6 +57,31 @@ def _reachable(url: str, timeout_s: float = 5.0) -> tuple[bool, str]:
         return False, f"{host}:{port} unreachable ({exc})"
 
 
+def harbor_extra_missing(environment: str) -> list[str]:
+    """The requirements of Harbor's ``environment`` extra (``harbor[e2b]``, ``harbor[daytona]``, ...) that are not
+    installed: Harbor imports them only when a trial starts, so without this check every trial would fail.
+
+    >>> harbor_extra_missing("docker"), harbor_extra_missing("my.module:Env")
+    ([], [])
+    """
+    from importlib.metadata import PackageNotFoundError, requires, version
+
+    from packaging.requirements import Requirement
+
+    if ":" in environment:
+        return []
+    missing = []
+    for line in requires("harbor") or []:
+        req = Requirement(line)
+        if req.marker is None or "extra" not in str(req.marker) or not req.marker.evaluate({"extra": environment}):
+            continue
+        try:
+            version(req.name)
+        except PackageNotFoundError:
+            missing.append(str(req).split(";")[0].strip())
+    return missing
+
+
 def offline_tasks(dirs: list[str]) -> list[str]:
     """The tasks under ``dirs`` whose ``task.toml`` says ``network_mode = "no-network"``: in the remote world the
     harness reaches the model over TCP, which such a trial cannot (Harbor's docker environment runs it without a
@@ -170,6 +195,11 @@ def run_checks(scenario: Scenario, environ: Mapping[str, str] | None = None, net
                                 "docker CLI found" if docker_available() else "the docker CLI is not on PATH"))
         elif e.environment not in HARBOR_ENV_CREDENTIALS:
             checks.append(Check(f"harbor environment {e.environment}", "ok", "credentials per Harbor's own docs"))
+        missing_extra = harbor_extra_missing(e.environment)
+        if missing_extra:
+            checks.append(Check(f"harbor environment {e.environment} packages", "fail",
+                                f"Harbor's {e.environment} environment needs {', '.join(missing_extra)}: "
+                                f"pip install 'harbor[{e.environment}]'"))
         if e.model_url is None and e.environment != "docker":
             checks.append(Check("model proxy URL", "fail", f"trials in {e.environment} run off this host: set "
                                                            "world_options.evaluation.model_url"))
@@ -204,4 +234,4 @@ def render(checks: list[Check]) -> "object":
     return table
 
 
-__all__ = ["Check", "all_ok", "render", "run_checks"]
+__all__ = ["Check", "all_ok", "harbor_extra_missing", "offline_tasks", "render", "run_checks"]

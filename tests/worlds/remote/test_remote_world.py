@@ -308,3 +308,16 @@ def test_sandbox_is_lazy_limited_and_bills_idle_time(tmp_path, tasks, local_tink
         assert err.value.code == "sandbox_limit"
     finally:
         world.close()
+
+
+def test_dry_run_names_a_harbor_environment_whose_packages_are_missing(monkeypatch):
+    import importlib.metadata
+
+    from rsigym_env.worlds.remote.dryrun import harbor_extra_missing
+
+    assert harbor_extra_missing("e2b") == []  # the services extra installs harbor[e2b] (dockerfile-parse)
+    fake = ['surely-not-installed-pkg>=1.0; extra == "e2b"', 'e2b>=2.25.0; extra == "e2b"', 'rich; extra == "other"',
+            "pydantic>=2"]
+    monkeypatch.setattr(importlib.metadata, "requires", lambda name: fake if name == "harbor" else [])
+    assert harbor_extra_missing("e2b") == ["surely-not-installed-pkg>=1.0"]
+    assert harbor_extra_missing("docker") == []
