@@ -20,7 +20,8 @@ variable                         what answers
 The token is fresh for every start unless given; everything listens on 127.0.0.1. With ``scenarios/remote/
 remote-counterparts-aime.yaml`` the remote world runs offline (``docs/remote.md``)::
 
-    eval "$(rsigym counterparts --print-env-only &)"   # or: rsigym counterparts, then copy the exports
+    rsigym counterparts --env-file /tmp/rsigym-cp.env &     # prints the exports too; Ctrl-C / SIGTERM stops it
+    source /tmp/rsigym-cp.env
     rsigym run --scenario remote-counterparts-aime --dry-run
 """
 
