@@ -82,7 +82,11 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 def new_api_key() -> str:
-    """A fresh E2B-shaped key (``e2b_`` + 40 random hex digits)."""
+    """A fresh E2B-shaped key (``e2b_`` + 40 random hex digits).
+
+    >>> key = new_api_key(); key.startswith("e2b_"), len(key)
+    (True, 44)
+    """
     return "e2b_" + secrets.token_hex(20)
 
 

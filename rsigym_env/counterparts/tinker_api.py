@@ -96,7 +96,11 @@ def bearer_guard(app: Any, token: str) -> Any:
 
 
 def new_api_key() -> str:
-    """A fresh Tinker-shaped key (``tml-`` + 32 random hex digits)."""
+    """A fresh Tinker-shaped key (``tml-`` + 32 random hex digits).
+
+    >>> key = new_api_key(); key.startswith("tml-"), len(key)
+    (True, 36)
+    """
     return "tml-" + secrets.token_hex(16)
 
 
@@ -157,7 +161,14 @@ _STOP = {"stop": pb.STOP_REASON_STOP, "length": pb.STOP_REASON_LENGTH}
 
 
 def sample_response_to_proto(resp: types.SampleResponse) -> bytes:
-    """``SampleResponse`` → the protobuf the SDK decodes (``response_conv.deserialize_sample_response``)."""
+    """``SampleResponse`` → the protobuf the SDK decodes (``response_conv.deserialize_sample_response``).
+
+    >>> from tinker.proto.response_conv import deserialize_sample_response
+    >>> seq = types.SampledSequence(stop_reason="stop", sequence_id="s", tokens_np=np.array([7, 8], np.int32))
+    >>> back = deserialize_sample_response(sample_response_to_proto(types.SampleResponse(sequences=[seq])))
+    >>> list(back.sequences[0].tokens), back.sequences[0].stop_reason
+    ([7, 8], 'stop')
+    """
     msg = pb.SampleResponse()
     for seq in resp.sequences:
         s = msg.sequences.add()
