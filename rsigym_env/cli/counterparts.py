@@ -49,7 +49,7 @@ def cmd_counterparts(args: argparse.Namespace, console: Console) -> int:
 
 def register(sub: Any) -> None:
     """Add this module's command(s) to ``rsigym``'s subparsers."""
-    from ..counterparts.stack import DEFAULT_BASE, DEFAULT_BENCHMARK, DEFAULT_MODEL_ID
+    from ..counterparts import DEFAULT_BASE, DEFAULT_BENCHMARK, DEFAULT_MODEL_ID  # constants only: nothing loads
 
     p = sub.add_parser("counterparts", help="serve local counterparts of Tinker, the teachers' endpoint and E2B "
                                             "(the remote world offline), printing the variables to export")

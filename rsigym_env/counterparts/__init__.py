@@ -9,3 +9,9 @@
 
 What they prove and what they cannot: ``docs/remote.md``.
 """
+
+DEFAULT_MODEL_ID = "Qwen/Qwen3.5-9B-Base"   # a base model in Tinker's price list; the local base answers as it
+DEFAULT_BASE = "rsigym-base"                # the shipped pretrained local base model
+DEFAULT_BENCHMARK = "aime"                  # whose local tasks RSIGYM_REMOTE_TASKS holds
+
+__all__ = ["DEFAULT_BASE", "DEFAULT_BENCHMARK", "DEFAULT_MODEL_ID"]

@@ -35,12 +35,10 @@ from pathlib import Path
 from ..serving.asgi import ThreadedASGIServer
 from ..serving.models import ModelRegistry
 from ..serving.openai_server import UsageMeter, create_app
+from . import DEFAULT_BASE, DEFAULT_BENCHMARK, DEFAULT_MODEL_ID
 from .e2b_api import E2BCounterpart
 from .tinker_api import TinkerCounterpart, bearer_guard
 
-DEFAULT_MODEL_ID = "Qwen/Qwen3.5-9B-Base"   # a base model in Tinker's price list; the local base answers as it
-DEFAULT_BASE = "rsigym-base"                # the shipped pretrained local base model
-DEFAULT_BENCHMARK = "aime"
 
 
 def build_tasks(benchmark: str, target: Path) -> Path:
@@ -111,4 +109,4 @@ class Counterparts:
                 "E2B_API_KEY": self.e2b.api_key, "RSIGYM_REMOTE_TASKS": str(self.tasks or "")}
 
 
-__all__ = ["Counterparts", "DEFAULT_BASE", "DEFAULT_MODEL_ID", "build_tasks"]
+__all__ = ["Counterparts", "DEFAULT_BASE", "DEFAULT_BENCHMARK", "DEFAULT_MODEL_ID", "build_tasks"]
