@@ -90,6 +90,12 @@ def test_train_save_sample_and_resume_with_the_unchanged_sdk(service, counterpar
     assert sorted(c.tinker_path for c in listed.checkpoints) == sorted([sampler_path, state_path])
     assert {c.checkpoint_type for c in listed.checkpoints} == {"training", "sampler"}
 
+    snapshot = tc.save_weights_and_get_sampling_client().result()  # a sampling session over the current weights
+    assert len(snapshot.sample(types.ModelInput.from_ints([256]), 1, params).result().sequences[0].tokens) == 4
+    base = service.create_sampling_client(base_model=MODEL).result()
+    logprobs = base.compute_logprobs(types.ModelInput.from_ints([256, 104, 105])).result()
+    assert logprobs[0] is None and all(lp < 0 for lp in logprobs[1:])
+
     resumed = service.create_training_client_from_state_with_optimizer(state_path).result()
     assert resumed.forward_backward([_datum()], "cross_entropy").result().metrics["loss:sum"] == pytest.approx(
         second.metrics["loss:sum"], rel=1e-6)  # the saved state is the trained one
