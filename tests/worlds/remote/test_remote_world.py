@@ -96,8 +96,11 @@ def test_dry_run_reads_the_dataset_variable_and_refuses_tasks_without_network(tm
         (tmp_path / name).mkdir()
         (tmp_path / name / "task.toml").write_text(f'[environment]\nnetwork_mode = "{mode}"\n')
     checks = by_name(run_checks(scenario, environ={"RSIGYM_REMOTE_TASKS": str(tmp_path)}, network=False))
-    assert checks["tasks"].status == "ok"
+    assert checks["tasks"].status == "ok"  # the bubblewrap environment opens the network for public tasks only:
     assert checks["task network"].status == "fail" and "b-task" in checks["task network"].detail
+    docker = load_scenario("remote-counterparts-aime", world_options={"evaluation": {"environment": "docker"}})
+    checks = by_name(run_checks(docker, environ={"RSIGYM_REMOTE_TASKS": str(tmp_path)}, network=False))
+    assert checks["task network"].status == "ok" and "allowlist" in checks["task network"].detail
     (tmp_path / "b-task" / "task.toml").write_text('[environment]\nnetwork_mode = "public"\n')
     checks = by_name(run_checks(scenario, environ={"RSIGYM_REMOTE_TASKS": str(tmp_path)}, network=False))
     assert checks["task network"].status == "ok"
@@ -321,3 +324,32 @@ def test_dry_run_names_a_harbor_environment_whose_packages_are_missing(monkeypat
     monkeypatch.setattr(importlib.metadata, "requires", lambda name: fake if name == "harbor" else [])
     assert harbor_extra_missing("e2b") == ["surely-not-installed-pkg>=1.0"]
     assert harbor_extra_missing("docker") == []
+
+
+def test_a_task_without_network_lets_only_the_model_proxy_through_in_the_agent_phase(tmp_path, tasks, local_tinker):
+    """Harnesses reach the metering proxy over TCP: Harbor's own network planning gives a no-network task's agent
+    phase an allowlist holding just the proxy's host; the verifier phase and public tasks are left as they are."""
+    from harbor.models.task.config import NetworkMode, TaskConfig as HarborTask, VerifierEnvironmentMode
+    from harbor.models.trial.config import EnvironmentConfig as TrialEnvironmentConfig
+    from harbor.models.trial.config import VerifierConfig
+    from harbor.trial.network_policy import resolve_trial_network_plan
+
+    from rsigym_env.services import EvalRequest
+
+    world = remote_world(tmp_path, tasks, service_client=local_tinker, inference=FakeCompletions(), teachers={},
+                         sandbox_create=lambda **kw: None)
+    try:
+        req = EvalRequest(checkpoint="base", harness_version="h-0", harness_files=world.initial_harness(), k=1)
+        job = world.evaluation._job_config(req, [tasks["dev"] / "dev-task"], tmp_path / "job", tmp_path / "h", "s")
+        agent = job.agents[0]
+        assert agent.extra_allowed_hosts == ["host.docker.internal"]  # docker's default model_url
+        for mode, agent_phase in ((NetworkMode.NO_NETWORK, NetworkMode.ALLOWLIST), (NetworkMode.PUBLIC, NetworkMode.PUBLIC)):
+            task = HarborTask.model_validate_toml(f'[environment]\nnetwork_mode = "{mode.value}"\n')
+            plan = resolve_trial_network_plan(task, agent, TrialEnvironmentConfig(), VerifierConfig(), None,
+                                              verifier_mode=VerifierEnvironmentMode.SHARED)
+            assert plan.agent_phase.network_mode == agent_phase
+            if agent_phase == NetworkMode.ALLOWLIST:
+                assert plan.agent_phase.allowed_hosts == ["host.docker.internal"]
+            assert plan.verifier_phase.network_mode == mode  # the tests still run as the task says
+    finally:
+        world.close()
