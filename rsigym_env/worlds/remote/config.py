@@ -36,8 +36,10 @@ class Endpoint(_Strict):
     api_key_env: str = "OPENAI_API_KEY"
     timeout_s: float = Field(300.0, gt=0)
 
-    def resolved_url(self, default: str | None = None) -> str | None:
-        return self.base_url or (os.environ.get(self.base_url_env) if self.base_url_env else None) or default
+    def resolved_url(self, default: str | None = None, environ: Mapping[str, str] | None = None) -> str | None:
+        """``base_url``, else the variable ``base_url_env`` names (in ``environ``, default the process's), else ``default``."""
+        env = os.environ if environ is None else environ
+        return self.base_url or (env.get(self.base_url_env) if self.base_url_env else None) or default
 
 
 class TeacherEndpoint(Endpoint):
@@ -100,14 +102,17 @@ class RemoteOptions(_Strict):
     evaluation: EvalOptions = Field(default_factory=EvalOptions)
     sandbox: SandboxOptions = Field(default_factory=SandboxOptions)
 
-    def tinker_url(self) -> str:
-        from tinker.lib.base_url import resolve_base_url
+    def tinker_url(self, environ: Mapping[str, str] | None = None) -> str:
+        """The scenario's ``tinker_base_url``, else ``TINKER_BASE_URL`` (in ``environ``, default the process's), else
+        Tinker's production URL (``tinker.lib.base_url``)."""
+        from tinker.lib.base_url import DEFAULT_BASE_URL, resolve_base_url
 
-        return resolve_base_url(self.tinker_base_url)
+        env = os.environ if environ is None else environ
+        return resolve_base_url(self.tinker_base_url or env.get("TINKER_BASE_URL") or DEFAULT_BASE_URL)
 
-    def inference_base_url(self) -> str:
+    def inference_base_url(self, environ: Mapping[str, str] | None = None) -> str:
         """The inference endpoint: the scenario's, else Tinker's OpenAI-compatible endpoint."""
-        return self.inference.resolved_url() or f"{self.tinker_url()}/oai/api/v1"
+        return self.inference.resolved_url(environ=environ) or f"{self.tinker_url(environ)}/oai/api/v1"
 
 
 @dataclass(frozen=True)

@@ -212,13 +212,13 @@ def run_checks(scenario: Scenario, environ: Mapping[str, str] | None = None, net
                                                            "world_options.evaluation.model_url"))
 
     if network:
-        endpoints = {"Tinker": options.tinker_url(), "inference": options.inference_base_url(),
+        endpoints = {"Tinker": options.tinker_url(env), "inference": options.inference_base_url(env),
                      "E2B": env.get("E2B_API_URL") or f"https://api.{env.get('E2B_DOMAIN') or 'e2b.app'}"}
         if env.get("E2B_SANDBOX_URL"):
             endpoints["E2B sandboxes"] = env["E2B_SANDBOX_URL"]
         for t in allowed:
             spec = options.teachers.get(t)
-            url = spec.resolved_url() if spec else None
+            url = spec.resolved_url(environ=env) if spec else None
             if spec is not None and url:
                 endpoints[f"teacher {t}"] = url
         for label, url in endpoints.items():

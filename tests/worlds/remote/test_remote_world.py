@@ -353,3 +353,19 @@ def test_a_task_without_network_lets_only_the_model_proxy_through_in_the_agent_p
             assert plan.verifier_phase.network_mode == mode  # the tests still run as the task says
     finally:
         world.close()
+
+
+def test_the_world_reads_its_endpoints_from_the_environment_it_is_given(tmp_path, tasks, local_tinker, monkeypatch):
+    """``environ`` replaces the process's environment for every endpoint, not only for the credentials."""
+    for var in ("TINKER_BASE_URL", "E2B_API_URL", "E2B_SANDBOX_URL", "RSIGYM_TEACHER_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    environ = ENV | {"TINKER_BASE_URL": "http://tinker.invalid:1", "E2B_API_URL": "http://e2b.invalid:2",
+                     "E2B_SANDBOX_URL": "http://sandboxes.invalid:3", "RSIGYM_TEACHER_BASE_URL": "http://t.invalid:4/v1"}
+    world = remote_world(tmp_path, tasks, environ=environ, service_client=local_tinker, sandbox_create=lambda **kw: None)
+    try:
+        assert world.inference_url == "http://tinker.invalid:1/oai/api/v1"
+        assert world.client.get("claude-opus-5") is not None  # the teacher's endpoint came from environ
+        assert world.sandbox.backend._api == {"api_key": "e2b_test", "api_url": "http://e2b.invalid:2",
+                                              "sandbox_url": "http://sandboxes.invalid:3"}
+    finally:
+        world.close()
