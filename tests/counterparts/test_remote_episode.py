@@ -25,6 +25,7 @@ def test_a_scripted_remote_episode_completes_with_a_reward_balanced_books_and_a_
         assert main(["run", "--scenario", "remote-counterparts-aime", "--agent", "scripted", "--run-dir", str(run_dir),
                      "-q"]) == 0
         sessions = len(stack.tinker._sessions)
+        assert not any(stack.tinker._sessions.values())  # closing the world finished its Tinker session
         sandboxes_made = next(stack.e2b._ids) - 1
         teacher_tokens = sum(u.total_tokens for u in stack.teacher_usage.snapshot().values())
         served = stack.tinker.usage.snapshot()

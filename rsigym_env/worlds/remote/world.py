@@ -22,6 +22,7 @@ Credentials are checked first: a missing variable raises
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -48,6 +49,8 @@ def teacher_prices(options: RemoteOptions, allowed: list[str]) -> dict[str, Teac
 
 
 PROMPT_OVERHEAD = 64   # tokens of chat framing per request, for quotes
+TINKER_CLOSE_S = 30.0  # how long closing the world waits for Tinker to finish its session
+log = logging.getLogger("rsigym_env.worlds.remote")
 
 
 class RemoteWorld(ServiceWorld):
@@ -90,6 +93,7 @@ class RemoteWorld(ServiceWorld):
         self.clock = WallClock()
         self.store = DatasetStore(self.run_dir / "datasets")
 
+        self._owns_tinker = service_client is None  # a client made here is closed here (its session finished)
         if service_client is None:
             import tinker
 
@@ -138,6 +142,16 @@ class RemoteWorld(ServiceWorld):
                                             tasks=self.tasks, run_dir=self.run_dir / "evals", prices=self.prices,
                                             seed=seed, vcpus=sandbox.vcpus, memory_gib=sandbox.memory_gib,
                                             clock=self.clock.now)
+
+    def close_extras(self) -> None:
+        """Finish the Tinker session this world opened (Tinker then stops expecting its heartbeats; without this
+        every episode's session heartbeats for as long as the process lives). Bounded; a failure is logged."""
+        if self._owns_tinker:
+            try:
+                self.tinker.close("success", detail="rsigym episode closed").result(timeout=TINKER_CLOSE_S)
+            except Exception as exc:  # noqa: BLE001 - the session expires on its own when heartbeats stop
+                log.warning("could not finish the Tinker session: %s: %s", type(exc).__name__, exc)
+        super().close_extras()
 
     # ---- models ---------------------------------------------------------------------------------
 
