@@ -73,7 +73,6 @@ class EvalOptions(_Strict):
     model_url: str | None = Field(None, description="URL harnesses use to reach the proxy; '{port}' is filled in. "
                                                     "Default for docker: http://host.docker.internal:{port}/v1")
 
-
     def local_dataset(self, environ: Mapping[str, str] | None = None) -> str | None:
         """``dataset_path``, else the directory ``dataset_path_env`` names (None when neither is set)."""
         env = os.environ if environ is None else environ
