@@ -28,9 +28,9 @@ from typing import Sequence
 
 from rich.console import Console
 
-from . import agents, archive, ledger, prices, recurse, run, scenarios, sweep, tools
+from . import agents, archive, counterparts, ledger, prices, recurse, run, scenarios, sweep, tools
 
-COMMANDS = (run, prices, scenarios, ledger, tools, sweep, agents, recurse, archive)
+COMMANDS = (run, prices, scenarios, ledger, tools, sweep, agents, recurse, archive, counterparts)
 """The command modules of this package, in the order ``rsigym --help`` lists them; each has
 ``register(subparsers)``, which adds its command(s) with ``func(args, console) -> exit code``."""
 

@@ -160,8 +160,8 @@ class TrialEnvironment(Protocol):
 
 @dataclass(frozen=True)
 class HarborEnvironmentType:
-    """A Harbor ``EnvironmentType`` value (``docker``, ``e2b``, ``daytona``, ...) and its kwargs; a trial's
-    sandbox time is Harbor's own timing of it."""
+    """A Harbor ``EnvironmentType`` value (``docker``, ``e2b``, ``daytona``, ...), or a Harbor environment class by
+    import path (``module:Class``), and its kwargs; a trial's sandbox time is Harbor's own timing of it."""
 
     type: str
     kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -172,6 +172,8 @@ class HarborEnvironmentType:
     def config(self, sandboxes_dir: Path, memory_gib: float, idle_gate: str | None = None) -> Any:
         from harbor.models.trial.config import EnvironmentConfig
 
+        if ":" in self.type:  # a Harbor environment class by import path ('module:Class')
+            return EnvironmentConfig(import_path=self.type, kwargs=dict(self.kwargs))
         return EnvironmentConfig(type=self.type, kwargs=dict(self.kwargs))  # trials elsewhere: no gate here
 
     def trial_seconds(self, trial_dir: Path, result: Any) -> float:
@@ -187,11 +189,21 @@ class HarborEnvironmentType:
 @dataclass(frozen=True)
 class ModelEndpoint:
     """Serve an evaluation's model over TCP at ``host``:``port`` (0: any free port) instead of a unix socket, and
-    tell the harness ``url`` (``{port}`` is filled in; default: the server's own URL)."""
+    tell the harness ``url`` (``{port}`` is filled in; default: the server's own URL).
+
+    >>> ModelEndpoint("0.0.0.0", url="http://host.docker.internal:{port}/v1").harness_host()
+    'host.docker.internal'
+    """
 
     host: str
     port: int = 0
     url: str | None = None
+
+    def harness_host(self) -> str:
+        """The host name a trial connects to for the model (what its agent phase's network must allow)."""
+        import urllib.parse
+
+        return (urllib.parse.urlsplit(self.url).hostname or self.host) if self.url else self.host
 
 
 def list_tasks(split_dir: Path) -> list[Path]:
@@ -653,10 +665,13 @@ class HarborEvalService:
         from harbor.models.trial.config import AgentConfig, TaskConfig, VerifierConfig
 
         # the sandbox kills the harness at agent_timeout_s; Harbor's own limit leaves time to collect its output
+        # over TCP, the harness needs a route to the model even in a task without network: Harbor then gives the
+        # agent phase (only) an allowlist holding just the model's host; a public task is left as it is
+        reach = {"extra_allowed_hosts": [self.model_endpoint.harness_host()]} if self.model_endpoint else {}
         agents = [AgentConfig(import_path=AGENT_IMPORT_PATH, max_timeout_sec=self.agent_timeout_s + AGENT_SLACK_S,
                               kwargs={"harness_dir": str(harness_dir.resolve()), "session": session_key,
                                       "attempt": attempt, "harness_version": req.harness_version,
-                                      "timeout_s": self.agent_timeout_s})
+                                      "timeout_s": self.agent_timeout_s}, **reach)
                   for attempt in range(req.k)]
         return JobConfig(job_name="harbor", jobs_dir=work_dir, n_attempts=1, n_concurrent_trials=self.concurrency,
                          quiet=True, tasks=[TaskConfig(path=t.resolve()) for t in tasks], agents=agents,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,8 +36,10 @@ class Endpoint(_Strict):
     api_key_env: str = "OPENAI_API_KEY"
     timeout_s: float = Field(300.0, gt=0)
 
-    def resolved_url(self, default: str | None = None) -> str | None:
-        return self.base_url or (os.environ.get(self.base_url_env) if self.base_url_env else None) or default
+    def resolved_url(self, default: str | None = None, environ: Mapping[str, str] | None = None) -> str | None:
+        """``base_url``, else the variable ``base_url_env`` names (in ``environ``, default the process's), else ``default``."""
+        env = os.environ if environ is None else environ
+        return self.base_url or (env.get(self.base_url_env) if self.base_url_env else None) or default
 
 
 class TeacherEndpoint(Endpoint):
@@ -53,10 +55,12 @@ class TeacherEndpoint(Endpoint):
 class EvalOptions(_Strict):
     """Harbor evaluation: environment type, tasks (a Harbor dataset or task directories), limits."""
 
-    environment: str = Field("docker", description="Harbor EnvironmentType value: docker, e2b, daytona, modal, ...")
+    environment: str = Field("docker", description="Harbor EnvironmentType value (docker, e2b, daytona, modal, ...) "
+                                                   "or a Harbor environment class as 'module:Class'")
     environment_kwargs: dict[str, Any] = Field(default_factory=dict)
     dataset: str | None = Field(None, description="Harbor dataset 'name@version' (registry) or 'org/name@ref' (hub).")
     dataset_path: str | None = Field(None, description="A local directory of Harbor task directories.")
+    dataset_path_env: str | None = Field(None, description="The variable holding dataset_path (when that is unset).")
     tasks: dict[Literal["dev", "official"], str] | None = Field(None, description="Split directories given explicitly.")
     dev_fraction: float = Field(0.5, gt=0, lt=1, description="Share of the dataset's tasks in the dev split.")
     split_seed: int = 0
@@ -68,6 +72,11 @@ class EvalOptions(_Strict):
     model_port: int = Field(0, ge=0, le=65535)
     model_url: str | None = Field(None, description="URL harnesses use to reach the proxy; '{port}' is filled in. "
                                                     "Default for docker: http://host.docker.internal:{port}/v1")
+
+    def local_dataset(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """``dataset_path``, else the directory ``dataset_path_env`` names (None when neither is set)."""
+        env = os.environ if environ is None else environ
+        return self.dataset_path or ((env.get(self.dataset_path_env) or None) if self.dataset_path_env else None)
 
 
 class SandboxOptions(_Strict):
@@ -92,14 +101,17 @@ class RemoteOptions(_Strict):
     evaluation: EvalOptions = Field(default_factory=EvalOptions)
     sandbox: SandboxOptions = Field(default_factory=SandboxOptions)
 
-    def tinker_url(self) -> str:
-        from tinker.lib.base_url import resolve_base_url
+    def tinker_url(self, environ: Mapping[str, str] | None = None) -> str:
+        """The scenario's ``tinker_base_url``, else ``TINKER_BASE_URL`` (in ``environ``, default the process's), else
+        Tinker's production URL (``tinker.lib.base_url``)."""
+        from tinker.lib.base_url import DEFAULT_BASE_URL, resolve_base_url
 
-        return resolve_base_url(self.tinker_base_url)
+        env = os.environ if environ is None else environ
+        return resolve_base_url(self.tinker_base_url or env.get("TINKER_BASE_URL") or DEFAULT_BASE_URL)
 
-    def inference_base_url(self) -> str:
+    def inference_base_url(self, environ: Mapping[str, str] | None = None) -> str:
         """The inference endpoint: the scenario's, else Tinker's OpenAI-compatible endpoint."""
-        return self.inference.resolved_url() or f"{self.tinker_url()}/oai/api/v1"
+        return self.inference.resolved_url(environ=environ) or f"{self.tinker_url(environ)}/oai/api/v1"
 
 
 @dataclass(frozen=True)

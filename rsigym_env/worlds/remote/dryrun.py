@@ -57,6 +57,50 @@ def _reachable(url: str, timeout_s: float = 5.0) -> tuple[bool, str]:
         return False, f"{host}:{port} unreachable ({exc})"
 
 
+def harbor_extra_missing(environment: str) -> list[str]:
+    """The requirements of Harbor's ``environment`` extra (``harbor[e2b]``, ``harbor[daytona]``, ...) that are not
+    installed: Harbor imports them only when a trial starts, so without this check every trial would fail.
+
+    >>> harbor_extra_missing("docker"), harbor_extra_missing("my.module:Env")
+    ([], [])
+    """
+    from importlib.metadata import PackageNotFoundError, requires, version
+
+    from packaging.requirements import Requirement
+
+    if ":" in environment:
+        return []
+    missing = []
+    for line in requires("harbor") or []:
+        req = Requirement(line)
+        if req.marker is None or "extra" not in str(req.marker) or not req.marker.evaluate({"extra": environment}):
+            continue
+        try:
+            version(req.name)
+        except PackageNotFoundError:
+            missing.append(str(req).split(";")[0].strip())
+    return missing
+
+
+def offline_tasks(dirs: list[str]) -> list[str]:
+    """The tasks under ``dirs`` whose ``task.toml`` says ``network_mode = "no-network"``: in the remote world the
+    harness reaches the model over TCP, so such a trial needs Harbor's allowlist for the proxy's host, which an
+    environment class of the scenario's own may not honour."""
+    import tomllib
+    from pathlib import Path
+
+    found = []
+    for root in dirs:
+        for toml in sorted(Path(root).glob("*/task.toml")):
+            try:
+                mode = tomllib.loads(toml.read_text()).get("environment", {}).get("network_mode")
+            except (OSError, tomllib.TOMLDecodeError):
+                continue
+            if mode == "no-network":
+                found.append(toml.parent.name)
+    return found
+
+
 def run_checks(scenario: Scenario, environ: Mapping[str, str] | None = None, network: bool = True,
                timeout_s: float = 20.0) -> list[Check]:
     """The dry run's checks for ``scenario`` (``network=False``: skip registry and endpoint checks)."""
@@ -103,12 +147,19 @@ def run_checks(scenario: Scenario, environ: Mapping[str, str] | None = None, net
     checks.append(Check("E2B rates", "ok", f"${E2B_RATES.vcpu_second:g}/vCPU-s, ${E2B_RATES.gib_second:g}/GiB-s"))
 
     e = options.evaluation
+    local_dirs: list[str] = []
     if e.tasks:
         missing = [p for p in e.tasks.values() if not os.path.isdir(p)]
         checks.append(Check("tasks", "fail" if missing else "ok",
                             f"missing directories: {missing}" if missing else f"splits {sorted(e.tasks)}"))
-    elif e.dataset_path:
-        checks.append(Check("tasks", "ok" if os.path.isdir(e.dataset_path) else "fail", e.dataset_path))
+        local_dirs = [p for p in e.tasks.values() if os.path.isdir(p)]
+    elif e.dataset_path or e.dataset_path_env:
+        path = e.local_dataset(env)
+        if path is None:
+            checks.append(Check("tasks", "missing", f"export {e.dataset_path_env}=<a directory of Harbor tasks>"))
+        else:
+            checks.append(Check("tasks", "ok" if os.path.isdir(path) else "fail", path))
+            local_dirs = [path] if os.path.isdir(path) else []
     else:
         bench = BENCHMARKS.get(scenario.benchmark)
         ref = e.dataset or (bench.dataset if bench else None)
@@ -132,22 +183,42 @@ def run_checks(scenario: Scenario, environ: Mapping[str, str] | None = None, net
                     why = f" (because {type(cause).__name__}: {str(cause)[:120]})" if cause is not None else ""
                     checks.append(Check(f"dataset {ref}", "fail", f"cannot resolve: {type(exc).__name__}: "
                                                                   f"{str(exc)[:160]}{why}"))
+    if local_dirs and ("evaluate" in scenario.tools() or "submit" in scenario.tools()):
+        offline = offline_tasks(local_dirs)
+        if not offline:
+            checks.append(Check("task network", "ok", "every task lets its harness reach the model proxy"))
+        elif ":" in e.environment:  # an environment class of its own: it decides whether an allowlist opens a route
+            checks.append(Check("task network", "fail",
+                                f"{len(offline)} task(s) declare network_mode no-network (e.g. {offline[0]}) and "
+                                f"{e.environment} may give their harness no route to the model proxy"))
+        else:
+            checks.append(Check("task network", "ok",
+                                f"{len(offline)} task(s) declare network_mode no-network (e.g. {offline[0]}): their agent "
+                                "phase gets an allowlist holding only the model proxy's host (Harbor's "
+                                "extra_allowed_hosts)"))
     if "evaluate" in scenario.tools() or "submit" in scenario.tools():
         if e.environment == "docker":
             checks.append(Check("harbor environment docker", "ok" if docker_available() else "fail",
                                 "docker CLI found" if docker_available() else "the docker CLI is not on PATH"))
         elif e.environment not in HARBOR_ENV_CREDENTIALS:
             checks.append(Check(f"harbor environment {e.environment}", "ok", "credentials per Harbor's own docs"))
+        missing_extra = harbor_extra_missing(e.environment)
+        if missing_extra:
+            checks.append(Check(f"harbor environment {e.environment} packages", "fail",
+                                f"Harbor's {e.environment} environment needs {', '.join(missing_extra)}: "
+                                f"pip install 'harbor[{e.environment}]'"))
         if e.model_url is None and e.environment != "docker":
             checks.append(Check("model proxy URL", "fail", f"trials in {e.environment} run off this host: set "
                                                            "world_options.evaluation.model_url"))
 
     if network:
-        endpoints = {"Tinker": options.tinker_url(), "inference": options.inference_base_url(),
-                     "E2B": f"https://api.{env.get('E2B_DOMAIN') or 'e2b.app'}"}
+        endpoints = {"Tinker": options.tinker_url(env), "inference": options.inference_base_url(env),
+                     "E2B": env.get("E2B_API_URL") or f"https://api.{env.get('E2B_DOMAIN') or 'e2b.app'}"}
+        if env.get("E2B_SANDBOX_URL"):
+            endpoints["E2B sandboxes"] = env["E2B_SANDBOX_URL"]
         for t in allowed:
             spec = options.teachers.get(t)
-            url = spec.resolved_url() if spec else None
+            url = spec.resolved_url(environ=env) if spec else None
             if spec is not None and url:
                 endpoints[f"teacher {t}"] = url
         for label, url in endpoints.items():
@@ -170,4 +241,4 @@ def render(checks: list[Check]) -> "object":
     return table
 
 
-__all__ = ["Check", "all_ok", "render", "run_checks"]
+__all__ = ["Check", "all_ok", "harbor_extra_missing", "offline_tasks", "render", "run_checks"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..common.evaluation import HarborEnvironmentType, HarborEvalService, ModelEndpoint
 from .config import EvalOptions
@@ -66,12 +66,14 @@ def download_dataset(ref: str) -> list[Path]:
     return asyncio.run(run())
 
 
-def prepare_splits(options: EvalOptions, dataset: str | None, target: Path) -> dict[str, Path]:
+def prepare_splits(options: EvalOptions, dataset: str | None, target: Path,
+                   environ: Mapping[str, str] | None = None) -> dict[str, Path]:
     """The dev and official split directories (of symlinks to task directories) under ``target``."""
     if options.tasks:
         return {split: Path(path) for split, path in options.tasks.items()}
-    if options.dataset_path:
-        root = Path(options.dataset_path)
+    local = options.local_dataset(environ)
+    if local:
+        root = Path(local)
         paths = sorted(p for p in root.iterdir() if (p / "task.toml").is_file())
     elif dataset:
         paths = download_dataset(dataset)

@@ -65,9 +65,11 @@ class E2BCloud:
     workdir = WORKDIR
 
     def __init__(self, *, options: SandboxOptions, network: bool, max_sandboxes: int, create: Callable[..., Any],
-                 api_key: str | None = None, domain: str | None = None):
+                 api_key: str | None = None, domain: str | None = None, api_url: str | None = None,
+                 sandbox_url: str | None = None):
         self.options, self._create, self._network = options, create, network
-        self._api = {k: v for k, v in (("api_key", api_key), ("domain", domain)) if v}
+        self._api = {k: v for k, v in (("api_key", api_key), ("domain", domain), ("api_url", api_url),
+                                       ("sandbox_url", sandbox_url)) if v}
         self._slots = threading.BoundedSemaphore(max_sandboxes)
         self.max_sandboxes = max_sandboxes
         self.idle_s = float(options.idle_s)
@@ -135,13 +137,14 @@ class RemoteSandboxService(E2BSandboxService):
 
     def __init__(self, *, options: SandboxOptions, prices: PriceList, vcpus: float, memory_gib: float,
                  network: bool, max_sandboxes: int, api_key: str | None = None, domain: str | None = None,
-                 create: Callable[..., Any] | None = None):
+                 create: Callable[..., Any] | None = None, api_url: str | None = None, sandbox_url: str | None = None):
         if create is None:
             from e2b import Sandbox
 
             create = Sandbox.create
         super().__init__(E2BCloud(options=options, network=network, max_sandboxes=max_sandboxes, create=create,
-                                  api_key=api_key, domain=domain), prices=prices, vcpus=vcpus, memory_gib=memory_gib)
+                                  api_key=api_key, domain=domain, api_url=api_url, sandbox_url=sandbox_url),
+                         prices=prices, vcpus=vcpus, memory_gib=memory_gib)
         self.options, self.max_sandboxes = options, max_sandboxes
 
 

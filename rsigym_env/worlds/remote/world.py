@@ -22,6 +22,7 @@ Credentials are checked first: a missing variable raises
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -48,6 +49,8 @@ def teacher_prices(options: RemoteOptions, allowed: list[str]) -> dict[str, Teac
 
 
 PROMPT_OVERHEAD = 64   # tokens of chat framing per request, for quotes
+TINKER_CLOSE_S = 30.0  # how long closing the world waits for Tinker to finish its session
+log = logging.getLogger("rsigym_env.worlds.remote")
 
 
 class RemoteWorld(ServiceWorld):
@@ -90,24 +93,26 @@ class RemoteWorld(ServiceWorld):
         self.clock = WallClock()
         self.store = DatasetStore(self.run_dir / "datasets")
 
+        self._owns_tinker = service_client is None  # a client made here is closed here (its session finished)
         if service_client is None:
             import tinker
 
-            service_client = tinker.ServiceClient(base_url=self.options.tinker_base_url,
+            service_client = tinker.ServiceClient(base_url=self.options.tinker_url(env),
                                                   api_key=env.get("TINKER_API_KEY"),
                                                   user_metadata={"rsigym_scenario": scenario.name, "seed": str(seed)})
         self.tinker = service_client
         if inference is None:
-            inference = openai_completions(self.options.inference_base_url(),
+            inference = openai_completions(self.options.inference_base_url(env),
                                            env.get(self.options.inference.api_key_env, ""),
                                            self.options.inference.timeout_s)
         self._inference = inference
+        self.inference_url = self.options.inference_base_url(env)
         self.client = RoutedClient({"base": Route(inference, self.base_model, "the inference endpoint")})
         for name in allowed:
             spec = self.options.teachers[name]
             completions = (teachers or {}).get(name)
             if completions is None:
-                url = spec.resolved_url()
+                url = spec.resolved_url(environ=env)
                 if url is None:
                     continue  # required_credentials reported it; a scenario without generate_data needs none
                 completions = openai_completions(url, env.get(spec.api_key_env, ""), spec.timeout_s)
@@ -126,15 +131,27 @@ class RemoteWorld(ServiceWorld):
         self.sandbox = RemoteSandboxService(options=self.options.sandbox, prices=self.prices,
                                             vcpus=sandbox.vcpus, memory_gib=sandbox.memory_gib, network=sandbox.network,
                                             max_sandboxes=sandbox.max_sandboxes, api_key=env.get("E2B_API_KEY"),
-                                            domain=env.get("E2B_DOMAIN"), create=sandbox_create)
+                                            domain=env.get("E2B_DOMAIN"), create=sandbox_create,
+                                            api_url=env.get("E2B_API_URL"), sandbox_url=env.get("E2B_SANDBOX_URL"))
         self.rollout = RolloutService(teachers=CatalogTeachers(client=self.client, benchmark=self.benchmark),
                                       sandbox=self.sandbox, store=self.store, prices=self.prices, seed=seed)
         self.tasks = dict(tasks) if tasks is not None else prepare_splits(
-            self.options.evaluation, self.options.evaluation.dataset or self.benchmark.dataset, self.run_dir / "tasks")
+            self.options.evaluation, self.options.evaluation.dataset or self.benchmark.dataset, self.run_dir / "tasks",
+            environ=env)
         self.evaluation = RemoteEvalService(options=self.options.evaluation, model_for=self.chat_model,
                                             tasks=self.tasks, run_dir=self.run_dir / "evals", prices=self.prices,
                                             seed=seed, vcpus=sandbox.vcpus, memory_gib=sandbox.memory_gib,
                                             clock=self.clock.now)
+
+    def close_extras(self) -> None:
+        """Finish the Tinker session this world opened (Tinker then stops expecting its heartbeats; without this
+        every episode's session heartbeats for as long as the process lives). Bounded; a failure is logged."""
+        if self._owns_tinker:
+            try:
+                self.tinker.close("success", detail="rsigym episode closed").result(timeout=TINKER_CLOSE_S)
+            except Exception as exc:  # noqa: BLE001 - the session expires on its own when heartbeats stop
+                log.warning("could not finish the Tinker session: %s: %s", type(exc).__name__, exc)
+        super().close_extras()
 
     # ---- models ---------------------------------------------------------------------------------
 
@@ -167,7 +184,7 @@ class RemoteWorld(ServiceWorld):
         teachers = ", ".join(t for t in self.scenario.permissions.teachers if t in self.prices.teachers) or "none"
         return (f"remote world: {b.name} ({b.domain}); Harbor dataset {e.dataset or b.dataset}, tasks split into dev "
                 f"({len(list(Path(self.tasks['dev']).iterdir()))}) and held-out official. Base model {self.base_model} "
-                f"on Tinker (LoRA; checkpoints are tinker:// paths), inference at {self.options.inference_base_url()}, "
+                f"on Tinker (LoRA; checkpoints are tinker:// paths), inference at {self.inference_url}, "
                 f"trials in Harbor's {e.environment} environment, sandboxes on E2B. Teachers: {teachers}. "
                 f"Prices: {self.prices.source}.")
 

@@ -86,6 +86,26 @@ def test_dry_run_says_what_is_missing_and_fails(monkeypatch, capsys):
     assert "prefill 0.54" in out
 
 
+def test_dry_run_reads_the_dataset_variable_and_refuses_tasks_without_network(tmp_path, monkeypatch):
+    from rsigym_env.worlds.remote.dryrun import run_checks
+
+    scenario = load_scenario("remote-counterparts-aime")
+    by_name = lambda checks: {c.name: c for c in checks}  # noqa: E731
+    assert by_name(run_checks(scenario, environ={}, network=False))["tasks"].status == "missing"
+    for name, mode in (("a-task", "public"), ("b-task", "no-network")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "task.toml").write_text(f'[environment]\nnetwork_mode = "{mode}"\n')
+    checks = by_name(run_checks(scenario, environ={"RSIGYM_REMOTE_TASKS": str(tmp_path)}, network=False))
+    assert checks["tasks"].status == "ok"  # the bubblewrap environment opens the network for public tasks only:
+    assert checks["task network"].status == "fail" and "b-task" in checks["task network"].detail
+    docker = load_scenario("remote-counterparts-aime", world_options={"evaluation": {"environment": "docker"}})
+    checks = by_name(run_checks(docker, environ={"RSIGYM_REMOTE_TASKS": str(tmp_path)}, network=False))
+    assert checks["task network"].status == "ok" and "allowlist" in checks["task network"].detail
+    (tmp_path / "b-task" / "task.toml").write_text('[environment]\nnetwork_mode = "public"\n')
+    checks = by_name(run_checks(scenario, environ={"RSIGYM_REMOTE_TASKS": str(tmp_path)}, network=False))
+    assert checks["task network"].status == "ok"
+
+
 def test_dry_run_of_a_sim_scenario_passes(capsys):
     assert main(["run", "--scenario", "sim-joint-aime-500", "--dry-run"]) == 0
 
@@ -289,5 +309,63 @@ def test_sandbox_is_lazy_limited_and_bills_idle_time(tmp_path, tasks, local_tink
         with pytest.raises(ActionError) as err:
             world.sandbox.backend._new_sandbox()
         assert err.value.code == "sandbox_limit"
+    finally:
+        world.close()
+
+
+def test_dry_run_names_a_harbor_environment_whose_packages_are_missing(monkeypatch):
+    import importlib.metadata
+
+    from rsigym_env.worlds.remote.dryrun import harbor_extra_missing
+
+    assert harbor_extra_missing("e2b") == []  # the services extra installs harbor[e2b] (dockerfile-parse)
+    fake = ['surely-not-installed-pkg>=1.0; extra == "e2b"', 'e2b>=2.25.0; extra == "e2b"', 'rich; extra == "other"',
+            "pydantic>=2"]
+    monkeypatch.setattr(importlib.metadata, "requires", lambda name: fake if name == "harbor" else [])
+    assert harbor_extra_missing("e2b") == ["surely-not-installed-pkg>=1.0"]
+    assert harbor_extra_missing("docker") == []
+
+
+def test_a_task_without_network_lets_only_the_model_proxy_through_in_the_agent_phase(tmp_path, tasks, local_tinker):
+    """Harnesses reach the metering proxy over TCP: Harbor's own network planning gives a no-network task's agent
+    phase an allowlist holding just the proxy's host; the verifier phase and public tasks are left as they are."""
+    from harbor.models.task.config import NetworkMode, TaskConfig as HarborTask, VerifierEnvironmentMode
+    from harbor.models.trial.config import EnvironmentConfig as TrialEnvironmentConfig
+    from harbor.models.trial.config import VerifierConfig
+    from harbor.trial.network_policy import resolve_trial_network_plan
+
+    from rsigym_env.services import EvalRequest
+
+    world = remote_world(tmp_path, tasks, service_client=local_tinker, inference=FakeCompletions(), teachers={},
+                         sandbox_create=lambda **kw: None)
+    try:
+        req = EvalRequest(checkpoint="base", harness_version="h-0", harness_files=world.initial_harness(), k=1)
+        job = world.evaluation._job_config(req, [tasks["dev"] / "dev-task"], tmp_path / "job", tmp_path / "h", "s")
+        agent = job.agents[0]
+        assert agent.extra_allowed_hosts == ["host.docker.internal"]  # docker's default model_url
+        for mode, agent_phase in ((NetworkMode.NO_NETWORK, NetworkMode.ALLOWLIST), (NetworkMode.PUBLIC, NetworkMode.PUBLIC)):
+            task = HarborTask.model_validate_toml(f'[environment]\nnetwork_mode = "{mode.value}"\n')
+            plan = resolve_trial_network_plan(task, agent, TrialEnvironmentConfig(), VerifierConfig(), None,
+                                              verifier_mode=VerifierEnvironmentMode.SHARED)
+            assert plan.agent_phase.network_mode == agent_phase
+            if agent_phase == NetworkMode.ALLOWLIST:
+                assert plan.agent_phase.allowed_hosts == ["host.docker.internal"]
+            assert plan.verifier_phase.network_mode == mode  # the tests still run as the task says
+    finally:
+        world.close()
+
+
+def test_the_world_reads_its_endpoints_from_the_environment_it_is_given(tmp_path, tasks, local_tinker, monkeypatch):
+    """``environ`` replaces the process's environment for every endpoint, not only for the credentials."""
+    for var in ("TINKER_BASE_URL", "E2B_API_URL", "E2B_SANDBOX_URL", "RSIGYM_TEACHER_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    environ = ENV | {"TINKER_BASE_URL": "http://tinker.invalid:1", "E2B_API_URL": "http://e2b.invalid:2",
+                     "E2B_SANDBOX_URL": "http://sandboxes.invalid:3", "RSIGYM_TEACHER_BASE_URL": "http://t.invalid:4/v1"}
+    world = remote_world(tmp_path, tasks, environ=environ, service_client=local_tinker, sandbox_create=lambda **kw: None)
+    try:
+        assert world.inference_url == "http://tinker.invalid:1/oai/api/v1"
+        assert world.client.get("claude-opus-5") is not None  # the teacher's endpoint came from environ
+        assert world.sandbox.backend._api == {"api_key": "e2b_test", "api_url": "http://e2b.invalid:2",
+                                              "sandbox_url": "http://sandboxes.invalid:3"}
     finally:
         world.close()

@@ -158,6 +158,15 @@ def register_bases(bases: dict[str, str]) -> None:
             register_base_model(name, path)
 
 
+def base_model_source(name: str) -> Path | Callable[[], BaseModel]:
+    """Where the base model ``name`` is loaded from (a checkpoint directory or a loader), to register it under
+    another name too (``register_base_model(other, base_model_source(name))``)."""
+    with _REGISTRY_LOCK:
+        if name not in _REGISTRY:
+            raise UnknownModelError(f"unknown base model {name!r}; base models: {', '.join(sorted(_REGISTRY))}")
+        return _REGISTRY[name]
+
+
 def make_random_base(directory: str | Path, config: ModelConfig, seed: int = 0) -> Path:
     """Write a randomly initialised checkpoint (for tests and examples) and return its directory."""
     return save_model(directory, config, init_params(config, seed), Tokenizer(), extra={"origin": f"random init, seed {seed}"})
