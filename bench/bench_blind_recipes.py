@@ -508,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="", help="write rows and headline here")
     parser.add_argument("--local", action="store_true", help="also flip-everything on the local world (slow)")
     parser.add_argument("--local-only", action="store_true", help="only the local-world check")
-    parser.add_argument("--local-seeds", default="1", help="seeds of the local-world check: N (0..N-1) or a,b,c")
+    parser.add_argument("--local-seeds", default="1", help="seeds of the local-world check: N (0..N-1) or a list: 2, or 2,3")
     parser.add_argument("--local-recipes", default="flip-everything",
                         help="comma-separated recipes or researchers of the local-world check (e.g. flip:bools,scripted)")
     args = parser.parse_args(argv)
@@ -530,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.local or args.local_only:
         load0 = os.getloadavg()
         t0 = time.perf_counter()
-        seeds = [int(x) for x in args.local_seeds.split(",")] if "," in args.local_seeds else int(args.local_seeds)
+        seeds = [int(x) for x in args.local_seeds.split(",") if x] if "," in args.local_seeds else int(args.local_seeds)
         local = measure_local(benches, seeds, args.local_recipes.split(","), progress=True)
         out["local"] = {"rows": local, "wall_s": round(time.perf_counter() - t0, 1), "load_before": load0,
                         "load_after": os.getloadavg()}
