@@ -23,10 +23,13 @@ benchmarks) ± its standard error over seeds of the per-seed RSI-Index (the mean
 one seed; the propagated per-benchmark s.e. is in the JSON as ``rsi_se_propagated``), mean spend, and
 the share of episodes that finished at least one dev evaluation before submitting.
 
-``--local`` also runs ``flip-everything`` once per local benchmark (seed 0, the local world's own
-harness.toml read from the env), one episode at a time (~1-1.5 min each on 2 cores).
+``--local`` also runs ``--local-recipes`` (default ``flip-everything``; blind recipes or baseline
+researchers such as ``scripted``) on each local benchmark for ``--local-seeds`` (default 1: seed 0; the
+local world's own harness.toml read from the env), one episode at a time (~0.5-1.5 min each on 2 cores).
 
     .venv/bin/python bench/bench_blind_recipes.py [--seeds 8] [--benchmarks all] [--json PATH] [--local]
+    .venv/bin/python bench/bench_blind_recipes.py --local-only --local-seeds 2 \\
+        --local-recipes flip-everything,flip:bools,scripted
 """
 
 from __future__ import annotations
@@ -440,44 +443,59 @@ def table(rows: list[dict[str, Any]], all_recipes: bool = True) -> list[str]:
 # The local world: flip-everything once per benchmark
 
 
-def measure_local(benchmarks: list[str] | None = None, seed: int = 0, progress: bool = False) -> list[dict[str, Any]]:
-    """``flip-everything`` on each local benchmark, one episode at a time; initial -> final official score."""
+def measure_local(benchmarks: list[str] | None = None, seeds: int | list[int] = 1, recipes: list[str] | None = None,
+                  progress: bool = False) -> list[dict[str, Any]]:
+    """Each recipe (default ``flip-everything``; any blind recipe or baseline researcher, e.g. ``scripted``)
+    on each local benchmark and seed, one episode at a time; initial -> final official score."""
     rows = []
-    for bench in benchmarks or list(BENCHMARKS):
-        load_before = os.getloadavg()[0]
-        started = time.perf_counter()
-        env = gym.make(ENV_ID, world="local", benchmark=bench)
-        try:
-            researcher = BlindResearcher(RECIPES_BY_NAME["flip-everything"])
-            result = run_episode(env, researcher, seed=seed)
-        finally:
-            env.close()
-        info = result.info
-        row = {"benchmark": bench, "local": LOCAL_BENCHMARKS.get(bench, bench), "seed": seed,
-               "initial": info.get("initial_score"), "official": info.get("official_score"),
-               "gain": float(result.reward), "spend": float(info.get("spend_usd") or 0.0),
-               "budget": info.get("budget_usd"), "dev_evaluations": int(info.get("dev_evaluations") or 0),
-               "flipped": researcher.flipped, "end_reason": info.get("end_reason"),
-               "seconds": round(time.perf_counter() - started, 1),
-               "load": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
-        rows.append(row)
-        if progress:
-            print(f"local {bench:20s} {row['initial']:.3f} -> {row['official']:.3f} gain {row['gain']:+.3f} "
-                  f"[{row['seconds']:.0f} s, load {row['load'][0]} -> {row['load'][1]}]", flush=True)
+    for name in recipes or ["flip-everything"]:
+        for seed in (range(seeds) if isinstance(seeds, int) else seeds):
+            for bench in benchmarks or list(BENCHMARKS):
+                load_before = os.getloadavg()[0]
+                started = time.perf_counter()
+                env = gym.make(ENV_ID, world="local", benchmark=bench)
+                try:
+                    researcher = make_researcher(name)
+                    result = run_episode(env, researcher, seed=seed)
+                finally:
+                    env.close()
+                info = result.info
+                row = {"recipe": name, "benchmark": bench, "local": LOCAL_BENCHMARKS.get(bench, bench), "seed": seed,
+                       "initial": info.get("initial_score"), "official": info.get("official_score"),
+                       "gain": float(result.reward), "spend": float(info.get("spend_usd") or 0.0),
+                       "budget": info.get("budget_usd"), "dev_evaluations": int(info.get("dev_evaluations") or 0),
+                       "flipped": getattr(researcher, "flipped", None), "end_reason": info.get("end_reason"),
+                       "seconds": round(time.perf_counter() - started, 1),
+                       "load": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
+                rows.append(row)
+                if progress:
+                    print(f"local {name:16s} seed {seed} {bench:20s} {row['initial']:.3f} -> {row['official']:.3f} "
+                          f"gain {row['gain']:+.3f} ${row['spend']:.2f} [{row['seconds']:.0f} s, load "
+                          f"{row['load'][0]} -> {row['load'][1]}]", flush=True)
     return rows
 
 
 def table_local(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| benchmark (local mirror) | initial official | final official | normalized gain | spend | seconds |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r['benchmark']} ({r['local']}) | {r['initial']:.3f} | {r['official']:.3f} | "
-                     f"{r['gain']:+.3f} | ${r['spend']:.2f} | {r['seconds']:.0f} |")
-    if rows:
-        mean = float(np.mean([r["gain"] for r in rows]))
-        lines.append(f"| **RSI-Index** (1 seed) | | | **{mean:+.3f}** | | |")
-        flips = rows[0]["flipped"]
-        lines += ["", "Flips applied (the local world's harness.toml): " + "; ".join(f"`{f}`" for f in flips) + "."]
+    """One row per recipe: the mean normalized gain on each benchmark over its seeds (each seed's gain in
+    brackets), the RSI-Index (mean over benchmarks) with its s.e. over seeds, and the mean spend."""
+    benches = list(dict.fromkeys(r["benchmark"] for r in rows))
+    lines = ["| recipe | " + " | ".join(f"{b} ({LOCAL_BENCHMARKS.get(b, b)})" for b in benches)
+             + " | RSI-Index ± s.e. (seeds) | spend |", "|---|" + "---:|" * (len(benches) + 2)]
+    for name in dict.fromkeys(r["recipe"] for r in rows):
+        mine = [r for r in rows if r["recipe"] == name]
+        cells = []
+        for b in benches:
+            gains = [r["gain"] for r in mine if r["benchmark"] == b]
+            cells.append(f"{np.mean(gains):+.3f} (" + ", ".join(f"{g:+.3f}" for g in gains) + ")" if gains else "")
+        seeds = sorted({r["seed"] for r in mine})
+        per_seed = [float(np.mean([r["gain"] for r in mine if r["seed"] == s])) for s in seeds]
+        spend = float(np.mean([r["spend"] for r in mine]))
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | **{np.mean(per_seed):+.3f}** ± {_se(per_seed):.3f} "
+                     f"({len(seeds)}) | ${spend:.2f} |")
+    flips = next((r["flipped"] for r in rows if r.get("flipped")), None)
+    if flips:
+        lines += ["", "Flips applied by flip-everything (the local world's harness.toml): "
+                  + "; ".join(f"`{f}`" for f in flips) + "."]
     return lines
 
 
@@ -490,6 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="", help="write rows and headline here")
     parser.add_argument("--local", action="store_true", help="also flip-everything on the local world (slow)")
     parser.add_argument("--local-only", action="store_true", help="only the local-world check")
+    parser.add_argument("--local-seeds", default="1", help="seeds of the local-world check: N (0..N-1) or a list: 2, or 2,3")
+    parser.add_argument("--local-recipes", default="flip-everything",
+                        help="comma-separated recipes or researchers of the local-world check (e.g. flip:bools,scripted)")
     args = parser.parse_args(argv)
     benches = None if args.benchmarks == "all" else args.benchmarks.split(",")
     recipes = None if args.recipes == "all" else args.recipes.split(",")
@@ -509,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.local or args.local_only:
         load0 = os.getloadavg()
         t0 = time.perf_counter()
-        local = measure_local(benches, progress=True)
+        seeds = [int(x) for x in args.local_seeds.split(",") if x] if "," in args.local_seeds else int(args.local_seeds)
+        local = measure_local(benches, seeds, args.local_recipes.split(","), progress=True)
         out["local"] = {"rows": local, "wall_s": round(time.perf_counter() - t0, 1), "load_before": load0,
                         "load_after": os.getloadavg()}
         print("\n" + "\n".join(table_local(local)))

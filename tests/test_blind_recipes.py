@@ -92,3 +92,18 @@ def test_measure_and_table(bench):
     assert head["best_blind"] in ("flip-everything", "distil+flip") and math.isfinite(head["gap"])
     lines = bench.table(rows)
     assert any("Headline gap" in line for line in lines) and any("flip-everything" in line for line in lines)
+
+
+def test_table_local_rows_per_recipe(bench):
+    """The local-world table: one row per recipe, each benchmark's mean gain with each seed's, the
+    RSI-Index over seeds with its s.e."""
+    rows = [{"recipe": r, "benchmark": b, "seed": s, "gain": g, "spend": 0.0 if r != "scripted" else 2.0,
+             "flipped": ["persistent: false -> true"] if r != "scripted" else None}
+            for r, gains in (("flip:bools", (0.1, -0.1, 0.3, 0.1)), ("scripted", (0.5, 0.3, 0.7, 0.5)))
+            for (b, s), g in zip((("aime", 0), ("skillsbench", 0), ("aime", 1), ("skillsbench", 1)), gains)]
+    lines = bench.table_local(rows)
+    assert lines[0].startswith("| recipe | aime (local-math) | skillsbench (local-skills) |")
+    bools = next(line for line in lines if line.startswith("| flip:bools"))
+    assert "+0.200 (+0.100, +0.300)" in bools and "**+0.100** ± 0.100 (2)" in bools and "$0.00" in bools
+    assert "**+0.500** ± 0.100 (2) | $2.00 |" in next(line for line in lines if line.startswith("| scripted"))
+    assert "`persistent: false -> true`" in lines[-1]

@@ -120,6 +120,25 @@ def test_lost_cd_vs_persistent_shell(server, tmp_path):
     assert kept["signals"]["lost_cd"] == 0
 
 
+def test_a_persistent_session_reads_the_project_profile(server, tmp_path):
+    """No free fix: the persistent session opens as an interactive shell and reads the project's
+    ``.bashrc``; on a task whose steps assume a fresh shell at /app (the benchmarks' generator 6 ships the
+    profile to a share of the skills and code tasks) its commands then run in build/."""
+    from rsigym_env.worlds.local.benchmarks.base import PROFILE_FILES
+
+    files = {**PROFILE_FILES, "in.txt": "x\n"}
+    script = ["$ cp in.txt out.txt", "DONE"]
+    fresh, app_f, _ = run_agent(server, tmp_path / "a", script, files=files)
+    assert (app_f / "out.txt").read_text() == "x\n" and fresh["steps"][0]["commands"][0]["cwd"] == "."
+    kept, app_k, _ = run_agent(server, tmp_path / "b", script, files=files, remedies=["persistent"])
+    cmd = kept["steps"][0]["commands"][0]
+    assert not (app_k / "out.txt").exists() and cmd["exit_code"] != 0 and cmd["cwd"] == "build"
+    assert "No such file" in cmd["output"]
+    # without a profile the session starts at /app, as before
+    plain, app_p, _ = run_agent(server, tmp_path / "c", script, files={"in.txt": "x\n"}, remedies=["persistent"])
+    assert (app_p / "out.txt").read_text() == "x\n"
+
+
 def test_loop_detection_resamples_hotter(server, tmp_path):
     script = ["$ ls", "$ ls", "$ touch ok", "DONE"]
     off, app_off, reqs_off = run_agent(server, tmp_path / "a", script)

@@ -331,3 +331,22 @@ def test_pretraining_still_draws_what_the_shipped_checkpoint_saw():
         chats = B.pretraining_conversations(2000, seed=seed, version=mixture)
         assert hashlib.sha256(json.dumps(chats, sort_keys=True).encode()).hexdigest()[:16] == digest, (mixture, seed)
         assert not any("Lab notes:" in m["content"] for c in chats for m in c)  # generator 4 never in pretraining
+
+
+def test_generator_6_ships_a_shell_profile_only_where_steps_assume_a_fresh_shell():
+    """Issue 30: a persistent session reads the project's ``.bashrc`` (the harness's agent.py), which puts it
+    in build/. Generator 6 ships one to a share of the skills and code tasks (their steps assume a fresh
+    shell at /app, so ``persistent`` costs there), never to terminal's (where it is the fix), and only in
+    files the instruction does not mention."""
+    from rsigym_env.worlds.local.benchmarks.base import PROFILE_FILES
+
+    shares = {}
+    for name, bench in B.BENCHMARKS.items():
+        problems = bench.split("dev") + bench.split("official")
+        shipped = [p for p in problems if ".bashrc" in p.files]
+        shares[name] = len(shipped) / len(problems)
+        for p in shipped:
+            assert {k: p.files[k] for k in PROFILE_FILES} == PROFILE_FILES and p.meta["profile"]
+            assert ".bashrc" not in p.instruction and "build" not in p.instruction
+    assert shares["local-terminal"] == shares["local-math"] == shares["local-science"] == 0
+    assert 0.6 <= shares["local-skills"] <= 0.9 and 0.3 <= shares["local-code"] <= 0.7, shares

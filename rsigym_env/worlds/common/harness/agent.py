@@ -18,7 +18,9 @@ Remedies (``harness.toml``; the minimal harness has them all off):
   again with ``continue_max_tokens`` (``"stop"``: the attempt ends, ``truncated``).
 * ``[completion] verify_before_submit = true`` — before accepting ``ANSWER``/``DONE``, run
   ``check.sh`` in the app dir if there is one; on failure reply ``OUT: check failed: ...`` and go on.
-* ``[shell] persistent = true`` — keep the working directory and exported variables across commands.
+* ``[shell] persistent = true`` — one session for every command, opened as an interactive shell (it
+  reads the project's ``.bashrc`` in the app dir, if any), keeping the working directory and exported
+  variables across commands.
 * ``[loop] detect = true`` — a command identical to the previous one is resampled at
   ``loop_temperature``.
 * ``[edits] check = true`` — after a command that changed a ``.py`` file, ``py_compile`` it; if it
@@ -33,8 +35,10 @@ No remedy is free of cost, though only some costs bite on the local tasks. The m
 ``continue_max_tokens`` reserves more of it, so a long prompt fails at once and a conversation ends
 sooner; loaded skill lines lengthen the prompt, and on a task whose environment ships tools it does not
 need they take the room its own turns need and show the model commands it copies instead of doing its
-task. ``continue`` spends a second request (and tokens) on every cut reply; ``verify`` spends the check's
-time and, when the check fails, a turn; ``detect`` spends requests; ``check`` spends a compile per edit.
+task. ``continue`` spends a second request (and tokens) on every cut reply; ``persistent`` runs every command
+where the project's shell profile leaves the session (a task whose steps assume a fresh shell at the app dir
+then misses its files; each command records the session's directory as ``cwd``); ``verify`` spends the
+check's time and, when the check fails, a turn; ``detect`` spends requests; ``check`` spends a compile per edit.
 
 End reasons → failure labels (``failure_label``; only for attempts the verifier scored 0):
 
@@ -140,9 +144,15 @@ def request_seed(base: int, turn: int, retry: int) -> int:
 # --- the shell ---------------------------------------------------------------------------------
 
 
+PROFILE = ".bashrc"
+"""The project's shell rc file (in the app dir): a persistent session reads it when it opens, as an
+interactive shell reads ``~/.bashrc`` (the sandbox's HOME is not the project's); ``bash -c`` does not."""
+
+
 class Shell:
-    """Runs commands at the app dir: a fresh ``bash`` each time, or (``persistent``) carrying the
-    working directory and exported variables from one command to the next."""
+    """Runs commands at the app dir: a fresh ``bash`` each time, or (``persistent``) one session that
+    opens as an interactive shell (it reads the project's ``.bashrc``) and carries the working directory
+    and exported variables from one command to the next."""
 
     def __init__(self, app: str, persistent: bool, timeout: float):
         self.app, self.persistent, self.timeout = app, persistent, timeout
@@ -159,9 +169,11 @@ class Shell:
             import shlex
             import tempfile
 
-            if self._state is None:
+            start = ""
+            if self._state is None:  # the session opens as an interactive shell does: it reads its rc file
                 self._state = tempfile.NamedTemporaryFile(prefix="rsigym-shell-", delete=False).name
-            script = (f"cd {shlex.quote(self.cwd)} 2>/dev/null || cd {shlex.quote(self.app)}\n{self.exports}\n"
+                start = f"[ -f {PROFILE} ] && . ./{PROFILE}\n"
+            script = (f"cd {shlex.quote(self.cwd)} 2>/dev/null || cd {shlex.quote(self.app)}\n{start}{self.exports}\n"
                       f"{command}\n__rc=$?\n{{ pwd; export -p; }} > {shlex.quote(self._state)}\nexit $__rc\n")
         else:
             script = command
@@ -376,10 +388,11 @@ class Agent:
             if "SKILL.md" in command:
                 self.signals["skill_seen"] = True
             output, code = self.shell.run(command)
+            cwd = os.path.relpath(self.shell.cwd, self.app)  # the session's directory after it (fresh shells: ".")
             after = py_files(self.app)
             changed = [p for p, c in after.items() if before.get(p) != c]
             broken = [p for p in changed if not compiles(p)]
-            step.setdefault("commands", []).append({"command": command, "exit_code": code, "output": output[:1000],
+            step.setdefault("commands", []).append({"command": command, "cwd": cwd, "exit_code": code, "output": output[:1000],
                                                     "changed": [os.path.relpath(p, self.app) for p in changed],
                                                     "broken": [os.path.relpath(p, self.app) for p in broken]})
             if not broken:

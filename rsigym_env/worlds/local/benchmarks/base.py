@@ -35,14 +35,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-GENERATOR_VERSION = "5"
+GENERATOR_VERSION = "6"
 """1: first release; 2: local-math on numbers below 100 (6-7 operations when hard); 3: local-math
 mostly 2-3 operations (4-5 when hard), local-code with new function names and bug families; 4: local-science
 states the facts in the question (substances invented per problem, lab notes, a one-step rule when hard); 5: half
 of local-terminal's and local-code's tasks ship a library of skills they do not need (the tasks themselves are
-generator 4's)."""
+generator 4's); 6: a share of local-skills' and local-code's tasks ship a project shell profile, half of
+local-skills' tools set themselves up on their first call (the tasks themselves are generator 4's)."""
 SYSTEM_PROMPT = "Reply with one line: $ <command>, ANSWER: <answer>, or DONE."
 """The minimal harness's ``prompt.md`` (the system message every turn-0 prompt starts with)."""
+
+PROFILE_FILES = {
+    ".bashrc": "# This project's shell setup, read by interactive shells: work happens in build/.\n"
+               "export BUILD_DIR=/app/build\ncd build\n",
+    "build/README": "Build outputs go here.\n",
+}
+"""Generator 6: a project shell profile (``/app/.bashrc``), shipped by a share of the tasks whose steps
+assume a fresh shell at ``/app``. ``bash -c`` never reads it; a persistent session (the harness's
+``persistent = true``) opens as an interactive shell and does, so it starts in ``build/``."""
 
 SPLIT_SIZES = {"dev": 20, "official": 30}
 INDEX_FILE = "index.json"

@@ -23,10 +23,10 @@ from __future__ import annotations
 import random
 import re
 
-from .base import LocalBenchmark, Problem
+from .base import PROFILE_FILES, LocalBenchmark, Problem
 from .skills import library
 
-LIBRARY_SHARE, LIBRARY_SIZE = 0.5, 3
+LIBRARY_SHARE, LIBRARY_SIZE, PROFILE_SHARE = 0.5, 3, 0.5
 
 NAMES = ["calc", "step", "shift", "pick", "total", "scale", "judge", "clip"]
 
@@ -111,6 +111,9 @@ class CodeBenchmark(LocalBenchmark):
         if rng.random() < LIBRARY_SHARE:  # drawn last: the task itself is generator 4's
             p.files.update(library(rng, LIBRARY_SIZE))
             p.meta["library"] = LIBRARY_SIZE
+        if rng.random() < PROFILE_SHARE:  # generator 6, drawn last: a project shell profile (base.PROFILE_FILES)
+            p.files.update(PROFILE_FILES)
+            p.meta["profile"] = True
         return p
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import re
 
-from .base import LocalBenchmark, Problem
+from .base import PROFILE_FILES, LocalBenchmark, Problem
 
 TOOLS: dict[str, tuple[str, str]] = {
     "rot": ("Shifts every letter K places in the alphabet.",
@@ -38,6 +38,7 @@ PARSERS = [
     "len(a) == 3 and a[2].isdigit() and (a[2], a[0], a[1])",
     "len(a) == 5 and a[1] == '-o' and a[3] == '-n' and (a[4], a[0], a[2])",
 ]
+PROFILE_SHARE = 0.75
 WORDS = ["cat", "tree", "lamp", "river", "stone", "cloud", "apple", "wind", "mouse", "field"]
 _TASK = re.compile(r"Use the (\w+) skill with value (\d+) on (\S+) and write the result to (\S+)\.")
 _USAGE = re.compile(r"Usage: (python3 skills/\S+/run\.py .*)")
@@ -102,12 +103,16 @@ class SkillsBenchmark(LocalBenchmark):
         for s, syn in ((skill, syntax), (other, other_syntax)):
             files[f"skills/{s}/SKILL.md"] = f"# {s}\n{TOOLS[s][0]}\nUsage: {usage(syn, s)}\n"
             files[f"skills/{s}/run.py"] = RUN_PY.format(parser=PARSERS[syn], expr=TOOLS[s][1])
+        meta = {"syntax": syntax, "skill": skill, "k": k, "src": src, "dst": dst}
+        if rng.random() < PROFILE_SHARE:  # generator 6, drawn last: a project shell profile (base.PROFILE_FILES)
+            files.update(PROFILE_FILES)
+            meta["profile"] = True
         instruction = (f"Use the {skill} skill with value {k} on {src} and write the result to {dst}. "
                        "Skills are in skills/. One command per turn, then DONE.")
         return Problem(id="", domain=self.domain, instruction=instruction, files=files,
                        expected={"kind": "files", "files": {dst: apply_tool(skill, k, text)}},
                        solution=[f"$ {command(syntax, skill, k, src, dst)}", "DONE"], difficulty="medium",
-                       key=instruction + f"|{syntax}", meta={"syntax": syntax, "skill": skill, "k": k, "src": src, "dst": dst})
+                       key=instruction + f"|{syntax}", meta=meta)
 
 
 def _usage_seen(messages: list[dict], skill: str) -> str | None:
