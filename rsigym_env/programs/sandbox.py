@@ -14,13 +14,12 @@ programs read-only, a fresh ``/tmp``, a masked ``/proc``, an unprivileged uid of
 root, rlimits (address space, CPU seconds per process, processes, file size) and a
 :class:`~rsigym_env.worlds.local.sandbox.isolation.SandboxGroup` (a cgroup bounding memory and processes
 over the whole sandbox, a size-bounded tmpfs for its files). Inside it sees only the base interpreter
-(``/python``, read-only, an empty directory over its site-packages; run with ``-I -S``: no user
-site, no ``PYTHONPATH``), the runtime
+(where the isolation layer shows it, e.g. ``/root/.pyenv/versions``, else bound at ``/python``;
+read-only, an empty directory over its site-packages; run with ``-I -S``: no user site, no
+``PYTHONPATH``), the host's system files, the runtime
 (``/runtime``), its program's files (``/program``, read-only) and an empty working directory
 (``/app``): no ledger, audit log, ``$RSIGYM_HOME``, ``/work``, run directory, other candidate or
-evaluator. (The interpreter's installation is bound at ``/python`` rather than used where the isolation
-layer shows it, under ``/root/.pyenv/versions``: bubblewrap makes the missing ``/root/.pyenv`` in
-between with mode 0700, which the sandbox's uid cannot cross.) Without bubblewrap a program is refused (``isolation_unavailable``) unless
+evaluator. Without bubblewrap a program is refused (``isolation_unavailable``) unless
 ``RSIGYM_UNSANDBOXED_PROGRAMS=1`` is set: then it runs as a plain process with rlimits only, and a
 loud warning is logged (trusted code only).
 
@@ -235,10 +234,11 @@ def _interpreter() -> tuple[str, tuple[Mount, ...], tuple[tuple[str, str], ...]]
     """(the interpreter's path inside the sandbox, the mounts it needs, environment variables).
 
     The base interpreter of this process (a venv's is not usable: its packages are not the program's),
-    its installation bound read-only at ``/python`` unless it lives under ``/usr``.
+    where the isolation layer shows it (``/usr``, ``/root/.pyenv/versions``, ...); an installation it
+    does not show (e.g. under ``/home``) is bound read-only at ``/python``.
     """
     exe = os.path.realpath(getattr(sys, "_base_executable", "") or sys.executable)
-    if exe.startswith("/usr/"):
+    if isolation.shows(exe):
         return exe, (), ()
     prefix = os.path.realpath(sys.base_prefix)
     rel = os.path.relpath(exe, prefix)
@@ -254,12 +254,16 @@ def _interpreter() -> tuple[str, tuple[Mount, ...], tuple[tuple[str, str], ...]]
 
 @lru_cache(maxsize=1)
 def _site_packages() -> str | None:
-    """The base installation's site-packages as the sandbox sees it (under ``/python``), if there is one:
-    an empty directory is shown over it, so that nothing installed there (pip, ``.pth`` files, perhaps
-    this very package) is there for a program to put on its path."""
+    """The base installation's site-packages as the sandbox sees it, if there is one: an empty
+    directory is shown over it, so that nothing installed there (pip, ``.pth`` files, perhaps this very
+    package) is there for a program to put on its path."""
+    exe, mounts, _ = _interpreter()
+    if exe.startswith("/usr/"):
+        return None
     inside = f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
-    if _interpreter()[1] and os.path.isdir(os.path.join(os.path.realpath(sys.base_prefix), inside)):
-        return f"/python/{inside}"
+    prefix = os.path.realpath(sys.base_prefix)
+    if os.path.isdir(os.path.join(prefix, inside)):
+        return f"/python/{inside}" if mounts else posixpath.join(prefix, inside)
     return None
 
 
