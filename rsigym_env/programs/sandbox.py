@@ -86,7 +86,7 @@ from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 
 from rsigym_env.canonical import jsonable
@@ -128,6 +128,53 @@ class ProgramLimits:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
                     or not math.isfinite(value):
                 raise ValueError(f"ProgramLimits.{name} must be a positive number, not {value!r}")
+
+    @classmethod
+    def bounds(cls) -> "ProgramLimits":
+        """The most any scenario may grant (:data:`LIMIT_BOUNDS`)."""
+        return cls(**LIMIT_BOUNDS)
+
+    @classmethod
+    def parse(cls, values: Mapping[str, Any] | None, base: "ProgramLimits | None" = None,
+              ceiling: "ProgramLimits | None" = None) -> "ProgramLimits":
+        """``base`` (default: the defaults) with a spec's or a scenario's ``values`` (field -> number): each
+        must be a positive number (an integer for integer fields), at most :data:`LIMIT_BOUNDS` and at
+        most ``ceiling`` (default: ``base``: a spec can tighten what it is granted, never loosen it);
+        ``ValueError`` naming the field otherwise.
+
+        >>> ProgramLimits.parse({"act_wall_s": 2, "memory_mb": 256}).act_wall_s
+        2
+        >>> ProgramLimits.parse({"act_wall_s": 60}, ceiling=ProgramLimits.bounds()).act_wall_s  # a scenario
+        60
+        >>> ProgramLimits.parse({"memory_mb": 4096})
+        Traceback (most recent call last):
+        ...
+        ValueError: program limit memory_mb: 4096 is above what is granted here (512)
+        """
+        base = base or cls()
+        top = asdict(ceiling or base)
+        out = asdict(base)
+        for name, value in (values or {}).items():
+            if name not in out:
+                raise ValueError(f"unknown program limit {name!r}; known: {', '.join(out)}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"program limit {name}: must be a positive number, got {value!r}")
+            if isinstance(out[name], int) and not isinstance(value, int):
+                raise ValueError(f"program limit {name}: must be an integer, got {value!r}")
+            if value > LIMIT_BOUNDS[name]:
+                raise ValueError(f"program limit {name}: {value} is above the bound {LIMIT_BOUNDS[name]}")
+            if value > top[name]:
+                raise ValueError(f"program limit {name}: {value} is above what is granted here ({top[name]})")
+            out[name] = value
+        return cls(**out)
+
+
+# The most any spec or scenario may set (ProgramLimits.parse): a scenario raises a program's limits at
+# most to these, a spec only lowers what its scenario grants.
+LIMIT_BOUNDS: dict[str, float] = {
+    "act_wall_s": 120.0, "episode_wall_s": 3600.0, "start_wall_s": 120.0, "cpu_s": 3600, "memory_mb": 4096,
+    "processes": 64, "reply_bytes": 16 << 20, "disk_mb": 1024, "stderr_bytes": 1 << 20, "max_attempts": 1000,
+}
 
 
 class ProgramError(RuntimeError):
