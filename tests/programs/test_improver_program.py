@@ -77,7 +77,7 @@ def test_the_seed_program_parses_into_a_genome_and_its_operators():
     p = program()
     assert p.is_program and p.genome["PHASES"][-1] == "submit"
     assert set(p.genome["STRATEGY"]) == set(ast.literal_eval(outside_value(FILES["researcher.py"], "STRATEGY")))
-    assert p.operators() == ["point", "crossover", "phase", "self"]
+    assert p.operators() == ["point", "crossover", "phase", "self", "combine"]
     assert "self" not in program(with_improver=False).operators()
 
 
@@ -191,7 +191,7 @@ def test_proposals_are_deterministic_under_a_seed():
         tried: set[str] = set()
         out = []
         for _ in range(12):
-            genome, lineage, _op = improver.propose(base, [base], tried)
+            genome, lineage, _op, _move = improver.propose(base, [base], tried)
             tried.add(IMP.genome_key(genome))
             out.append(lineage)
         return out
