@@ -59,8 +59,9 @@ IMPROVER = {
     "tournament": 2,           # kept candidates drawn by the tournament rule
     "budget_reserve": 0.02,    # share of the starting budget no evaluation is expected to eat into
     "parent_selection": "greedy",  # how `rsigym recurse` picks the next round's parent from the archive
-    "memory_prior": 2.0,       # zero-gain pseudo-observations every move starts with (shrinks thin evidence to 0)
-    "memory_sd": 0.03,         # spread of a move's dev gain before any evidence (Thompson sampling over moves)
+    "memory_prior": 5.0,       # zero-gain pseudo-observations every move starts with: (noise sd / memory_sd)^2
+    "memory_sd": 0.015,        # spread of a move's true dev gain before any evidence (Thompson sampling over moves)
+    "exploit": 0.5,            # chance a move is the one memory believes best (else a Thompson draw)
     "combine_max": 4,          # moves the "combine" operator applies at most (those MEMORY believes in most)
 }
 
@@ -91,6 +92,7 @@ IMPROVER_RANGES = {
     "budget_reserve": [0.0, 0.2, "add"],
     "memory_prior": [0.5, 8.0, "mul"],
     "memory_sd": [0.005, 0.1, "mul"],
+    "exploit": [0.0, 1.0, "add"],
 }
 
 # Categorical IMPROVER genes and their allowed values.
@@ -1041,8 +1043,9 @@ class ProgramImprover(PlanResearcher):
 
     def pick(self, program: Program, genome: Genome, operator: str,
              tried: set[str]) -> tuple[Genome, str, str] | None:
-        """A ``point`` or ``phase`` change of ``genome`` by Thompson sampling over the moves of
-        :func:`moves` (:func:`sample_gain` on :attr:`memory`): ``(genome, description, move)``. Point
+        """A ``point`` or ``phase`` change of ``genome``: with chance ``exploit`` the move :attr:`memory`
+        believes best (highest shrunk mean gain, if any is positive), else by Thompson sampling over the
+        moves of :func:`moves` (:func:`sample_gain`): ``(genome, description, move)``. Point
         changes of genes the plan never reads (:func:`gene_reads`) and genomes already tried are left out."""
         reads = None
         if operator == "point":
@@ -1055,7 +1058,11 @@ class ProgramImprover(PlanResearcher):
         if not by_move:
             return None
         prior, sd = float(self.config["memory_prior"]), float(self.config["memory_sd"])
-        move = max(by_move, key=lambda m: sample_gain(self.memory, m, prior, sd, self.rng))
+        believed = [m for m in by_move if self.memory.get(m, [0.0, 0.0])[1] > 0]
+        if believed and self.rng.random() < float(self.config["exploit"]):
+            move = max(believed, key=lambda m: self.memory[m][1] / (self.memory[m][0] + prior))
+        else:
+            move = max(by_move, key=lambda m: sample_gain(self.memory, m, prior, sd, self.rng))
         new, what = by_move[move][self.rng.randrange(len(by_move[move]))]
         return new, what, move
 
