@@ -92,7 +92,7 @@ def register(sub: Any) -> None:
     rec.add_argument("--target", help="registered id or bundled name (default: the scenario's)")
     rec.add_argument("--mode", choices=["target", "improver"], default="target")
     rec.add_argument("--ray", action="store_true", help="run the measuring episodes as Ray tasks")
-    rec.add_argument("--select", choices=["greedy", "dgm", "thompson", "sica"],
+    rec.add_argument("--select", choices=["greedy", "dgm", "thompson", "sica", "metaproductive"],
                      help="parent selection rule (default: the improver's own IMPROVER['parent_selection'], else greedy)")
     rec.add_argument("--accept-low", type=float, default=0.0,
                      help="accept a candidate when the 95%% lower bound of its paired validation gain is above this (default 0)")

@@ -49,7 +49,7 @@ from .ports import Researchers, researchers
 from .world import RecursiveOptions
 
 FRESH_SEED_BASE = 9_000  # outer seeds of imp@k's fresh-target runs: chains use seed*1000 + round
-RULES = ("greedy", "dgm", "thompson", "sica")
+RULES = ("greedy", "dgm", "thompson", "sica", "metaproductive")
 
 
 @dataclass(frozen=True)

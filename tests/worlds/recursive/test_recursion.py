@@ -334,7 +334,7 @@ def make_researcher(params):
     assert measure(builtin_spec("program"), tiny_options(), "dev", 1).attempts == []  # the seed program attempts nothing
 
 
-@pytest.mark.parametrize("rule", ["greedy", "dgm", "thompson", "sica"])
+@pytest.mark.parametrize("rule", ["greedy", "dgm", "thompson", "sica", "metaproductive"])
 def test_every_parent_selection_rule_runs_rounds_and_picks_an_accepted_parent(rule, tmp_path):
     from rsigym_env.archive import Archive
 
