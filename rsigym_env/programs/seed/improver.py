@@ -99,7 +99,7 @@ IMPROVER_RANGES = {
 IMPROVER_ALLELES = {
     "select": ["greedy", "tournament", "latest"],
     "screen_ties": [True, False],
-    "parent_selection": ["greedy", "dgm", "thompson", "sica", "metaproductive"],
+    "parent_selection": ["greedy", "dgm", "thompson", "sica"],
 }
 
 # A target that is not a program: how its params.toml numbers may move (others: within 4x of the original).
