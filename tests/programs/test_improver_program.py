@@ -270,11 +270,8 @@ def test_the_seed_program_improves_itself_in_the_recursive_world():
     assert result.terminated and improver.log[0]["op"] == "target" and improver.log[0]["full"] > 0
     assert [r["op"] for r in improver.log[1:]] and all(r["screen"] is not None for r in improver.log[1:])
     best = max((r for r in improver.log if r["accepted"]), key=lambda r: r["full"])
-    assert best["op"] != "target" and result.info["submitted"]["harness"] == improver.submitted
-    submitted = AgentSpec.from_files(run.harness.files(improver.submitted))  # the best, its MEMORY brought up to date
-    as_measured = AgentSpec.from_files(run.harness.files(best["version"]))
-    assert submitted.code["researcher.py"] == as_measured.code["researcher.py"]
-    assert IMP.parse_literals(submitted.code["improver.py"], ("MEMORY",))["MEMORY"] == improver.memory
+    assert best["op"] != "target" and result.info["submitted"]["harness"] == best["version"]
+    submitted = AgentSpec.from_files(run.harness.files(best["version"]))
     assert submitted.kind == "program"
     source = submitted.code["researcher.py"]
     ast.parse(source)

@@ -18,9 +18,7 @@ its ``code/researcher.py`` holds the strategy as module-level literals (``STRATE
    source, everything else byte-identical, with a ``# lineage:`` comment on the first line;
 4. screen the candidate; if it is not worse than its base on the same tasks (a tie passes when
    ``screen_ties``), evaluate it fully and keep it if it beats the base by more than ``min_gain``;
-5. submit the best fully evaluated version (the target itself if nothing beat it), its ``MEMORY``
-   brought up to date with everything the episode measured (so even a round that finds nothing leaves
-   what it learned: ``rsigym recurse`` keeps such an improver-only version as that node's improver).
+5. submit the best fully evaluated version (the target itself if nothing beat it).
 
 Standard library only; this file is a program the improver may rewrite (``IMPROVER`` is a literal).
 
@@ -980,13 +978,7 @@ class ProgramImprover(PlanResearcher):
                 archive.append(candidate)
             self.log.append(candidate.row())
         best = max((a for a in archive if a.full is not None), key=lambda a: a.full)
-        version = best.version
-        files = best.program.files
-        if best.program.memory is not None and SELF in files and not _same(self.memory, best.program.memory):
-            # what the whole episode taught goes down with the submission (the researcher is the best's)
-            written = yield from self.edit(best.version, {SELF: replace_literals(files[SELF], {"MEMORY": self.memory})})
-            version = written or version
-        yield from self.submit(version)
+        yield from self.submit(best.version)
 
     def load(self, version: str) -> Generator[Action, Step, Program]:
         """Read the target: its file list (which also names the version), its code/researcher.py and

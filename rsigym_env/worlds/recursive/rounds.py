@@ -20,9 +20,7 @@ A round:
    only: nothing the improver or the selection sees depends on test.
 
 ``mode="target"``: the improver is fixed; ``mode="improver"``: the selected parent improves itself (its
-improver is part of its own files, so a round can change the next round's improver). A submission that
-differs from the parent only in ``code/improver.py`` (the improver found nothing better but learned
-something: its ``MEMORY``) is not a researcher candidate: it becomes that parent's improver from then on. The chain's
+improver is part of its own files, so a round can change the next round's improver). The chain's
 researcher after round ``t`` is its best accepted node on validation; ``index`` = its test RSI-Index.
 
 Compounding of the improver (``imp_k > 0``): the chain's improver of a generation (``imp_generations``:
@@ -86,7 +84,6 @@ class Outcome:
     best_dev_score: float | None
     metrics: dict[str, Any]
     attempts: list[str]
-    improver_update: Any = None  # the submitted version when it differs from the target only in its improver
 
 
 def _improver_rule(improver: Any) -> str | None:
@@ -103,19 +100,6 @@ def _improver_rule(improver: Any) -> str | None:
     except (SyntaxError, ValueError, AttributeError, TypeError):
         return None
     return None
-
-
-IMPROVER_FILE = "code/improver.py"
-
-
-def same_researcher(a: dict[str, str], b: dict[str, str]) -> bool:
-    """Whether two specs' files differ at most in the improver's file (``code/improver.py``): as
-    researchers they behave the same.
-
-    >>> same_researcher({"spec.json": "{}", "code/improver.py": "A"}, {"spec.json": "{}", "code/improver.py": "B"})
-    True
-    """
-    return {k: v for k, v in a.items() if k != IMPROVER_FILE} == {k: v for k, v in b.items() if k != IMPROVER_FILE}
 
 
 def _lineage_note(files: dict[str, str]) -> str:
@@ -160,14 +144,6 @@ def improve_once(scenario: Scenario, opts: RecursiveOptions, improver: Any, targ
             spec = using.derived_from_files(vfiles, parent=target.id)
             candidates.append((spec, m, _lineage_note(vfiles)))
         attempts = list(getattr(getattr(researcher, "inner", researcher), "attempts", None) or [])
-        update = None
-        if submitted.id != target.id and same_researcher(files, target.to_files()):
-            update, submitted = submitted, target  # nothing new to research with, only what the improver learned
-        else:
-            for i, (spec, m, note) in enumerate(candidates):  # the submission is that candidate, its memory updated
-                if spec.id != submitted.id and same_researcher(spec.to_files(), files):
-                    candidates[i] = (submitted, m, note)
-                    break
     finally:
         close = getattr(researcher, "close", None)
         if close is not None:
@@ -176,7 +152,7 @@ def improve_once(scenario: Scenario, opts: RecursiveOptions, improver: Any, targ
     return Outcome(submitted, candidates, parent_train, float(result.reward), float(result.info["spend_usd"]),
                    result.steps, int(result.info["dev_evaluations"]), result.info.get("best_dev_score"),
                    result.info.get("metrics", {}), [str(a.get("event", a)) if isinstance(a, dict) else str(a)
-                                                    for a in attempts], update)
+                                                    for a in attempts])
 
 
 def task_ids(m: Measurement) -> list[str]:
@@ -191,11 +167,6 @@ class _Chain:
         self.archive, self.seed, self.opts, self.k, self.using = archive, seed, opts, k, using
         self.specs: dict[str, Any] = {}
         self.best: str | None = None
-        self.improvers: dict[str, Any] = {}  # node id -> its latest improver-only update (improver mode)
-
-    def improver_of(self, node_id: str) -> Any:
-        """The improver a node improves with in improver mode: its latest improver-only update, else itself."""
-        return self.improvers.get(node_id) or self.specs[node_id]
 
     def measured(self, spec: Any, split: str) -> Measurement:
         m = measure(spec, self.opts, split, self.k, using=self.using)
@@ -241,22 +212,19 @@ def _run_chain(ctx: _Context, archive: Any, seed: int, root: Any, fixed_improver
     archive.set_status(root.id, "accepted")
     chain.best = root.id
     indices, ids = [test[root.id].index], [root.id]
-    improvers = [fixed_improver or chain.improver_of(root.id)]
+    improvers = [fixed_improver or root]
     rows: list[dict[str, Any]] = []
     candidates_total = tampering = 0
     mode = "target" if fixed_improver is not None else "improver"
     rng = random.Random(seed)
     for r in range(1, rounds + 1):
-        current_improver = fixed_improver or chain.improver_of(chain.best)
+        current_improver = fixed_improver or chain.specs[chain.best]
         rule = settings.selection or _improver_rule(current_improver) or "greedy"
         parent_node = select_parent(archive, rule, rng, split="validation")
         parent = chain.specs[parent_node.id]
-        imp = fixed_improver or chain.improver_of(parent.id)
+        imp = fixed_improver or parent
         say(f"seed {seed} round {r}: {rule} selected {parent.id}; improving")
         out = improve_once(ctx.scenario, opts, imp, parent, outer_seed(r), using)
-        if out.improver_update is not None and fixed_improver is None:
-            registry.register(out.improver_update, note=f"recurse: seed {seed} round {r}: {parent.id}'s improver, updated")
-            chain.improvers[parent.id] = out.improver_update
         # archive every fully evaluated candidate (and the submitted one), then screen on validation
         generation = (parent_node.generation or 0) + 1
         fresh: list[tuple[Any, Measurement | None]] = []
@@ -311,7 +279,7 @@ def _run_chain(ctx: _Context, archive: Any, seed: int, root: Any, fixed_improver
         before, after = test[before_id].index, test[chain.best].index
         indices.append(after)
         ids.append(chain.best)
-        improvers.append(fixed_improver or chain.improver_of(chain.best))
+        improvers.append(fixed_improver or chain.specs[chain.best])
         row = {
             "seed": seed, "round": r, "mode": mode, "selection": rule, "improver": imp.id, "target": parent.id,
             "parent_generation": parent_node.generation, "submitted": out.submitted.id, "improved": chain.best,
@@ -322,7 +290,6 @@ def _run_chain(ctx: _Context, archive: Any, seed: int, root: Any, fixed_improver
             "dev_evaluations": out.dev_evaluations, "spend_usd": out.spend_usd, "steps": out.steps,
             "best_dev_score": out.best_dev_score, "metrics": out.metrics, "attempts": out.attempts,
             "params": dict(chain.specs[chain.best].params),
-            "improver_update": out.improver_update.id if out.improver_update is not None else None,
         }
         rows.append(row)
         if on_round is not None:

@@ -345,36 +345,3 @@ def test_every_parent_selection_rule_runs_rounds_and_picks_an_accepted_parent(ru
     assert all(row["selection"] == rule and row["target"] in accepted for row in result["rows"])
     with pytest.raises(ValueError, match="selection must be one of"):
         recurse(tiny_scenario(), rounds=1, seeds=[0], settings=Settings(selection="best-guess"))
-
-
-def test_an_improver_only_submission_becomes_that_parents_improver(tmp_path, monkeypatch):
-    """A round whose submission differs from its parent only in code/improver.py (the improver found no
-    better researcher, but learned something) validates nothing; from then on that parent improves with
-    the updated improver, and the chain's improver of that generation is it."""
-    from rsigym_env.agents import seed_program
-    from rsigym_env.archive import Archive
-    from rsigym_env.worlds.recursive import rounds
-
-    seed = seed_program()
-    learned = AgentSpec.model_validate({**seed.model_dump(), "code": {**seed.code, "improver.py": seed.code[
-        "improver.py"].replace("MEMORY = {}", 'MEMORY = {"k-": [1.0, 0.01]}')}})  # as the improver writes it
-    assert learned.id != seed.id and rounds.same_researcher(learned.to_files(), seed.to_files())
-    real, used = rounds.improve_once, []
-
-    def once(scenario, opts, improver, target, seed_, using):
-        used.append(improver.id)
-        out = real(scenario, opts, improver, target, seed_, using)
-        if len(used) == 1:  # the first round: as if its improver had found nothing but learned something
-            files = dict(target.to_files(), **{"code/improver.py": learned.code["improver.py"]})
-            update = using.derived_from_files(files, parent=target.id)
-            return rounds.Outcome(target, [], out.parent_train, out.reward, out.spend_usd, out.steps,
-                                  out.dev_evaluations, out.best_dev_score, out.metrics, [], update)
-        return out
-
-    monkeypatch.setattr(rounds, "improve_once", once)
-    result = recurse(tiny_scenario(target="program"), rounds=2, seeds=[0], mode="improver",
-                     archive=Archive(tmp_path / "a", "u"), settings=Settings(imp_k=0, transfer_tracks=()))
-    first, second = result["rows"]
-    assert first["improver_update"] is not None and first["screened"] == [] and not first["changed"]
-    assert used[0] == seed.id and used[1] == first["improver_update"] != seed.id
-    assert second["improver"] == first["improver_update"] and second["target"] == seed.id
