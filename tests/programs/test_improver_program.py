@@ -77,7 +77,7 @@ def test_the_seed_program_parses_into_a_genome_and_its_operators():
     p = program()
     assert p.is_program and p.genome["PHASES"][-1] == "submit"
     assert set(p.genome["STRATEGY"]) == set(ast.literal_eval(outside_value(FILES["researcher.py"], "STRATEGY")))
-    assert p.operators() == ["point", "crossover", "phase", "self", "combine"]
+    assert p.operators() == ["point", "crossover", "phase", "self"]
     assert "self" not in program(with_improver=False).operators()
 
 
@@ -191,7 +191,7 @@ def test_proposals_are_deterministic_under_a_seed():
         tried: set[str] = set()
         out = []
         for _ in range(12):
-            genome, lineage, _op, _move = improver.propose(base, [base], tried)
+            genome, lineage, _op = improver.propose(base, [base], tried)
             tried.add(IMP.genome_key(genome))
             out.append(lineage)
         return out
@@ -277,59 +277,4 @@ def test_the_seed_program_improves_itself_in_the_recursive_world():
     ast.parse(source)
     assert source != spec.code["researcher.py"] and source.startswith(f"# lineage: {best['lineage']}\n")
     load(submitted.code, "researcher").make_researcher({})
-    env.close()
-
-
-def test_genes_no_phase_of_the_plan_reads_are_never_proposed():
-    """gene_reads follows the plan's phase functions through the helpers they call: with the default
-    plan second_fraction and followup_lr_scale are read by nothing, so no point move touches them."""
-    p = program()
-    genes = list(p.genome["STRATEGY"])
-    source = p.files[IMP.RESEARCHER]
-    unread = set(genes) - IMP.gene_reads(source, genes, p.genome["PHASES"])
-    assert unread == {"second_fraction", "followup_lr_scale"}
-    assert IMP.gene_reads(source, genes, ["diagnose", "second_distil", "submit"]) >= {"second_fraction", "followup_lr_scale"}
-    improver = IMP.make_improver({})
-    improver.reset({"budget_left_usd": [1000.0]}, {"seed": 1})
-    improver.stop = True
-    base = IMP.Candidate("h-1", p, full=0.3)
-    seen = {improver.pick(p, p.genome, "point", set())[2] for _ in range(300)}
-    assert seen and not any(m.startswith(("second_fraction", "followup_lr_scale")) for m in seen)
-    assert any(m.startswith("phase") for m in (improver.pick(p, p.genome, "phase", set())[2] for _ in range(5)))
-    assert base.program is p
-
-
-def test_memory_steers_the_moves_and_combine_applies_the_believed_ones():
-    p = program()
-    believed = {"fix_min_share+": [4.0, 0.12], "data_fraction+": [3.0, 0.06], "k-": [3.0, -0.09],
-                "phase+verify_harness@fix_harness": [2.0, 0.05]}
-    improver = IMP.ProgramImprover({}, memory=believed)
-    improver.rng = random.Random(0)
-    picks = [improver.pick(p, p.genome, "point", set())[2] for _ in range(200)]
-    assert picks.count("fix_min_share+") > 90 and "k-" not in picks   # exploit 0.5: the believed move at least half the time
-    genome, what = improver.combine(p, set())
-    s = genome["STRATEGY"]
-    assert s["fix_min_share"] > p.genome["STRATEGY"]["fix_min_share"] and s["data_fraction"] > 0.4 and s["k"] == 3
-    assert genome["PHASES"][genome["PHASES"].index("fix_harness") + 1] == "verify_harness"
-    assert what.startswith("combine fix_min_share+, data_fraction+")
-    assert IMP.ProgramImprover({}, memory={"k-": [1.0, -0.1]}).combine(p, set()) is None  # nothing believed in
-
-
-@pytest.mark.skipif(not program_kind_wired(), reason="the program kind is not wired yet")
-def test_the_improver_remembers_what_its_candidates_showed_and_passes_it_down():
-    """Every measured candidate adds its move's dev gain to the improver's memory; the candidates it
-    writes carry the memory of that moment in code/improver.py, from which a descendant's improver starts."""
-    from rsigym_env.agents import AgentSpec, seed_program
-
-    spec = seed_program()
-    env = gym.make("RSIGym/Harness-v0", scenario=small(target_spec=spec.model_dump(mode="json")))
-    improver = load(spec.code, "improver").make_improver({"candidates": 4})
-    run_episode(env, improver, seed=5)
-    run = env.unwrapped.run
-    measured = [r for r in improver.log[1:] if r["move"] is not None and r["screen"] is not None]
-    assert measured and set(improver.memory) >= {r["move"] for r in measured}
-    last = AgentSpec.from_files(run.harness.files(improver.log[-1]["version"]))
-    inherited = IMP.parse_literals(last.code["improver.py"], ("MEMORY",))["MEMORY"]
-    assert inherited and all(improver.memory[m][0] >= n for m, (n, _) in inherited.items())
-    assert load(last.code, "improver").make_improver({}).memory0 == inherited
     env.close()

@@ -53,24 +53,13 @@ IMPROVER = {
     "screen_ties": False,      # a screen score equal to the base's passes to the full evaluation
     "full_k": 1,               # avg@k of the full dev evaluation (all dev tasks)
     "min_gain": 0.0,           # a candidate is kept if its full score beats its base's by more than this
-    "operator_weights": {"point": 4, "phase": 2, "crossover": 1, "self": 1, "combine": 2},  # how often each is drawn
+    "operator_weights": {"point": 4, "phase": 2, "crossover": 1, "self": 1},  # how often each operator is drawn
     "step": 1.5,               # multiplicative step of "mul" genes
     "select": "greedy",        # the base of the next proposal: greedy (best), tournament or latest (kept)
     "tournament": 2,           # kept candidates drawn by the tournament rule
     "budget_reserve": 0.02,    # share of the starting budget no evaluation is expected to eat into
     "parent_selection": "greedy",  # how `rsigym recurse` picks the next round's parent from the archive
-    "memory_prior": 5.0,       # zero-gain pseudo-observations every move starts with: (noise sd / memory_sd)^2
-    "memory_sd": 0.015,        # spread of a move's true dev gain before any evidence (Thompson sampling over moves)
-    "exploit": 0.5,            # chance a move is the one memory believes best (else a Thompson draw)
-    "combine_max": 4,          # moves the "combine" operator applies at most (those MEMORY believes in most)
 }
-
-# What this improver has learned on train: move -> [weight, sum of gains], a gain being a candidate's dev
-# score minus its base's on the same tasks (weight 1 for the full evaluation, less for a screen). Moves are
-# named by what they do, not by the values they start from ("data_fraction+", "fix_harness=top1",
-# "phase+verify_harness@fix_harness"), so what was learned on one program applies to its descendants.
-# Every candidate this improver writes carries it, updated, so a descendant's improver starts from it.
-MEMORY = {}
 
 # How the "self" operator may move IMPROVER's numeric genes: [low, high, how]; how = "mul" (x*step or
 # x/step), "add" (x+-1; a float moves by a tenth of the range) or "dbl" (x*2 or x//2). Dotted names
@@ -85,14 +74,9 @@ IMPROVER_RANGES = {
     "operator_weights.phase": [0, 8, "add"],
     "operator_weights.crossover": [0, 8, "add"],
     "operator_weights.self": [0, 8, "add"],
-    "operator_weights.combine": [0, 8, "add"],
-    "combine_max": [2, 6, "add"],
     "step": [1.1, 4.0, "mul"],
     "tournament": [2, 4, "add"],
     "budget_reserve": [0.0, 0.2, "add"],
-    "memory_prior": [0.5, 8.0, "mul"],
-    "memory_sd": [0.005, 0.1, "mul"],
-    "exploit": [0.0, 1.0, "add"],
 }
 
 # Categorical IMPROVER genes and their allowed values.
@@ -115,9 +99,8 @@ LINEAGE = "# lineage: "
 RESEARCHER = "code/researcher.py"
 SELF = "code/improver.py"
 STRATEGY_LITERALS = ("STRATEGY", "ALLELES", "RANGES", "PHASES", "OPTIONAL_PHASES")
-SELF_LITERALS = ("IMPROVER", "IMPROVER_RANGES", "IMPROVER_ALLELES", "MEMORY")
-MEMORY_KEEP = 300  # moves remembered at most (the most observed ones stay)
-OPERATORS = ("point", "phase", "crossover", "self", "combine")
+SELF_LITERALS = ("IMPROVER", "IMPROVER_RANGES", "IMPROVER_ALLELES")
+OPERATORS = ("point", "phase", "crossover", "self")
 _NOTE = re.compile(r"\n\.\.\. \(\d+ more characters; read with @offset to continue\)\Z")
 
 Genome = dict[str, Any]
@@ -521,7 +504,6 @@ class Program:
         self.files = dict(files)
         self.genome: Genome = {}
         self.space: dict[str, Any] = {}
-        self.memory: dict[str, list[float]] | None = None  # MEMORY of code/improver.py, when it has one
         if RESEARCHER in files:
             found = parse_literals(files[RESEARCHER], STRATEGY_LITERALS)
             if isinstance(found.get("STRATEGY"), dict):
@@ -534,8 +516,6 @@ class Program:
             self.space["OPTIONAL_PHASES"] = list(found.get("OPTIONAL_PHASES") or [])
             if SELF in files:
                 own = parse_literals(files[SELF], SELF_LITERALS)
-                if isinstance(own.get("MEMORY"), dict):
-                    self.memory = own["MEMORY"]
                 if isinstance(own.get("IMPROVER"), dict) and isinstance(own.get("IMPROVER_RANGES"), dict):
                     self.genome["IMPROVER"] = own["IMPROVER"]
                     self.space["IMPROVER_RANGES"] = own["IMPROVER_RANGES"]
@@ -553,30 +533,24 @@ class Program:
         if not self.is_program:
             return ["point", "crossover"] if "params" in self.genome else []
         ops = ["point", "crossover"] + (["phase"] if "PHASES" in self.genome else [])
-        return ops + (["self"] if "IMPROVER" in self.genome else []) + ["combine"]
+        return ops + (["self"] if "IMPROVER" in self.genome else [])
 
-    def write(self, genome: Genome, lineage: str, memory: dict[str, list[float]] | None = None) -> dict[str, str]:
+    def write(self, genome: Genome, lineage: str) -> dict[str, str]:
         """The files that change when ``genome`` replaces this program's genome (researcher.py always,
-        for its lineage line), and ``memory`` its improver's MEMORY (when it has one)."""
+        for its lineage line)."""
         if not self.is_program:
             return {"params.toml": rewrite_params(self.files["params.toml"], self.genome["params"], genome["params"])}
         ours = {n: genome[n] for n in ("STRATEGY", "PHASES") if n in genome}
         out = {RESEARCHER: set_lineage(replace_literals(self.files[RESEARCHER], ours), lineage)}
-        own: dict[str, Any] = {}
         if "IMPROVER" in genome and not _same(genome["IMPROVER"], self.genome["IMPROVER"]):
-            own["IMPROVER"] = genome["IMPROVER"]
-        if memory is not None and self.memory is not None and not _same(memory, self.memory):
-            own["MEMORY"] = memory
-        if own:
-            out[SELF] = replace_literals(self.files[SELF], own)
+            out[SELF] = replace_literals(self.files[SELF], {"IMPROVER": genome["IMPROVER"]})
         return out
 
-    def derived(self, genome: Genome, lineage: str, memory: dict[str, list[float]] | None = None) -> "Program":
-        """The program ``genome`` (and ``memory``) describe (its files as :meth:`write` gives them)."""
+    def derived(self, genome: Genome, lineage: str) -> "Program":
+        """The program ``genome`` describes (its files as :meth:`write` gives them)."""
         child = Program.__new__(Program)
-        child.files = dict(self.files, **self.write(genome, lineage, memory))
+        child.files = dict(self.files, **self.write(genome, lineage))
         child.genome, child.space = genome, self.space
-        child.memory = memory if memory is not None and self.memory is not None else self.memory
         return child
 
 
@@ -618,154 +592,6 @@ def propose(program: Program, operator: str, rng: random.Random, step: float,
     raise ValueError(f"unknown operator {operator!r}; known: {', '.join(OPERATORS)}")
 
 
-# ---------------------------------------------------------------------------------- moves and memory
-
-
-def gene_reads(source: str, genes: list[str], plan: list[str]) -> set[str] | None:
-    """The STRATEGY genes a researcher's code can read when it runs ``plan``: every gene named (as a
-    string) in the plan's ``phase_*`` functions, in any function they reach, and in the code outside
-    the phase functions (classes, other functions it reaches); None if the code has no phase functions.
-    A candidate that changes only genes outside this set behaves exactly as its base: it is never
-    screened.
-
-    >>> src = ("def phase_a(ctx):\\n    return _h(ctx)\\n\\ndef _h(ctx):\\n    return ctx.s['x']\\n\\n"
-    ...        "def phase_b(ctx):\\n    return ctx.s['y']\\n")
-    >>> sorted(gene_reads(src, ["x", "y", "z"], ["a"])), sorted(gene_reads(src, ["x", "y", "z"], ["a", "b"]))
-    (['x'], ['x', 'y'])
-    """
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None
-    funcs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    if not any(name.startswith("phase_") for name in funcs):
-        return None
-    wanted = set(genes)
-    literals = {"STRATEGY", "ALLELES", "RANGES", "PHASES", "OPTIONAL_PHASES"}
-
-    def named(node: ast.AST) -> tuple[set[str], set[str]]:
-        found, calls = set(), set()
-        for sub in ast.walk(node):
-            if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and sub.value in wanted:
-                found.add(sub.value)
-            elif isinstance(sub, ast.Name) and sub.id in funcs:
-                calls.add(sub.id)
-        return found, calls
-
-    roots: list[ast.AST] = [funcs["phase_" + p] for p in plan if "phase_" + p in funcs]
-    for node in tree.body:  # code outside the phases (not the strategy literals themselves)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
-        if any(isinstance(t, ast.Name) and t.id in literals for t in targets):
-            continue
-        roots.append(node)
-    seen: set[str] = set()
-    reads: set[str] = set()
-    while roots:
-        found, calls = named(roots.pop())
-        reads |= found
-        for name in calls - seen:
-            if not name.startswith("phase_"):
-                seen.add(name)
-                roots.append(funcs[name])
-    return reads
-
-
-def moves(genome: Genome, space: dict[str, Any], step: float, reads: set[str] | None = None,
-          operator: str = "point") -> list[tuple[str, Genome, str]]:
-    """Every single change the ``point`` (one STRATEGY gene; only genes in ``reads`` when given) or the
-    ``phase`` operator (delete, swap adjacent, insert a known phase anywhere; ``submit`` stays last) can
-    make: ``(move, genome, description)``. ``move`` names what the change does, whatever the values it
-    starts from (numbers: ``gene+``/``gene-``; categories: ``gene=value``; list genes: ``gene+elem``,
-    ``gene-elem``, ``gene~``; phases: ``phase-x``, ``phase~x<>y``, ``phase+x@before``).
-
-    >>> g = {"STRATEGY": {"k": 3, "rule": "a", "on": True}, "PHASES": ["a", "submit"]}
-    >>> sp = {"RANGES": {"k": [1, 8, "add"]}, "ALLELES": {"rule": ["a", "b"]}, "OPTIONAL_PHASES": ["b"]}
-    >>> [m for m, _, _ in moves(g, sp, 1.5)], [m for m, _, _ in moves(g, sp, 1.5, operator="phase")]
-    (['k+', 'k-', 'rule="b"', 'on=False'], ['phase+b@^', 'phase+b@a'])
-    """
-    out: list[tuple[str, Genome, str]] = []
-    if operator == "phase":
-        if "PHASES" not in genome:
-            return out
-        phases = list(genome["PHASES"])
-        tail = ["submit"] if phases and phases[-1] == "submit" else []
-        body = phases[:-1] if tail else phases
-        known = [p for p in list(space.get("DEFAULT_PHASES", [])) + list(space.get("OPTIONAL_PHASES", [])) if p != "submit"]
-
-        def made(new: list[str], move: str, what: str) -> tuple[str, Genome, str]:
-            return move, dict(genome, PHASES=new + tail), f"phase {what}: {inline(phases)} -> {inline(new + tail)}"
-
-        if len(body) > 1:
-            out += [made(body[:i] + body[i + 1:], f"phase-{p}", f"delete {p}") for i, p in enumerate(body)]
-        for i in range(len(body) - 1):
-            new = body[:i] + [body[i + 1], body[i]] + body[i + 2:]
-            out.append(made(new, f"phase~{body[i]}<>{body[i + 1]}", f"swap {body[i]}<->{body[i + 1]}"))
-        for p in dict.fromkeys(p for p in known if p not in body):
-            for at in range(len(body) + 1):
-                out.append(made(body[:at] + [p] + body[at:], f"phase+{p}@{body[at - 1] if at else '^'}", f"insert {p}@{at}"))
-        return out
-    genes = genome.get("STRATEGY") or {}
-    alleles, ranges = space.get("ALLELES", {}), space.get("RANGES", {})
-    for name in _movable(genes, alleles, ranges):
-        if reads is not None and name not in reads:
-            continue
-        value = genes[name]
-
-        def made_gene(new: Any, move: str, what: str, name: str = name) -> tuple[str, Genome, str]:
-            return move, dict(genome, STRATEGY=dict(genes, **{name: new})), f"point {name} {what}"
-
-        allowed = alleles.get(name)
-        if _numeric(value) and name in ranges:
-            low, high, how = ranges[name][0], ranges[name][1], ranges[name][2] if len(ranges[name]) > 2 else "mul"
-            for up in (True, False):
-                new = step_value(value, low, high, how, up, step)
-                if not _same(new, value):
-                    out.append(made_gene(new, f"{name}{'+' if up else '-'}", f"{inline(value)} -> {inline(new)}"))
-        elif isinstance(value, list) and isinstance(allowed, list) and not all(isinstance(a, list) for a in allowed):
-            for element in dict.fromkeys(a for a in allowed if a not in value):
-                for at in range(len(value) + 1):
-                    new = value[:at] + [element] + value[at:]
-                    out.append(made_gene(new, f"{name}+{inline(element)}", f"+{inline(element)}: {inline(value)} -> {inline(new)}"))
-            for i, element in enumerate(value):
-                new = value[:i] + value[i + 1:]
-                out.append(made_gene(new, f"{name}-{inline(element)}", f"-{inline(element)}: {inline(value)} -> {inline(new)}"))
-            for i in range(len(value) - 1):
-                new = value[:i] + [value[i + 1], value[i]] + value[i + 2:]
-                out.append(made_gene(new, f"{name}~", f"swap: {inline(value)} -> {inline(new)}"))
-        elif isinstance(allowed, list):
-            for new in allowed:
-                if not _same(new, value):
-                    out.append(made_gene(new, f"{name}={inline(new)}", f"{inline(value)} -> {inline(new)}"))
-        elif isinstance(value, bool):
-            out.append(made_gene(not value, f"{name}={not value}", f"{value} -> {not value}"))
-    return out
-
-
-def remember(memory: dict[str, list[float]], move: str, gain: float, weight: float = 1.0) -> dict[str, list[float]]:
-    """``memory`` with one more observation of ``move``: a dev ``gain`` of that ``weight``; at most
-    :data:`MEMORY_KEEP` moves (the least observed are forgotten first).
-
-    >>> remember(remember({}, "k+", 0.02), "k+", -0.01, 0.5)
-    {'k+': [1.5, 0.015]}
-    """
-    n, total = memory.get(move, [0.0, 0.0])
-    out = dict(memory, **{move: [round(n + weight, 4), round(total + weight * gain, 6)]})
-    if len(out) > MEMORY_KEEP:
-        keep = sorted(out, key=lambda m: (-out[m][0], m))[:MEMORY_KEEP]
-        out = {m: out[m] for m in sorted(keep)}
-    return out
-
-
-def sample_gain(memory: dict[str, list[float]], move: str, prior: float, sd: float, rng: random.Random) -> float:
-    """A Thompson draw of ``move``'s dev gain: its mean gain shrunk towards 0 by ``prior`` zero-gain
-    pseudo-observations, plus noise of spread ``sd / sqrt(1 + weight / prior)``."""
-    n, total = memory.get(move, [0.0, 0.0])
-    mean = total / (n + prior) if n + prior > 0 else 0.0
-    return mean + rng.gauss(0.0, sd / (1.0 + n / max(prior, 1e-9)) ** 0.5)
-
-
 # ---------------------------------------------------------------------------------- the researcher
 
 
@@ -787,32 +613,27 @@ class Candidate:
     screen: float | None = None
     full: float | None = None
     accepted: bool = False
-    move: str | None = None
 
     def row(self) -> dict[str, Any]:
         """What :attr:`ProgramImprover.log` keeps of it."""
         return {"version": self.version, "base": self.base, "op": self.op, "lineage": self.lineage,
-                "move": self.move, "screen": self.screen, "full": self.full, "accepted": self.accepted}
+                "screen": self.screen, "full": self.full, "accepted": self.accepted}
 
 
 class ProgramImprover(PlanResearcher):
     """Improves a researcher program by rewriting its strategy literals (see the module docstring).
 
-    ``log`` lists every measured candidate: op, lineage, move, version, screen, full, accepted.
-    ``memory``: what it has learned about moves (:data:`MEMORY`, updated by every measured candidate)."""
+    ``log`` lists every measured candidate: op, lineage, version, screen, full, accepted."""
 
     name = "program-improver"
 
-    def __init__(self, config: dict[str, Any] | None = None, memory: dict[str, list[float]] | None = None):
+    def __init__(self, config: dict[str, Any] | None = None):
         self.config = dict(IMPROVER, **(config or {}))
-        self.memory0 = dict(MEMORY if memory is None else memory)
-        self.memory = dict(self.memory0)
         self.log: list[dict[str, Any]] = []
         self.submitted: str | None = None
 
     def reset(self, observation: dict[str, Any], info: dict[str, Any], seed: int | None = None) -> None:
         self.log, self.submitted, self.last_log = [], None, ""
-        self.memory = dict(self.memory0)
         self.rng = random.Random(seed if seed is not None else int(info.get("seed", 0) or 0))
         self.max_steps = int(info.get("max_steps") or 10**9)
         self.steps = 0
@@ -961,16 +782,15 @@ class ProgramImprover(PlanResearcher):
             proposal = self.propose(base, evaluated, tried)
             if proposal is None:
                 break
-            genome, lineage, operator, move = proposal
+            genome, lineage, operator = proposal
             proposals += 1
             tried.add(genome_key(genome))
-            program = base.program.derived(genome, lineage, self.memory)
-            version = yield from self.edit(base.version, base.program.write(genome, lineage, self.memory))
+            program = base.program.derived(genome, lineage)
+            version = yield from self.edit(base.version, base.program.write(genome, lineage))
             if version is None or version in {e.version for e in evaluated}:
                 continue
-            candidate = Candidate(version, program, base.version, operator, lineage, move=move)
+            candidate = Candidate(version, program, base.version, operator, lineage)
             yield from self.measure(candidate, base.screen)
-            self.learn(candidate, base)
             if candidate.screen is not None:
                 evaluated.append(candidate)
             if candidate.full is not None and candidate.full > base.full + float(self.config["min_gain"]):
@@ -1006,107 +826,20 @@ class ProgramImprover(PlanResearcher):
                 return program
         return Program({})
 
-    def propose(self, base: Candidate, evaluated: list[Candidate],
-                tried: set[str]) -> tuple[Genome, str, str, str | None] | None:
-        """A new genome from ``base`` by one operator: ``(genome, lineage, operator, move)``; programs
-        already tried are skipped (None after 50 draws found nothing new). ``point`` and ``phase`` (and
-        the researcher change ``self`` carries) choose their move by :meth:`pick`."""
+    def propose(self, base: Candidate, evaluated: list[Candidate], tried: set[str]) -> tuple[Genome, str, str] | None:
+        """A new genome from ``base`` by one operator: ``(genome, lineage, operator)``; programs already
+        tried are skipped (None after 50 draws found nothing new)."""
         program: Program = base.program
         donors = [(e.version, e.program.genome) for e in evaluated if e is not base]
         available = [op for op in program.operators() if op != "crossover" or donors]
-        step = float(self.config["step"])
         for _ in range(50):
             operator = self.draw_operator(available)
             if operator is None:
                 return None
-            if program.is_program and operator in ("point", "phase"):
-                picked = self.pick(program, program.genome, operator, tried)
-                if picked is not None:
-                    return picked[0], picked[1], operator, picked[2]
-                continue
-            if program.is_program and operator == "combine":
-                combined = self.combine(program, tried)
-                if combined is not None:
-                    return combined[0], combined[1], operator, None
-                available = [op for op in available if op != "combine"]  # nothing to combine from this base
-                continue
-            if program.is_program and operator == "self":
-                changed = mutate_self(program.genome, program.space, self.rng, step)
-                picked = self.pick(program, changed[0], "point", tried) if changed is not None else None
-                if picked is not None:
-                    return picked[0], f"{changed[1]}; {picked[1]}", operator, picked[2]  # type: ignore[index]
-                continue
-            made = propose(program, operator, self.rng, step, donors)
+            made = propose(program, operator, self.rng, float(self.config["step"]), donors)
             if made is not None and genome_key(made[0]) not in tried:
-                return made[0], made[1], operator, None
+                return made[0], made[1], operator
         return None
-
-    def pick(self, program: Program, genome: Genome, operator: str,
-             tried: set[str]) -> tuple[Genome, str, str] | None:
-        """A ``point`` or ``phase`` change of ``genome``: with chance ``exploit`` the move :attr:`memory`
-        believes best (highest shrunk mean gain, if any is positive), else by Thompson sampling over the
-        moves of :func:`moves` (:func:`sample_gain`): ``(genome, description, move)``. Point
-        changes of genes the plan never reads (:func:`gene_reads`) and genomes already tried are left out."""
-        reads = None
-        if operator == "point":
-            reads = gene_reads(program.files.get(RESEARCHER, ""), list(genome.get("STRATEGY") or {}),
-                               list(genome.get("PHASES") or []))
-        by_move: dict[str, list[tuple[Genome, str]]] = {}
-        for move, new, what in moves(genome, program.space, float(self.config["step"]), reads, operator):
-            if genome_key(new) not in tried:
-                by_move.setdefault(move, []).append((new, what))
-        if not by_move:
-            return None
-        prior, sd = float(self.config["memory_prior"]), float(self.config["memory_sd"])
-        believed = [m for m in by_move if self.memory.get(m, [0.0, 0.0])[1] > 0]
-        if believed and self.rng.random() < float(self.config["exploit"]):
-            move = max(believed, key=lambda m: self.memory[m][1] / (self.memory[m][0] + prior))
-        else:
-            move = max(by_move, key=lambda m: sample_gain(self.memory, m, prior, sd, self.rng))
-        new, what = by_move[move][self.rng.randrange(len(by_move[move]))]
-        return new, what, move
-
-    def combine(self, program: Program, tried: set[str]) -> tuple[Genome, str] | None:
-        """The ``combine`` operator: up to ``combine_max`` moves at once, those whose gain :attr:`memory`
-        believes positive (mean shrunk by ``memory_prior``), best first, each applied once and only to
-        genes no earlier one changed; None unless at least two apply and the result is new."""
-        prior = float(self.config["memory_prior"])
-        believed = sorted((total / (n + prior), move) for move, (n, total) in self.memory.items() if total > 0)
-        genome, applied, touched = program.genome, [], set()
-        step = float(self.config["step"])
-        for _mean, move in reversed(believed):
-            kind = "phase" if move.startswith("phase") else "point"
-            for name, new, _what in moves(genome, program.space, step, None, kind):
-                if name != move:
-                    continue
-                changed = {g for g in new.get("STRATEGY", {}) if not _same(new["STRATEGY"][g], genome["STRATEGY"][g])}
-                changed |= {"PHASES"} if not _same(new.get("PHASES"), genome.get("PHASES")) else set()
-                if changed & touched:
-                    continue
-                genome, touched = new, touched | changed
-                applied.append(move)
-                break
-            if len(applied) >= int(self.config["combine_max"]):
-                break
-        if len(applied) < 2 or genome_key(genome) in tried:
-            return None
-        return genome, f"combine {', '.join(applied)}"
-
-    def learn(self, candidate: Candidate, base: Candidate) -> None:
-        """Add what ``candidate`` showed about its move to :attr:`memory`: its full dev score minus its
-        base's (weight 1), else its screen score minus the base's screen (weight: the screen's share of
-        a full evaluation's attempts)."""
-        if candidate.move is None:
-            return
-        c = self.config
-        if candidate.full is not None and base.full is not None:
-            gain, weight = candidate.full - base.full, 1.0
-        elif candidate.screen is not None and base.screen is not None:
-            full = (self.tasks or int(c["screen_tasks"])) * int(c["full_k"])
-            gain, weight = candidate.screen - base.screen, min(1.0, int(c["screen_tasks"]) * int(c["screen_k"]) / max(full, 1))
-        else:
-            return
-        self.memory = remember(self.memory, candidate.move, gain, weight)
 
     def submit(self, version: str) -> Generator[Action, Step, None]:
         """Submit ``version`` (waiting for the submission when it runs as a job)."""
