@@ -383,3 +383,25 @@ def test_missing_bwrap_raises_or_falls_back_loudly(app: Path, monkeypatch: pytes
     r = asyncio.run(run_isolated_async(f"{PY} -c \"x = bytearray(600 << 20)\"", workdir=app,
                                        limits=Limits(memory_mb=256), require_isolation=False))
     assert not r.isolated and r.limit == "memory"  # the rlimits still apply
+
+
+def test_a_failed_bwrap_check_is_tried_again_later_a_success_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One check that times out on a loaded machine must not refuse every sandbox of a long run."""
+    import subprocess
+
+    real, calls = subprocess.run, []
+
+    def slow_once(argv, **kw):
+        calls.append(argv)
+        if len(calls) == 1:
+            raise subprocess.TimeoutExpired(argv, kw.get("timeout", 20))
+        return real(argv, **kw)
+
+    monkeypatch.setattr(isolation, "_BWRAP_CHECK", {"ok": None, "why": "", "at": float("-inf")})
+    monkeypatch.setattr(isolation.subprocess, "run", slow_once)
+    assert isolation._bwrap_works()[0] is False and "failed to run" in isolation._bwrap_works()[1]
+    assert len(calls) == 1                                       # the failure is remembered for a while ...
+    monkeypatch.setattr(isolation, "BWRAP_RECHECK_S", 0.0)
+    assert isolation.bwrap_available() and len(calls) == 2      # ... then checked again
+    monkeypatch.setattr(isolation, "BWRAP_RECHECK_S", 1e9)
+    assert isolation.bwrap_available() and len(calls) == 2      # a success is kept

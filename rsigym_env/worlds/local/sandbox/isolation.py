@@ -61,6 +61,7 @@ import errno
 import hashlib
 import json
 import logging
+import math
 import os
 import posixpath
 import re
@@ -79,7 +80,7 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 
 from rsigym_env.owners import Owner, current_owner, owner_status
 
@@ -171,20 +172,32 @@ def _bwrap() -> str | None:
     return shutil.which("bwrap") or (("/usr/bin/bwrap") if os.access("/usr/bin/bwrap", os.X_OK) else None)
 
 
-@lru_cache(maxsize=1)
+_BWRAP_CHECK: dict[str, Any] = {"ok": None, "why": "", "at": -math.inf}
+BWRAP_RECHECK_S = 30.0  # a failed check (e.g. a timeout on a loaded machine) is tried again after this
+
+
 def _bwrap_works() -> tuple[bool, str]:
+    """Whether bubblewrap runs here (and why not). A success is remembered for the process; a failure
+    only for :data:`BWRAP_RECHECK_S` seconds, so that one slow or refused check under load does not
+    refuse every sandbox for the rest of a long run."""
+    check = _BWRAP_CHECK
+    if check["ok"] or (check["ok"] is False and time.monotonic() - check["at"] < BWRAP_RECHECK_S):
+        return bool(check["ok"]), check["why"]
     path = _bwrap()
+    ok, why = True, ""
     if path is None:
-        return False, "bwrap not found"
-    argv = [path, "--die-with-parent", "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/", "--proc", "/proc",
-            "--dev", "/dev", "--", "/bin/true"]
-    try:
-        proc = subprocess.run(argv, capture_output=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"bwrap failed to run: {exc}"
-    if proc.returncode != 0:
-        return False, f"bwrap does not work here: {proc.stderr.decode(errors='replace').strip()}"
-    return True, ""
+        ok, why = False, "bwrap not found"
+    else:
+        argv = [path, "--die-with-parent", "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/", "--proc", "/proc",
+                "--dev", "/dev", "--", "/bin/true"]
+        try:
+            proc = subprocess.run(argv, capture_output=True, timeout=20)
+            if proc.returncode != 0:
+                ok, why = False, f"bwrap does not work here: {proc.stderr.decode(errors='replace').strip()}"
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            ok, why = False, f"bwrap failed to run: {exc}"
+    check.update(ok=ok, why=why, at=time.monotonic())
+    return ok, why
 
 
 def bwrap_available() -> bool:
