@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator, model_validator
 
 from .canonical import canonical_dumps
 from .episode import Researcher
@@ -79,6 +79,8 @@ class AgentSpec(BaseModel):
     params: dict[str, Scalar | list[Scalar]] = Field(default_factory=dict, description="Fields of the kind's Args dataclass.")
     code: dict[str, str] = Field(default_factory=dict, description="Program kind: Python source files (name.py -> text); "
                                                                    "researcher.py defines make_researcher(params).")
+    limits: dict[str, StrictInt | StrictFloat] = Field(default_factory=dict, description="Program kind: ProgramLimits fields it "
+                                     "asks for (at most what the scenario grants; rsigym_env.programs.ProgramLimits.parse).")
     parent: str | None = Field(None, description="Id of the spec this one was derived from.")
 
     @field_validator("kind")
@@ -122,8 +124,12 @@ class AgentSpec(BaseModel):
     def _program(self) -> "AgentSpec":
         if self.kind == "program" and "researcher.py" not in self.code:
             raise ValueError("a program spec needs code/researcher.py (defining make_researcher(params))")
-        if self.kind != "program" and self.code:
-            raise ValueError(f"only the program kind carries code; kind is {self.kind!r}")
+        if self.kind != "program" and (self.code or self.limits):
+            raise ValueError(f"only the program kind carries code and limits; kind is {self.kind!r}")
+        if self.limits:
+            from .programs import ProgramLimits
+
+            ProgramLimits.parse(self.limits, ceiling=ProgramLimits.bounds())  # in bounds; the scenario's grant: at build
         return self
 
     @field_validator("parent")
@@ -138,8 +144,9 @@ class AgentSpec(BaseModel):
     def content(self) -> str:
         """Canonical JSON of the whole spec: what the id hashes."""
         data = self.model_dump(mode="json")
-        if not data["code"]:
-            del data["code"]  # specs without code hash as they did before programs existed
+        for name in ("code", "limits"):
+            if not data[name]:
+                del data[name]  # specs without code (or limits) hash as they did before programs (or limits) existed
         return canonical_dumps(data)
 
     @property
@@ -164,6 +171,8 @@ class AgentSpec(BaseModel):
         ['params.toml', 'prompt.md', 'skills/triage.md', 'spec.json']
         """
         head = {"kind": self.kind, "name": self.name, "model": self.model, "tools": self.tools, "parent": self.parent}
+        if self.limits:
+            head["limits"] = self.limits
         files = {"spec.json": json.dumps(head, indent=1, ensure_ascii=False) + "\n", "params.toml": dump_toml(self.params)}
         if self.system_prompt is not None:
             files["prompt.md"] = self.system_prompt
@@ -183,9 +192,9 @@ class AgentSpec(BaseModel):
             raise ValueError(f"spec.json is not valid JSON: {exc}") from None
         if not isinstance(head, dict):
             raise ValueError("spec.json must be a JSON object")
-        unknown = set(head) - {"kind", "name", "model", "tools", "parent"}
+        unknown = set(head) - {"kind", "name", "model", "tools", "parent", "limits"}
         if unknown:
-            raise ValueError(f"spec.json: unknown keys {sorted(unknown)} (known: kind, name, model, tools, parent)")
+            raise ValueError(f"spec.json: unknown keys {sorted(unknown)} (known: kind, name, model, tools, parent, limits)")
         try:
             params = tomllib.loads(files.get("params.toml", ""))
         except tomllib.TOMLDecodeError as exc:
@@ -344,9 +353,10 @@ class ScriptedAgent:
         return self.active.act(observation, info)
 
 
-def build_researcher(spec: AgentSpec, **overrides: Any) -> SpecResearcher:
+def build_researcher(spec: AgentSpec, *, scenario: Any = None, **overrides: Any) -> SpecResearcher:
     """A fresh researcher that behaves as ``spec`` says. ``overrides`` are extra Args fields not part of
-    the content (e.g. ``transcript=`` or an LLM endpoint).
+    the content (e.g. ``transcript=`` or an LLM endpoint). A program runs with the limits its spec asks
+    for, within what ``scenario``'s ``program_limits`` grant (default: the :class:`ProgramLimits` defaults).
 
     For ``llm``, ``system_prompt`` gets the skills and memory appended as Markdown sections. A
     ``scripted`` spec whose harness is a researcher spec (the recursive world) acts as the scripted
@@ -354,9 +364,12 @@ def build_researcher(spec: AgentSpec, **overrides: Any) -> SpecResearcher:
     """
     cls = _args_class(spec.kind)
     if spec.kind == "program":
-        from .programs import ProgramResearcher
+        from .programs import ProgramLimits, ProgramResearcher
 
-        return SpecResearcher(spec, ProgramResearcher(spec.code, dict(spec.params) | overrides, name=spec.id))
+        granted = ProgramLimits.parse(getattr(scenario, "program_limits", None), ceiling=ProgramLimits.bounds())
+        limits = ProgramLimits.parse(spec.limits, granted)
+        return SpecResearcher(spec, ProgramResearcher(spec.code, dict(spec.params) | overrides, name=spec.id,
+                                                      limits=limits))
     if spec.kind == "scripted":
         return SpecResearcher(spec, ScriptedAgent(dict(spec.params)))
     if cls is None:

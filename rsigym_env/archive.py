@@ -928,6 +928,8 @@ def select_parent(archive: Archive | Sequence[Node], rule: str, rng: random.Rand
       standard error; one draw each, the largest wins (Huxley-Gödel Machine).
     * ``sica`` — the newest candidate whose mean is at least the best candidate's lower bound,
       mean - ``z`` * se (``z=1.96``: 95 %).
+    * ``metaproductive`` — the candidate's own mean plus a Thompson draw of what its improver produced
+      (the mean gain over their parents of the nodes it made; :func:`metaproductive`).
 
     ``LookupError`` if there is no candidate.
     """
@@ -994,6 +996,39 @@ def thompson(pop: Population, rng: random.Random, temperature: float = 1.0) -> N
             m = statistics.fmean(vs)
             sd = statistics.stdev(vs) if len(vs) > 1 else max(abs(m), 1.0)
             draw = rng.gauss(m, sd / math.sqrt(len(vs) * temperature))
+        if draw > best_draw:
+            best, best_draw = n, draw
+    return best
+
+
+def improver_gains(pop: Population, improver_id: str) -> list[float]:
+    """What the improver ``improver_id`` achieved: for every node it produced (``produced_by["by"]``)
+    that has a score on the population's split, that score's mean minus its parent's (a rejected
+    candidate counts as much as an accepted one)."""
+    by_id = {n.id: n for n in pop.nodes}
+    out = []
+    for n in pop.nodes:
+        parent = by_id.get(n.parent or "")
+        if n.produced_by.get("by") == improver_id and pop.split in n.scores and parent and pop.split in parent.scores:
+            out.append(n.scores[pop.split].mean - parent.scores[pop.split].mean)
+    return out
+
+
+@register_rule("metaproductive")
+def metaproductive(pop: Population, rng: random.Random, prior_sd: float = 0.02, weight: float = 1.0) -> Node:
+    """The candidate whose own mean plus ``weight`` times a Thompson draw of its improver's
+    productivity is largest (HyperAgents / Huxley-Gödel style: a parent is also judged by what its
+    improver produced). The productivity of a candidate is the mean gain of the nodes its improver
+    produced over their parents (:func:`improver_gains`), shrunk to 0 with a normal prior of spread
+    ``prior_sd`` against the gains' own spread; a candidate whose improver produced nothing scored
+    draws from the prior."""
+    best, best_draw = pop.candidates[0], -math.inf
+    for n in pop.candidates:
+        gains = improver_gains(pop, n.id)
+        noise = statistics.stdev(gains) if len(gains) > 1 else prior_sd
+        precision = 1.0 / prior_sd**2 + len(gains) / max(noise, 1e-6) ** 2
+        mean = (sum(gains) / max(noise, 1e-6) ** 2) / precision
+        draw = _score(n, pop.split).mean + weight * rng.gauss(mean, precision ** -0.5)
         if draw > best_draw:
             best, best_draw = n, draw
     return best

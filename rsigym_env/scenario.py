@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError, field_validator
 
 from .catalog import SIM_TEACHERS, TRACKS
 from .tools import TOOL_NAMES
@@ -110,6 +110,9 @@ class Scenario(_Strict):
     official_k: int = Field(3, ge=1, le=8, description="Attempts per task in the official evaluation.")
     permissions: Permissions = Field(default_factory=Permissions)
     world_options: dict[str, Any] = Field(default_factory=dict)
+    program_limits: dict[str, StrictInt | StrictFloat] = Field(default_factory=dict, description=(
+        "What program researchers may use here (rsigym_env.programs.ProgramLimits fields; at most its LIMIT_BOUNDS; "
+        "default: its defaults); a program spec's own limits may only be lower."))
 
     @property
     def refusal_limit(self) -> int:

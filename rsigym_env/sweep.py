@@ -203,7 +203,8 @@ def run_spec(spec: EpisodeSpec, *, platform: Platform | None = None, key: Platfo
         if spec.agent_spec is not None:
             from .agents import AgentSpec, build_researcher
 
-            researcher = build_researcher(AgentSpec.model_validate_json(spec.agent_spec))
+            researcher = build_researcher(AgentSpec.model_validate_json(spec.agent_spec),
+                                          scenario=key.scenario if key is not None else None)
         else:
             researcher = resolve_agent(spec.agent)()
         kwargs: dict[str, Any] = {"world": spec.world, "benchmark": spec.benchmark, "budget_usd": spec.budget_usd}

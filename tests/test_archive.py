@@ -413,6 +413,28 @@ def test_sica_takes_the_newest_node_within_the_best_ones_bound(tmp_path: Path):
     assert select_parent(archive, "sica", rng).id == best.id
 
 
+def test_metaproductive_prefers_the_parent_whose_improver_produced_gains(tmp_path: Path):
+    """a and b score the same; what a's improver produced lost to its parents, b's gained: the
+    metaproductive rule picks b; with nothing produced yet it is a draw around the own scores."""
+    from rsigym_env.archive import improver_gains
+
+    archive = Archive(tmp_path)
+    r, a, b = spec(1), spec(2), spec(3)
+    for s, parent, values in ((r, None, [0.4] * 4), (a, r, [0.5] * 4), (b, r, [0.5] * 4)):
+        _scored(archive, s, parent, values, status="accepted")
+    rng = random.Random(3)
+    counts = Counter(select_parent(archive, "metaproductive", rng, statuses=("accepted",)).id for _ in range(300))
+    assert counts[a.id] > 60 and counts[b.id] > 60                           # no record yet: a draw
+    for i, (improver, values) in enumerate([(a, [0.44, 0.46]), (a, [0.43, 0.45]), (b, [0.56, 0.6]), (b, [0.55, 0.57])]):
+        child = spec(40 + i)
+        put(archive, child, improver, produced_by={"by": improver.id})
+        archive.record(child.id, "validation", values * 2)
+        archive.set_status(child.id, "rejected")
+    assert improver_gains(population(archive), b.id) == [pytest.approx(0.08), pytest.approx(0.06)]
+    counts = Counter(select_parent(archive, "metaproductive", rng, statuses=("accepted",)).id for _ in range(300))
+    assert counts[b.id] > 0.8 * 300, counts
+
+
 # ------------------------------------------------------------------------------------ novelty
 
 

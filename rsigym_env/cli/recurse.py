@@ -33,6 +33,8 @@ def cmd_recurse(args: argparse.Namespace, console: Console) -> int:
     command += (["--first-seed", str(args.first_seed)] if args.first_seed else []) + (["--target", args.target] if args.target else [])
     command += ["--ray"] if args.ray else []
     command += (["--select", args.select] if args.select else []) + (["--imp-k", str(args.imp_k)] if args.imp_k != 1 else [])
+    command += (["--imp-runs", str(args.imp_runs)] if args.imp_runs != 3 else [])
+    command += (["--imp-generations", args.imp_generations] if args.imp_generations != "ends" else [])
     command += (["--accept-low", str(args.accept_low)] if args.accept_low else [])
     command += (["--transfer-local", str(args.transfer_local)] if args.transfer_local else [])
     command += (["--archive", args.archive] if args.archive else [])
@@ -52,7 +54,8 @@ def cmd_recurse(args: argparse.Namespace, console: Console) -> int:
     started = time.perf_counter()
     try:
         settings = Settings(selection=args.select, accept_low=args.accept_low, validate_top=args.validate_top,
-                            imp_k=args.imp_k, transfer_local=args.transfer_local)
+                            imp_k=args.imp_k, imp_runs=args.imp_runs, imp_generations=args.imp_generations,
+                            transfer_local=args.transfer_local)
         archive = Archive(name=args.archive or f"recursion-{stamp}")
         result = recurse(scenario, rounds=args.rounds, seeds=seeds, improver=args.improver, target=args.target,
                          mode=args.mode, ray=args.ray or None, on_round=on_round, archive=archive, settings=settings,
@@ -89,14 +92,18 @@ def register(sub: Any) -> None:
     rec.add_argument("--target", help="registered id or bundled name (default: the scenario's)")
     rec.add_argument("--mode", choices=["target", "improver"], default="target")
     rec.add_argument("--ray", action="store_true", help="run the measuring episodes as Ray tasks")
-    rec.add_argument("--select", choices=["greedy", "dgm", "thompson", "sica"],
+    rec.add_argument("--select", choices=["greedy", "dgm", "thompson", "sica", "metaproductive"],
                      help="parent selection rule (default: the improver's own IMPROVER['parent_selection'], else greedy)")
     rec.add_argument("--accept-low", type=float, default=0.0,
                      help="accept a candidate when the 95%% lower bound of its paired validation gain is above this (default 0)")
     rec.add_argument("--validate-top", type=int, default=2,
                      help="best-on-train candidates validated besides the submitted one (default 2)")
     rec.add_argument("--imp-k", type=int, default=1,
-                     help="fresh-target runs per generation for imp@k, the improver's own compounding (0: skip; default 1)")
+                     help="rounds of each fresh-target run for imp@k, the improver's own compounding (0: skip; default 1)")
+    rec.add_argument("--imp-runs", type=int, default=3,
+                     help="fresh-target runs (new outer seeds, the same for every improver) per improver for imp@k (default 3)")
+    rec.add_argument("--imp-generations", choices=["ends", "all"], default="ends",
+                     help="whose improvers imp@k measures: generation 0 and the last (default), or every generation")
     rec.add_argument("--transfer-local", type=int, default=0,
                      help="local-world episodes (benchmarks) per researcher in the final-vs-original comparison (default 0)")
     rec.add_argument("--archive", help="archive name under $RSIGYM_HOME/archives (default recursion-<timestamp>)")

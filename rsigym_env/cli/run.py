@@ -46,7 +46,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     run_dir = make_run_dir(args, scenario)
     env, tape = build_env(args, scenario, run_dir)
     try:
-        researcher = choose_researcher(args, run_dir)
+        researcher = choose_researcher(args, run_dir, scenario)
     except (ValueError, KeyError) as exc:
         env.close()
         console.print(f"[red]error:[/] {exc}")
@@ -195,8 +195,9 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 10)] + "…"
 
 
-def choose_researcher(args: argparse.Namespace, run_dir: Path) -> Researcher:
-    """The ``--agent``; an LLM researcher takes its endpoint options and writes its transcript to the run dir."""
+def choose_researcher(args: argparse.Namespace, run_dir: Path, scenario: Scenario | None = None) -> Researcher:
+    """The ``--agent``; an LLM researcher takes its endpoint options and writes its transcript to the run dir;
+    a program runs within the ``program_limits`` of ``scenario``."""
     if args.agent.startswith("ag-"):  # a registered researcher spec
         from ..agents import AgentRegistry, build_researcher
 
@@ -205,7 +206,7 @@ def choose_researcher(args: argparse.Namespace, run_dir: Path) -> Researcher:
         if spec.kind == "llm":
             extra = {"transcript": str(run_dir / "transcript.jsonl")} | {
                 f: getattr(args, f"llm_{f}") for f in ("model", "base_url", "api_key") if getattr(args, f"llm_{f}")}
-        return build_researcher(spec, **extra)
+        return build_researcher(spec, scenario=scenario, **extra)
     if args.agent != "llm":
         return make_researcher(args.agent)
     from ..baselines import LLMArgs, LLMResearcher

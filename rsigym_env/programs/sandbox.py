@@ -14,13 +14,12 @@ programs read-only, a fresh ``/tmp``, a masked ``/proc``, an unprivileged uid of
 root, rlimits (address space, CPU seconds per process, processes, file size) and a
 :class:`~rsigym_env.worlds.local.sandbox.isolation.SandboxGroup` (a cgroup bounding memory and processes
 over the whole sandbox, a size-bounded tmpfs for its files). Inside it sees only the base interpreter
-(``/python``, read-only, an empty directory over its site-packages; run with ``-I -S``: no user
-site, no ``PYTHONPATH``), the runtime
+(where the isolation layer shows it, e.g. ``/root/.pyenv/versions``, else bound at ``/python``;
+read-only, an empty directory over its site-packages; run with ``-I -S``: no user site, no
+``PYTHONPATH``), the host's system files, the runtime
 (``/runtime``), its program's files (``/program``, read-only) and an empty working directory
 (``/app``): no ledger, audit log, ``$RSIGYM_HOME``, ``/work``, run directory, other candidate or
-evaluator. (The interpreter's installation is bound at ``/python`` rather than used where the isolation
-layer shows it, under ``/root/.pyenv/versions``: bubblewrap makes the missing ``/root/.pyenv`` in
-between with mode 0700, which the sandbox's uid cannot cross.) Without bubblewrap a program is refused (``isolation_unavailable``) unless
+evaluator. Without bubblewrap a program is refused (``isolation_unavailable``) unless
 ``RSIGYM_UNSANDBOXED_PROGRAMS=1`` is set: then it runs as a plain process with rlimits only, and a
 loud warning is logged (trusted code only).
 
@@ -87,7 +86,7 @@ from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 
 from rsigym_env.canonical import jsonable
@@ -129,6 +128,53 @@ class ProgramLimits:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
                     or not math.isfinite(value):
                 raise ValueError(f"ProgramLimits.{name} must be a positive number, not {value!r}")
+
+    @classmethod
+    def bounds(cls) -> "ProgramLimits":
+        """The most any scenario may grant (:data:`LIMIT_BOUNDS`)."""
+        return cls(**LIMIT_BOUNDS)
+
+    @classmethod
+    def parse(cls, values: Mapping[str, Any] | None, base: "ProgramLimits | None" = None,
+              ceiling: "ProgramLimits | None" = None) -> "ProgramLimits":
+        """``base`` (default: the defaults) with a spec's or a scenario's ``values`` (field -> number): each
+        must be a positive number (an integer for integer fields), at most :data:`LIMIT_BOUNDS` and at
+        most ``ceiling`` (default: ``base``: a spec can tighten what it is granted, never loosen it);
+        ``ValueError`` naming the field otherwise.
+
+        >>> ProgramLimits.parse({"act_wall_s": 2, "memory_mb": 256}).act_wall_s
+        2
+        >>> ProgramLimits.parse({"act_wall_s": 60}, ceiling=ProgramLimits.bounds()).act_wall_s  # a scenario
+        60
+        >>> ProgramLimits.parse({"memory_mb": 4096})
+        Traceback (most recent call last):
+        ...
+        ValueError: program limit memory_mb: 4096 is above what is granted here (512)
+        """
+        base = base or cls()
+        top = asdict(ceiling or base)
+        out = asdict(base)
+        for name, value in (values or {}).items():
+            if name not in out:
+                raise ValueError(f"unknown program limit {name!r}; known: {', '.join(out)}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"program limit {name}: must be a positive number, got {value!r}")
+            if isinstance(out[name], int) and not isinstance(value, int):
+                raise ValueError(f"program limit {name}: must be an integer, got {value!r}")
+            if value > LIMIT_BOUNDS[name]:
+                raise ValueError(f"program limit {name}: {value} is above the bound {LIMIT_BOUNDS[name]}")
+            if value > top[name]:
+                raise ValueError(f"program limit {name}: {value} is above what is granted here ({top[name]})")
+            out[name] = value
+        return cls(**out)
+
+
+# The most any spec or scenario may set (ProgramLimits.parse): a scenario raises a program's limits at
+# most to these, a spec only lowers what its scenario grants.
+LIMIT_BOUNDS: dict[str, float] = {
+    "act_wall_s": 120.0, "episode_wall_s": 3600.0, "start_wall_s": 120.0, "cpu_s": 3600, "memory_mb": 4096,
+    "processes": 64, "reply_bytes": 16 << 20, "disk_mb": 1024, "stderr_bytes": 1 << 20, "max_attempts": 1000,
+}
 
 
 class ProgramError(RuntimeError):
@@ -235,10 +281,11 @@ def _interpreter() -> tuple[str, tuple[Mount, ...], tuple[tuple[str, str], ...]]
     """(the interpreter's path inside the sandbox, the mounts it needs, environment variables).
 
     The base interpreter of this process (a venv's is not usable: its packages are not the program's),
-    its installation bound read-only at ``/python`` unless it lives under ``/usr``.
+    where the isolation layer shows it (``/usr``, ``/root/.pyenv/versions``, ...); an installation it
+    does not show (e.g. under ``/home``) is bound read-only at ``/python``.
     """
     exe = os.path.realpath(getattr(sys, "_base_executable", "") or sys.executable)
-    if exe.startswith("/usr/"):
+    if isolation.shows(exe):
         return exe, (), ()
     prefix = os.path.realpath(sys.base_prefix)
     rel = os.path.relpath(exe, prefix)
@@ -254,12 +301,16 @@ def _interpreter() -> tuple[str, tuple[Mount, ...], tuple[tuple[str, str], ...]]
 
 @lru_cache(maxsize=1)
 def _site_packages() -> str | None:
-    """The base installation's site-packages as the sandbox sees it (under ``/python``), if there is one:
-    an empty directory is shown over it, so that nothing installed there (pip, ``.pth`` files, perhaps
-    this very package) is there for a program to put on its path."""
+    """The base installation's site-packages as the sandbox sees it, if there is one: an empty
+    directory is shown over it, so that nothing installed there (pip, ``.pth`` files, perhaps this very
+    package) is there for a program to put on its path."""
+    exe, mounts, _ = _interpreter()
+    if exe.startswith("/usr/"):
+        return None
     inside = f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
-    if _interpreter()[1] and os.path.isdir(os.path.join(os.path.realpath(sys.base_prefix), inside)):
-        return f"/python/{inside}"
+    prefix = os.path.realpath(sys.base_prefix)
+    if os.path.isdir(os.path.join(prefix, inside)):
+        return f"/python/{inside}" if mounts else posixpath.join(prefix, inside)
     return None
 
 

@@ -309,3 +309,32 @@ def test_the_seed_program_plays_the_same_episode_sandboxed_and_in_process(env, p
     in_process = run_episode(gym.make("RSIGym/Joint-v0", benchmark="aime", budget_usd=500),
                              load_program(code).make_researcher({}), seed=0)
     assert summary(boxed) == summary(in_process) and boxed.steps > 5
+
+
+def test_program_limits_come_from_the_spec_within_what_the_scenario_grants():
+    """A spec may tighten its program's limits, never loosen them past its scenario's (or the defaults);
+    a scenario may grant more, up to LIMIT_BOUNDS. Bad values are clear errors, before anything runs."""
+    from rsigym_env.agents import AgentSpec, build_researcher, seed_program
+    from rsigym_env.programs.sandbox import LIMIT_BOUNDS
+    from rsigym_env.scenario import load_scenario
+
+    seed = seed_program()
+    tight = AgentSpec.model_validate({**seed.model_dump(), "limits": {"act_wall_s": 3, "memory_mb": 256}})
+    assert tight.id != seed.id and "limits" not in AgentSpec(kind="scripted").content()  # no limits: ids as before
+    assert AgentSpec.from_files(tight.to_files()) == tight                                 # they travel in spec.json
+    researcher = build_researcher(tight)
+    assert (researcher.inner.limits.act_wall_s, researcher.inner.limits.memory_mb) == (3, 256)
+    assert build_researcher(seed).inner.limits == ProgramLimits()
+    loose = AgentSpec.model_validate({**seed.model_dump(), "limits": {"act_wall_s": 30}})
+    with pytest.raises(ValueError, match="act_wall_s: 30 is above what is granted here"):
+        build_researcher(loose)
+    scenario = load_scenario().model_copy(update={"program_limits": {"act_wall_s": 60.0}})
+    assert build_researcher(loose, scenario=scenario).inner.limits.act_wall_s == 30
+    for bad, why in [({"act_wall_s": -1}, "positive"), ({"cpu_s": 1.5}, "integer"), ({"nope": 1}, "unknown"),
+                     ({"memory_mb": LIMIT_BOUNDS["memory_mb"] * 2}, "above the bound"), ({"processes": True}, "int")]:
+        with pytest.raises(ValueError, match=why):
+            AgentSpec.model_validate({**seed.model_dump(), "limits": bad})
+    with pytest.raises(ValueError, match="above the bound"):
+        build_researcher(seed, scenario=load_scenario().model_copy(update={"program_limits": {"memory_mb": 10**6}}))
+    with pytest.raises(ValueError, match="only the program kind"):
+        AgentSpec(kind="scripted", limits={"act_wall_s": 1})

@@ -30,6 +30,7 @@ from rsigym_env.platform import Platform
 from rsigym_env.programs import ProgramError, ProgramLimits, ProgramResearcher
 from rsigym_env.programs.sandbox import ProgramPool, default_pool
 from rsigym_env.sweep import EpisodeSpec, episode_scenario, run_local, run_spec
+from rsigym_env.worlds.local.sandbox import isolation
 from rsigym_env.worlds.local.sandbox.isolation import bwrap_available
 
 pytestmark = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap is not usable here")
@@ -357,8 +358,9 @@ def test_hunting_for_ledgers_seeds_and_the_package_finds_nothing(host, pool):
     found = action["found"]
     assert all(found[m].startswith(("ModuleNotFoundError", "ImportError")) for m in ("rsigym_env", "pydantic",
                                                                                        "gymnasium", "numpy")), found
-    # what it finds are the standard library's and the system's own files, never the host's run data
-    strays = [h for h in found["hits"] if not h.startswith(("/usr/", "/python/", "/etc/"))]
+    # what it finds are the standard library's and the system's own files (the read-only system paths the
+    # isolation layer shows, /usr and the Python installs), never the host's run data
+    strays = [h for h in found["hits"] if not (isolation.shows(h) or h.startswith(("/python/", "/etc/")))]
     assert strays == [], strays
     assert not any("rsigym" in h and "isolation" not in h for h in found["hits"]), found["hits"]
     assert {"os.scandir", "import"} <= events(researcher)

@@ -23,10 +23,12 @@ A round:
 improver is part of its own files, so a round can change the next round's improver). The chain's
 researcher after round ``t`` is its best accepted node on validation; ``index`` = its test RSI-Index.
 
-Compounding of the improver (``imp_k > 0``): the chain's improver of each generation, frozen, runs
-``imp_k`` rounds of this same protocol on a fresh target (the original target, with outer seeds no
-chain uses); imp@k(g) is the test gain of the best researcher it gets accepted, and compounding is
-imp@k(g) - imp@k(0), with 95 % intervals over chains (:mod:`rsigym_env.metrics`).
+Compounding of the improver (``imp_k > 0``): the chain's improver of a generation (``imp_generations``:
+the first and the last, or all), frozen, runs ``imp_k`` rounds of this same protocol on a fresh target
+(the original target) ``imp_runs`` times, each with outer seeds no chain uses (the same ones for every
+improver, so improvers are compared on the same train tasks); imp@k(g) is the mean test gain of the best
+researcher it gets accepted, and compounding is imp@k(g) - imp@k(0), with 95 % intervals over chains
+(:mod:`rsigym_env.metrics`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from .ports import Researchers, researchers
 from .world import RecursiveOptions
 
 FRESH_SEED_BASE = 9_000  # outer seeds of imp@k's fresh-target runs: chains use seed*1000 + round
-RULES = ("greedy", "dgm", "thompson", "sica")
+RULES = ("greedy", "dgm", "thompson", "sica", "metaproductive")
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,9 @@ class Settings:
     selection: str | None = None   # parent selection rule; None = the improver's own (IMPROVER["parent_selection"]), else greedy
     accept_low: float = 0.0        # accept a candidate when the 95 % lower bound of its paired validation gain is above this
     validate_top: int = 2          # besides the submitted candidate, this many best-on-train candidates are validated
-    imp_k: int = 1                 # fresh-target improvement runs per generation for imp@k (0: do not measure)
+    imp_k: int = 1                 # rounds of each fresh-target improvement run for imp@k (0: do not measure imp@k)
+    imp_runs: int = 3              # fresh-target runs (outer seeds no chain uses) per improver, averaged
+    imp_generations: str = "ends"  # whose improvers imp@k measures: "ends" (generation 0 and the last) or "all"
     transfer_tracks: tuple[str, ...] = ("data", "harness")  # other tracks for the final-vs-seed comparison
     transfer_local: int = 0        # local-world episodes per researcher in the final-vs-seed comparison
 
@@ -315,6 +319,8 @@ def recurse(
     settings = settings or Settings()
     if mode not in ("target", "improver"):
         raise ValueError(f"mode must be 'target' or 'improver', got {mode!r}")
+    if settings.imp_generations not in ("ends", "all"):
+        raise ValueError(f"imp_generations must be 'ends' or 'all', got {settings.imp_generations!r}")
     if settings.selection is not None and settings.selection not in RULES:
         raise ValueError(f"selection must be one of {', '.join(RULES)}, got {settings.selection!r}")
     registry = registry or using.registry()
@@ -368,23 +374,29 @@ def _imp_at_k(ctx: _Context, root: Any, fresh_target: Any, improvers: dict[int, 
 
     from ...archive import Archive
 
-    imp_k = ctx.settings.imp_k
+    imp_k, runs = ctx.settings.imp_k, max(1, ctx.settings.imp_runs)
     if imp_k <= 0:
         return {}
-    memo: dict[str, float] = {}
+    last = max(improvers)
+    generations = sorted(improvers) if ctx.settings.imp_generations == "all" else sorted({0, last})
+    memo: dict[str, list[float]] = {}
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="rsigym-imp-") as scratch:
-        for g in sorted(improvers):
-            values = []
+        for g in generations:
+            values, per_run = [], []
             for improver in improvers[g]:
                 if improver.id not in memo:
-                    ctx.say(f"imp@{imp_k}: generation {g} improver {improver.id} on a fresh target")
+                    ctx.say(f"imp@{imp_k}: generation {g} improver {improver.id} on a fresh target, {runs} run(s)")
                     quiet = _Context(**{**ctx.__dict__, "say": lambda _t: None})
-                    run = _run_chain(quiet, Archive(scratch, f"imp-{improver.id}"), 0, fresh_target, improver, imp_k,
-                                     lambda r: FRESH_SEED_BASE + r, None)
-                    memo[improver.id] = run.chain["indices"][-1] - run.chain["indices"][0]
-                values.append(memo[improver.id])
-            out[str(g)] = {"values": values, **ci95(values)}
+                    gains = []
+                    for n in range(runs):
+                        run = _run_chain(quiet, Archive(scratch, f"imp-{improver.id}-{n}"), 0, fresh_target, improver,
+                                         imp_k, lambda r, n=n: FRESH_SEED_BASE + 100 * n + r, None)
+                        gains.append(run.chain["indices"][-1] - run.chain["indices"][0])
+                    memo[improver.id] = gains
+                per_run.append(memo[improver.id])
+                values.append(sum(memo[improver.id]) / len(memo[improver.id]))
+            out[str(g)] = {"values": values, "runs": per_run, **ci95(values)}
     return out
 
 

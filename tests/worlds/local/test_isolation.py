@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import threading
 from pathlib import Path
 from typing import Iterator
@@ -120,6 +121,25 @@ def test_the_host_is_invisible_outside_the_workdir(app: Path, tmp_path: Path) ->
                                          "usr", ".pyenv", "lib32", "libx32", "opt"}
     finally:
         host_tmp.unlink()
+
+
+def test_the_system_python_installs_are_reachable_by_the_sandbox_user(app: Path) -> None:
+    """bubblewrap makes a missing parent of a system bind (``/root/.pyenv`` of ``/root/.pyenv/versions``)
+    with its host mode, 0700 there; the isolation layer makes such parents 0755, so the sandbox's
+    unprivileged uid can run an interpreter installed there."""
+    installs = [p for p in isolation._system_paths() if p.count("/") > 1 and os.path.isdir(p) and not os.path.islink(p)
+                and os.path.dirname(p) not in ("/", "/usr")]
+    if not installs:
+        pytest.skip("no nested system path (e.g. /root/.pyenv/versions) on this host")
+    exe = os.path.realpath(getattr(sys, "_base_executable", "") or sys.executable)
+    for path in installs:
+        r = run_isolated(f"stat -c %a {os.path.dirname(path)}; ls {path} > /dev/null && echo LISTED", workdir=app)
+        assert r.stdout.split() == ["755", "LISTED"], (path, r.stdout, r.stderr)
+    assert not isolation.shows("/work") and not isolation.shows("/root/.bashrc")
+    if not isolation.shows(exe):
+        return  # this interpreter lives where no sandbox sees it (the program sandbox binds it at /python)
+    r = run_isolated([exe, "-I", "-S", "-c", "import json, os; print(os.getuid() != 0 or 'root')"], workdir=app)
+    assert r.exit_code == 0 and r.stdout.strip() == "True", (r.stdout, r.stderr)
 
 
 def test_etc_shows_the_hosts_readable_entries_read_only_in_one_mount(app: Path) -> None:
@@ -363,3 +383,25 @@ def test_missing_bwrap_raises_or_falls_back_loudly(app: Path, monkeypatch: pytes
     r = asyncio.run(run_isolated_async(f"{PY} -c \"x = bytearray(600 << 20)\"", workdir=app,
                                        limits=Limits(memory_mb=256), require_isolation=False))
     assert not r.isolated and r.limit == "memory"  # the rlimits still apply
+
+
+def test_a_failed_bwrap_check_is_tried_again_later_a_success_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One check that times out on a loaded machine must not refuse every sandbox of a long run."""
+    import subprocess
+
+    real, calls = subprocess.run, []
+
+    def slow_once(argv, **kw):
+        calls.append(argv)
+        if len(calls) == 1:
+            raise subprocess.TimeoutExpired(argv, kw.get("timeout", 20))
+        return real(argv, **kw)
+
+    monkeypatch.setattr(isolation, "_BWRAP_CHECK", {"ok": None, "why": "", "at": float("-inf")})
+    monkeypatch.setattr(isolation.subprocess, "run", slow_once)
+    assert isolation._bwrap_works()[0] is False and "failed to run" in isolation._bwrap_works()[1]
+    assert len(calls) == 1                                       # the failure is remembered for a while ...
+    monkeypatch.setattr(isolation, "BWRAP_RECHECK_S", 0.0)
+    assert isolation.bwrap_available() and len(calls) == 2      # ... then checked again
+    monkeypatch.setattr(isolation, "BWRAP_RECHECK_S", 1e9)
+    assert isolation.bwrap_available() and len(calls) == 2      # a success is kept

@@ -13,7 +13,7 @@ from rsigym_env.episode import run_episode
 from rsigym_env.errors import InsufficientBudget
 from rsigym_env.platform import Balance, Ledger, Platform, verify_audit
 from rsigym_env.run import ResearchRun
-from rsigym_env.worlds.recursive import RecursiveOptions, measure, recurse, split_tasks
+from rsigym_env.worlds.recursive import RecursiveOptions, Settings, measure, recurse, split_tasks
 from rsigym_env.scenario import list_scenarios, load_scenario
 from rsigym_env.scoring import normalized_gain
 from rsigym_env.worlds import WORLDS
@@ -275,7 +275,7 @@ def test_rounds_archive_every_candidate_and_accept_only_paired_validation_gains(
     from rsigym_env.archive import Archive
 
     base = Archive(tmp_path / "archives", "t")
-    result = recurse(tiny_scenario(), rounds=2, seeds=[0], archive=base)
+    result = recurse(tiny_scenario(), rounds=2, seeds=[0], archive=base, settings=Settings(imp_runs=2))
     (name,) = result["config"]["archives"]
     archive = Archive(tmp_path / "archives", name)
     nodes = {n.id: n for n in archive.nodes()}
@@ -295,13 +295,15 @@ def test_rounds_archive_every_candidate_and_accept_only_paired_validation_gains(
             assert nodes[s["id"]].status == ("accepted" if s["low"] > 0 else "rejected")
     summary = result["summary"]
     assert summary["candidates"] == sum(r["candidates"] for r in result["rows"])
-    assert set(summary["imp_at_k"]) == {"0", "1", "2"} and "test" in result["transfer"]
+    assert set(summary["imp_at_k"]) == {"0", "2"} and "test" in result["transfer"]   # the first and the last generation
+    for g in ("0", "2"):
+        (runs,) = result["imp"][g]["runs"]                                      # one chain: its improver's 2 fresh runs
+        assert len(runs) == 2 and result["imp"][g]["values"] == [pytest.approx(sum(runs) / 2)]
 
 
 def test_the_seed_program_is_improved_in_its_sandbox_and_archived(tmp_path):
     from rsigym_env.agents import seed_program
     from rsigym_env.archive import Archive
-    from rsigym_env.worlds.recursive import Settings
 
     scenario = tiny_scenario(target="program")
     result = recurse(scenario, rounds=1, seeds=[0], mode="improver", archive=Archive(tmp_path / "a", "p"),
@@ -332,10 +334,9 @@ def make_researcher(params):
     assert measure(builtin_spec("program"), tiny_options(), "dev", 1).attempts == []  # the seed program attempts nothing
 
 
-@pytest.mark.parametrize("rule", ["greedy", "dgm", "thompson", "sica"])
+@pytest.mark.parametrize("rule", ["greedy", "dgm", "thompson", "sica", "metaproductive"])
 def test_every_parent_selection_rule_runs_rounds_and_picks_an_accepted_parent(rule, tmp_path):
     from rsigym_env.archive import Archive
-    from rsigym_env.worlds.recursive import Settings
 
     result = recurse(tiny_scenario(), rounds=2, seeds=[0], archive=Archive(tmp_path / "a", rule),
                      settings=Settings(selection=rule, imp_k=0, transfer_tracks=()))

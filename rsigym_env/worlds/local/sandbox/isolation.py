@@ -61,6 +61,7 @@ import errno
 import hashlib
 import json
 import logging
+import math
 import os
 import posixpath
 import re
@@ -79,7 +80,7 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 
 from rsigym_env.owners import Owner, current_owner, owner_status
 
@@ -171,20 +172,32 @@ def _bwrap() -> str | None:
     return shutil.which("bwrap") or (("/usr/bin/bwrap") if os.access("/usr/bin/bwrap", os.X_OK) else None)
 
 
-@lru_cache(maxsize=1)
+_BWRAP_CHECK: dict[str, Any] = {"ok": None, "why": "", "at": -math.inf}
+BWRAP_RECHECK_S = 30.0  # a failed check (e.g. a timeout on a loaded machine) is tried again after this
+
+
 def _bwrap_works() -> tuple[bool, str]:
+    """Whether bubblewrap runs here (and why not). A success is remembered for the process; a failure
+    only for :data:`BWRAP_RECHECK_S` seconds, so that one slow or refused check under load does not
+    refuse every sandbox for the rest of a long run."""
+    check = _BWRAP_CHECK
+    if check["ok"] or (check["ok"] is False and time.monotonic() - check["at"] < BWRAP_RECHECK_S):
+        return bool(check["ok"]), check["why"]
     path = _bwrap()
+    ok, why = True, ""
     if path is None:
-        return False, "bwrap not found"
-    argv = [path, "--die-with-parent", "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/", "--proc", "/proc",
-            "--dev", "/dev", "--", "/bin/true"]
-    try:
-        proc = subprocess.run(argv, capture_output=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"bwrap failed to run: {exc}"
-    if proc.returncode != 0:
-        return False, f"bwrap does not work here: {proc.stderr.decode(errors='replace').strip()}"
-    return True, ""
+        ok, why = False, "bwrap not found"
+    else:
+        argv = [path, "--die-with-parent", "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/", "--proc", "/proc",
+                "--dev", "/dev", "--", "/bin/true"]
+        try:
+            proc = subprocess.run(argv, capture_output=True, timeout=20)
+            if proc.returncode != 0:
+                ok, why = False, f"bwrap does not work here: {proc.stderr.decode(errors='replace').strip()}"
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            ok, why = False, f"bwrap failed to run: {exc}"
+    check.update(ok=ok, why=why, at=time.monotonic())
+    return ok, why
 
 
 def bwrap_available() -> bool:
@@ -207,6 +220,17 @@ def _system_paths() -> tuple[str, ...]:
     if not covered and base != "/" and not any(base == h or base.startswith(h + "/") for h in hidden):
         extra.append(base)
     return (*SYSTEM_RO, *extra)
+
+
+def shows(path: str) -> bool:
+    """Whether a sandbox sees the host's ``path`` (resolved) at the same place, read-only: it lies
+    under one of the system paths (:data:`SYSTEM_RO`, this interpreter's installation).
+
+    >>> shows("/usr/bin/env"), shows("/work/main")
+    (True, False)
+    """
+    real = os.path.realpath(path)
+    return any(real == p or real.startswith(p + "/") for p in _system_paths() if not os.path.islink(p))
 
 
 def _as_root() -> bool:
@@ -456,6 +480,27 @@ def isolated_argv(command: str | Sequence[str], *, workdir: Path, cwd: str = APP
             "--", *_inner_argv(command, limits, user)]
 
 
+def _parents(target: str, made: set[str], bound: Sequence[str] = ()) -> list[str]:
+    """bubblewrap options making the missing parent directories of ``target`` with mode 0755 (bubblewrap
+    would copy the mode of their host counterparts, e.g. 0700 for ``/root/.pyenv``, which the sandbox's
+    uid could not cross). ``made``: directories made already (it gains the new ones); ``bound``: trees
+    bound from the host, whose subdirectories exist.
+
+    >>> made = {"/", "/root"}
+    >>> _parents("/root/.pyenv/versions", made), "/root/.pyenv" in made, _parents("/usr/x/y", made, ["/usr"])
+    (['--perms', '0755', '--dir', '/root/.pyenv'], True, [])
+    """
+    chain, parent = [], posixpath.dirname(target)
+    while parent not in made and not any(parent == b or parent.startswith(b + "/") for b in bound):
+        chain.append(parent)
+        parent = posixpath.dirname(parent)
+    argv: list[str] = []
+    for d in reversed(chain):
+        argv += ["--perms", "0755", "--dir", d]
+        made.add(d)
+    return argv
+
+
 def _bwrap_options(*, workdir: Path, cwd: str, mounts: Sequence[Mount], env: Mapping[str, str] | None,
                    network: bool, limits: Limits, uid: int, identity: tuple[str, str] | None = None) -> list[str]:
     """bubblewrap's options for :func:`isolated_argv` (everything between ``bwrap`` and ``--``);
@@ -467,11 +512,12 @@ def _bwrap_options(*, workdir: Path, cwd: str, mounts: Sequence[Mount], env: Map
         argv.append("--unshare-net")
     # A directory bwrap would otherwise create with the mode of its host counterpart (/root: 0700).
     argv += ["--ro-bind", etc_directory(), "/etc", "--perms", "0755", "--dir", "/root"]
-    for path in _system_paths():
+    made, system = {"/", "/etc", "/root"}, _system_paths()
+    for path in system:
         if os.path.islink(path):
-            argv += ["--symlink", os.readlink(path), path]
+            argv += _parents(path, made, system) + ["--symlink", os.readlink(path), path]
         elif os.path.exists(path):
-            argv += ["--ro-bind", path, path]
+            argv += _parents(path, made, system) + ["--ro-bind", path, path]
     passwd, group = identity or _identity_files(uid)
     argv += ["--ro-bind", passwd, "/etc/passwd", "--ro-bind", group, "/etc/group"]
     argv += ["--proc", "/proc"]
@@ -479,19 +525,10 @@ def _bwrap_options(*, workdir: Path, cwd: str, mounts: Sequence[Mount], env: Map
         argv += ["--ro-bind", host, target]
     argv += ["--dev", "/dev", "--perms", "1777", "--size", str(limits.file_mb << 20), "--tmpfs", "/tmp",
              "--bind", str(workdir), APP]
-    made = {"/", "/etc", "/root", "/tmp", "/proc", "/dev", APP}
-    system = _system_paths()
+    made |= {"/tmp", "/proc", "/dev", APP}
     for m in mounts:
         target = _target(m.target)
-        # parents bwrap would create with mode 0700 (unreachable for the sandbox user): make them 0755
-        chain, parent = [], posixpath.dirname(target)
-        while parent not in made and not any(parent == p or parent.startswith(p + "/") for p in (*system, APP)):
-            chain.append(parent)
-            parent = posixpath.dirname(parent)
-        for d in reversed(chain):
-            argv += ["--perms", "0755", "--dir", d]
-            made.add(d)
-        argv += ["--bind" if m.writable else "--ro-bind", str(Path(m.host).resolve()), target]
+        argv += _parents(target, made, (*system, APP)) + ["--bind" if m.writable else "--ro-bind", str(Path(m.host).resolve()), target]
     argv += ["--chdir", _sandbox_cwd(cwd), "--clearenv"]
     for key, value in {**DEFAULT_ENV, **(env or {})}.items():
         argv += ["--setenv", key, str(value)]
