@@ -27,7 +27,10 @@ def counterpart(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def service(counterpart):
-    return tinker.ServiceClient(base_url=counterpart.url, api_key=counterpart.api_key)
+    client = tinker.ServiceClient(base_url=counterpart.url, api_key=counterpart.api_key)
+    yield client
+    # finish the session while the counterpart still runs: otherwise the SDK heartbeats it for the life of the process
+    client.close("success", detail="test module done").result(timeout=30)
 
 
 def _datum(tokens=(256, 104, 105), targets=(104, 105, 257), weights=(0.0, 1.0, 1.0)) -> types.Datum:

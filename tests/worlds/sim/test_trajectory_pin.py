@@ -219,7 +219,7 @@ EPISODES: dict[str, Callable[[], _Digest]] = {
 }
 
 PINNED: dict[str, tuple[int, str]] = {  # name -> (steps, sha256), recomputed for issue 30 (target systems drawn per seed, refusals use no step, the retrained RL policy)
-    'actions': (135, '5e433009d9e19430272e68553e1b67ae3530069d3d57afd9ceec6795d4fd17b9'),
+    'actions': (135, 'd543ffc705b4546a4e9c22b0b1cd845722bac1fa0122b28e3eb87774b56c9931'),  # read scenario shows program_limits (issue 26)
     'random-joint': (51, '768f9dc20ca52e2545c6df1e18730d79225280a519552e8bd60c2b56b43d394d'),
     'rl-joint': (68, '22c3b542dcf694efb0af238aa321276f5096663d168c17ae2775c25996349111'),
     'sampled': (400, '55c5c9c669173c0d46cfe443084fac20f3096fbd0e23b67e639e8956d179e6ed'),
