@@ -79,7 +79,9 @@ class ResearchVectorEnv(VectorEnv):
 
     Args:
         num_envs: how many episodes run side by side.
-        include_log: put the text ``log`` in the observation (default True; False renders no text).
+        include_log: put the text ``log`` in the observation (default True; False renders no text). With
+            ``menu=True`` the observation never has it, and the sub-envs keep rendering it: the menu reads
+            the harness file out of the log of its ``read`` call.
         menu: step menu indices (:class:`~rsigym_env.wrappers.menu.DiscreteMenu`) instead of tool calls.
         ledger_path: an SQLite file for the shared ledger and audit chain (default: in memory).
         autoreset_mode: ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED`` (enum or its value).

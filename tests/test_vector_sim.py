@@ -203,6 +203,8 @@ def test_autoreset_modes():
     obs, info = disabled.reset(options={"reset_mask": np.array([True, False])})
     assert info["_seed"].tolist() == [True, False] and obs["step"][:, 0].tolist() == [0, 1]
     disabled.step([PAD, PAD])
-    disabled.close()
     with pytest.raises(ValueError, match="num_envs"):
         ResearchVectorEnv(0)
+    with pytest.raises(ValueError, match="one action per env"):
+        disabled.step([PAD])
+    disabled.close()
