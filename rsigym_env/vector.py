@@ -197,6 +197,33 @@ class ResearchVectorEnv(VectorEnv):
             env.close()
         self.platform.ledger.close()
 
+    def _add_info(self, vector_infos: dict[str, Any], env_info: dict[str, Any], env_num: int) -> dict[str, Any]:
+        """Gymnasium's batching of ``info``, safe where envs disagree on a key's type: a key that is a
+        dict in one env and not in another (``None`` before a result, say) becomes an object array of
+        each env's value, and a number that does not fit its array's dtype (0.5 after an int) widens it
+        instead of being cut. :func:`sub_info` gives each env's value back either way."""
+        for key, value in env_info.items():
+            have = vector_infos.get(key)
+            if isinstance(have, np.ndarray) and have.dtype != object and not isinstance(value, dict):
+                kind = np.asarray(value).dtype
+                if not np.can_cast(kind, have.dtype, "safe"):
+                    numeric = kind.kind in "biuf" and have.dtype.kind in "biuf"
+                    vector_infos[key] = have.astype(np.result_type(have.dtype, kind) if numeric else object)
+            elif have is not None and key != "final_obs" and isinstance(have, dict) != isinstance(value, dict):
+                if isinstance(have, dict):
+                    objects = np.full(self.num_envs, None, dtype=object)
+                    for j in np.flatnonzero(vector_infos[f"_{key}"]):
+                        objects[j] = sub_info(have, int(j))
+                    have = objects
+                elif have.dtype != object:
+                    have = have.astype(object)
+                have[env_num] = value
+                vector_infos[key] = have
+                vector_infos[f"_{key}"][env_num] = True
+                continue
+            super()._add_info(vector_infos, {key: value}, env_num)
+        return vector_infos
+
     # ------------------------------------------------------------------ helpers
 
     def _track(self, i: int, *, ended: bool = False) -> None:

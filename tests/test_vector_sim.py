@@ -208,3 +208,18 @@ def test_autoreset_modes():
     with pytest.raises(ValueError, match="one action per env"):
         disabled.step([PAD])
     disabled.close()
+
+
+def test_infos_whose_types_differ_between_envs_batch_without_loss():
+    vec = ResearchVectorEnv(3, track="joint", benchmark="aime", budget_usd=100)
+    infos: dict = {}
+    for i, info in enumerate([{"best": None, "cost": 1, "ok": True, "n": {"a": 1}},
+                              {"best": {"score": 0.5}, "cost": 0.25, "ok": 2, "n": 7},
+                              {"best": {"score": 0.75}, "cost": 3, "ok": "no", "n": {"a": 2}}]):
+        infos = vec._add_info(infos, info, i)
+    assert [sub_info(infos, i) for i in range(3)] == [
+        {"best": None, "cost": 1, "ok": True, "n": {"a": 1}},
+        {"best": {"score": 0.5}, "cost": 0.25, "ok": 2, "n": 7},
+        {"best": {"score": 0.75}, "cost": 3, "ok": "no", "n": {"a": 2}}]
+    assert infos["cost"].dtype == np.float64  # widened, not cut to an int
+    vec.close()
