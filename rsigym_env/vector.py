@@ -105,8 +105,11 @@ class ResearchVectorEnv(VectorEnv):
         self.metadata = {**self.metadata, "autoreset_mode": self.autoreset_mode}
         self.include_log, self.menu = include_log, menu
         self.platform = Platform(Ledger(ledger_path))
-        envs: list[Any] = [ResearchEnv(platform=self.platform, include_log=include_log or menu, **env_kwargs)
-                           for _ in range(self.num_envs)]
+        first = ResearchEnv(platform=self.platform, include_log=include_log or menu, **env_kwargs)
+        # the others start from its scenario (read once, not once per env; the overrides apply again, unchanged)
+        rest = {**env_kwargs, "scenario": first.scenario}
+        envs: list[Any] = [first] + [ResearchEnv(platform=self.platform, include_log=include_log or menu, **rest)
+                                     for _ in range(self.num_envs - 1)]
         if menu:
             from .wrappers.menu import DiscreteMenu  # the policy layer, only when asked for
             envs = [DiscreteMenu(env) for env in envs]
