@@ -17,8 +17,9 @@ returns; 97.6% greedy agreement), then runs 150 PPO iterations (18,000 episodes)
 sim's best choices depend on what evaluations reveal, and PPO from scratch collapsed to submitting at
 once; from the cloned start it improves on the expert. It took 1,248 s of wall time on this 2-core
 machine under a load of 10-16 from other jobs. It runs two rollout workers (``--workers``), each
-stepping ``num_envs`` sim envs in lockstep; episodes cycle over the five benchmarks x three tracks,
-$500, env seeds from 1,000,000 up. With the same ``--seed`` and worker count the weights are
+stepping ``num_envs`` sim envs in lockstep (``--vector``: through the vector sim,
+:func:`collect_vector`, the same episodes for the same actions); episodes cycle over the five benchmarks
+x three tracks, $500, env seeds from 1,000,000 up. With the same ``--seed`` and worker count the weights are
 bit-identical. Greedy validation return (20 seeds per benchmark, env seeds 10,000 and up): +0.217
 (swe +0.259, terminal +0.134, aime +0.426, gpqa +0.197, skills +0.067). Training subtracts
 ``step_cost`` per menu step (shaping, so that it stops making useless calls); every number here is the
@@ -94,6 +95,9 @@ class Args:
     """envs stepped in lockstep per worker (one batched forward pass per step)"""
     workers: int = 2
     """rollout processes (1 = in this process)"""
+    vector: bool = False
+    """roll out through the vector sim (``ResearchVectorEnv(menu=True)``, one per scenario) instead of
+    ``DiscreteMenu`` envs; the same episodes for the same actions (``tests/baselines/test_rl_vector.py``)"""
     learning_rate: float = 1e-3
     anneal_lr: bool = True
     gamma: float = 1.0
@@ -392,9 +396,84 @@ def collect(params: dict[str, np.ndarray] | None, jobs: list[tuple[str, str, flo
     return done_eps
 
 
+def collect_vector(params: dict[str, np.ndarray] | None, jobs: list[tuple[str, str, float, int]], num_envs: int,
+                   rng: np.random.Generator | None) -> list[dict[str, Any]]:
+    """:func:`collect` through the vector sim: a :class:`~rsigym_env.vector.ResearchVectorEnv` with
+    ``menu=True`` per (track, benchmark, budget) of ``jobs``, up to ``num_envs`` episodes each at once,
+    all of them in one batched forward pass per step. A finished env is reset (``reset_mask``) with the
+    next seed of its scenario; one with none left plays idle (``wait``, refused) until its group ends."""
+    from gymnasium.vector import AutoresetMode
+
+    from rsigym_env.vector import ResearchVectorEnv
+
+    queues: dict[tuple[str, str, float], list[int]] = {}
+    for track, bench, budget, seed in jobs:
+        queues.setdefault((track, bench, budget), []).append(seed)
+
+    def slot(seed: int) -> dict[str, Any]:
+        return {"seed": seed, "O": [], "M": [], "A": [], "L": [], "V": [], "W": [], "R": 0.0, "calls": 0}
+
+    groups = []
+    for key, seeds in queues.items():
+        n = min(num_envs, len(seeds))
+        vec = ResearchVectorEnv(n, menu=True, track=key[0], benchmark=key[1], budget_usd=key[2],
+                                autoreset_mode=AutoresetMode.DISABLED)
+        obs, info = vec.reset(seed=seeds[:n])
+        groups.append({"key": key, "vec": vec, "queue": seeds[n:], "obs": obs, "mask": info["action_mask"],
+                       "slots": [slot(seed) for seed in seeds[:n]]})
+    done_eps: list[dict[str, Any]] = []
+    idle = MENU_INDEX["wait"]
+    while groups:
+        live = [(g, i) for g in groups for i, s in enumerate(g["slots"]) if s is not None]
+        obs = np.stack([g["obs"][i] for g, i in live]).astype(np.float64)
+        mask = np.stack([g["mask"][i] for g, i in live])
+        if params is None:  # the expert plays (behaviour cloning data)
+            actions = np.array([expert_index(g["vec"].envs[i].adapter) for g, i in live])
+            logps = values = np.zeros(len(live))
+        else:
+            actions, logps, values = policy_step(params, obs, mask, rng)
+        batches = {id(g): np.full(g["vec"].num_envs, idle) for g in groups}
+        for j, (g, i) in enumerate(live):
+            s = g["slots"][i]
+            for name, value in (("O", obs[j]), ("M", mask[j]), ("A", int(actions[j])), ("L", float(logps[j])),
+                                ("V", float(values[j]))):
+                s[name].append(value)
+            batches[id(g)][i] = actions[j]
+        for g in list(groups):
+            vec = g["vec"]
+            o, r, term, trunc, info = vec.step(batches[id(g)])
+            g["obs"], g["mask"] = o, info["action_mask"]
+            ended = term | trunc
+            seeds: list[int | None] = [None] * vec.num_envs
+            for i in range(vec.num_envs):
+                s = g["slots"][i]
+                if s is None:
+                    continue
+                s["R"] += float(r[i])
+                s["W"].append(float(r[i]))
+                s["calls"] += len(info["calls"][i])
+                if ended[i]:
+                    spend = float(info["spend_usd"][i]) if info.get("_spend_usd", ended)[i] else 0.0
+                    done_eps.append({"benchmark": g["key"][1], "track": g["key"][0], "budget": g["key"][2],
+                                     "seed": s["seed"], "return": float(s["R"]), "calls": s["calls"], "spend": spend,
+                                     "obs": np.array(s["O"]), "mask": np.array(s["M"]), "actions": np.array(s["A"]),
+                                     "logp": np.array(s["L"]), "values": np.array(s["V"]),
+                                     "rewards": np.array(s["W"])})
+                    g["slots"][i] = slot(g["queue"].pop(0)) if g["queue"] else None
+                    seeds[i] = g["slots"][i]["seed"] if g["slots"][i] is not None else 0
+            if all(s is None for s in g["slots"]):
+                vec.close()
+                groups.remove(g)
+            elif ended.any():
+                o, info = vec.reset(seed=seeds, options={"reset_mask": ended})
+                g["obs"], g["mask"] = o, np.where(ended[:, None], info["action_mask"], g["mask"])
+    return done_eps
+
+
 def _collect_worker(payload: tuple) -> list[dict[str, Any]]:
-    params, jobs, num_envs, seed = payload
-    return collect(params, jobs, num_envs, None if seed is None else np.random.default_rng(seed))
+    params, jobs, num_envs, seed, vector = payload
+    play = collect_vector if vector else collect
+    return play(params, jobs, num_envs, None if seed is None else np.random.default_rng(seed))
 
 
 def gae(ep: dict[str, Any], gamma: float, lam: float, step_cost: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -446,7 +525,7 @@ class Trainer:
         chunks = [jobs[w::workers] for w in range(workers)]
         seeds = [None if greedy else int(self.rng.integers(2**31)) for _ in chunks]
         params = None if expert else self.params
-        payloads = [(params, chunk, a.num_envs, s) for chunk, s in zip(chunks, seeds)]
+        payloads = [(params, chunk, a.num_envs, s, a.vector) for chunk, s in zip(chunks, seeds)]
         if workers == 1:
             return [ep for pl in payloads for ep in _collect_worker(pl)]
         if self.pool is None:

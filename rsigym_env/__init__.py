@@ -38,7 +38,8 @@ for _track, _env_id in TRACK_ENV_IDS.items():
     if _env_id not in registry:
         # The env enforces its own step, time and money limits (the initial system then counts as
         # submitted), so no TimeLimit wrapper is added here.
-        register(id=_env_id, entry_point="rsigym_env.env:ResearchEnv", kwargs={"track": _track})
+        register(id=_env_id, entry_point="rsigym_env.env:ResearchEnv",
+                 vector_entry_point="rsigym_env.vector:ResearchVectorEnv", kwargs={"track": _track})
 
 _use_researchers(_Researchers())  # what the recursive world needs from the researcher layer (it may not import it)
 _use_identity(_spec_id)  # archive nodes are identified by their spec's id (the archive may not import agents either)

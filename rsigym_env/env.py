@@ -124,6 +124,8 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         platform, key: run on this platform (its ledger stays open when the env closes) and bill every
             episode to ``key``, one of its keys (a sub-key carved out of an outer run's budget: the
             recursive world's inner episodes). Default: a platform of its own, a new key per episode.
+        include_log: put the text ``log`` in the observation (default True). False leaves it out of the
+            space and renders no text: for policies that read only the numeric entries.
     """
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
@@ -147,6 +149,7 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         world_factory: WorldFactory | None = None,
         platform: Platform | None = None,
         key: PlatformKey | None = None,
+        include_log: bool = True,
     ):
         overrides = dict(track=track, world=world, benchmark=benchmark, budget_usd=budget_usd,
                          max_steps=max_steps, time_limit_h=time_limit_h)
@@ -175,8 +178,10 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         self._key = key
         self.action_space = action_space()
         budget = self.scenario.budget_usd
+        self.include_log = include_log
+        log_space = {"log": spaces.Text(max_length=LOG_MAX, min_length=0, charset=string.printable)} if include_log else {}
         self.observation_space = spaces.Dict({
-            "log": spaces.Text(max_length=LOG_MAX, min_length=0, charset=string.printable),
+            **log_space,
             "budget_left_usd": spaces.Box(0.0, budget, shape=(1,), dtype=np.float64),
             "time_left_h": spaces.Box(0.0, self.scenario.time_limit_h, shape=(1,), dtype=np.float64),
             "step": spaces.Box(0, self.scenario.max_steps, shape=(1,), dtype=np.int64),
@@ -201,7 +206,7 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
             self.run.world.close()
         self.run = ResearchRun(self.scenario, episode_seed, self.platform, self.run_dir, async_jobs=self.async_jobs,
                                world_factory=self.world_factory, key=self._key)
-        self._log = self.run.briefing()
+        self._log = self.run.briefing() if self._keeps_log() else ""
         s = self.scenario
         info = {"scenario": s.name, "world": s.world, "track": s.track, "benchmark": s.benchmark,
                 "budget_usd": s.budget_usd, "time_limit_h": s.time_limit_h, "max_steps": s.max_steps,
@@ -214,7 +219,8 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         if self.run is None:
             raise gym.error.ResetNeeded("call reset() before step()")
         outcome = self.run.execute(action)
-        self._log = f"{self.run.status_line()}\n{outcome.log}"
+        if self._keeps_log():
+            self._log = f"{self.run.status_line()}\n{outcome.log}"
         if self.render_mode == "human":
             self.render()
         return self._observation(), float(outcome.reward), outcome.terminated, outcome.truncated, outcome.info
@@ -256,6 +262,9 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
 
     # ------------------------------------------------------------------ helpers
 
+    def _keeps_log(self) -> bool:
+        return self.include_log or self.render_mode is not None
+
     def _observation(self) -> dict[str, Any]:
         run = self.run
         assert run is not None
@@ -267,8 +276,9 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         floats = np.array([min(run.budget_left, self.scenario.budget_usd), run.time_left / 3600.0,
                            score(run.initial_dev), score(run.best_dev), score(run.last_dev)], dtype=np.float64)
         ints = np.array([min(run.steps, max_steps), min(len(run.running), max_steps)], dtype=np.int64)
+        observation = {"log": printable(self._log)} if self.include_log else {}
         return {
-            "log": printable(self._log),
+            **observation,
             "budget_left_usd": floats[0:1],
             "time_left_h": floats[1:2],
             "step": ints[0:1],

@@ -28,7 +28,8 @@ KWARGS = {"benchmark": "aime", "budget_usd": 200}
 # forkserver: forking a multi-threaded test process (pytest-xdist) is unsafe; it is also the default from Python 3.14
 FORK = {"context": "forkserver"}
 multiprocessing.set_forkserver_preload(["rsigym_env"])  # workers start with the package imported (fast)
-MODES = [("sync", {}), ("async", {"shared_memory": False, **FORK})]
+# and the ids' own vector env (rsigym_env.vector, also make_vec's default): the same conventions
+MODES = [("sync", {}), ("async", {"shared_memory": False, **FORK}), ("vector_entry_point", {})]
 
 # one row per vector step, one action per env, in several forms
 BATCHES: list[tuple[Any, Any]] = [
