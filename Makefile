@@ -99,4 +99,4 @@ lock: $(STAMP)  ## refresh constraints.txt from the current venv
 	$(PY) -m pip freeze --exclude-editable | grep -v '^-e ' > constraints.txt
 
 clean:  ## remove the venv and caches
-	rm -rf $(VENV) .pytest_cache .hypothesis runs
+	rm -rf $(VENV) .venv-run .ci-run.log .pytest_cache .hypothesis runs
