@@ -21,6 +21,8 @@ from typing import Any, Iterable, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ...splits import SplitMode
+
 DEFAULT_BASE_MODEL = "Qwen/Qwen3.5-35B-A3B-Base"
 
 
@@ -63,7 +65,10 @@ class EvalOptions(_Strict):
     dataset_path_env: str | None = Field(None, description="The variable holding dataset_path (when that is unset).")
     tasks: dict[Literal["dev", "official"], str] | None = Field(None, description="Split directories given explicitly.")
     dev_fraction: float = Field(0.5, gt=0, lt=1, description="Share of the dataset's tasks in the dev split.")
-    split_seed: int = 0
+    official_split: SplitMode = Field(
+        "secret", description="secret: each episode splits dev/official afresh from the platform's split secret "
+                              "(rsigym_env.splits); public: by split_seed, the same split every time.")
+    split_seed: int = Field(0, description="The public split's seed (official_split: public).")
     concurrency: int = Field(4, ge=1)
     tokens_per_trial: int = Field(200_000, ge=1)
     agent_timeout_s: float = Field(1800.0, gt=0)

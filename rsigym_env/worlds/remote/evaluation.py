@@ -8,11 +8,18 @@ and logs, the same billing from a metering proxy) with these back ends:
 * the harness reaches the model at ``RSIGYM_MODEL_URL``: the evaluation's own OpenAI-compatible proxy,
   listening on TCP, which forwards to the inference endpoint (the provider key never enters a trial)
   and gives each trial an unguessable alias with a token budget;
-* tasks come from a Harbor dataset (downloaded by Harbor's task client and split deterministically into
-  dev and official) or from task directories the scenario names.
+* tasks come from a Harbor dataset (downloaded by Harbor's task client) or a directory of task directories,
+  split into dev and official **afresh for every episode** by the platform's split secret and a nonce of the
+  episode's own (:mod:`rsigym_env.splits`, as in the local world), or by ``evaluation.split_seed`` when the
+  scenario asks for ``official_split: public`` (reproducible, and known to anyone with the seed); or the scenario
+  names the split directories itself.
 
->>> split_tasks([Path(f"/t/task-{i}") for i in range(10)], dev_fraction=0.5, seed=0) == \\
-...     split_tasks([Path(f"/t/task-{i}") for i in reversed(range(10))], dev_fraction=0.5, seed=0)
+>>> tasks = [Path(f"/t/task-{i}") for i in range(10)]
+>>> split_tasks(tasks, dev_fraction=0.5, seed=0) == split_tasks(tasks[::-1], dev_fraction=0.5, seed=0)
+True
+>>> from rsigym_env.splits import official_split
+>>> one, two = (split_tasks(tasks, 0.5, official_split("secret", secret="s").stream("aime")) for _ in range(2))
+>>> one != two or one == two  # two episodes draw independently (they coincide only by chance: 1 in 252 here)
 True
 """
 
@@ -23,12 +30,14 @@ import hashlib
 from pathlib import Path
 from typing import Any, Mapping
 
+from ...splits import OfficialSplit
 from ..common.evaluation import HarborEnvironmentType, HarborEvalService, ModelEndpoint
 from .config import EvalOptions
 
 
-def split_tasks(paths: list[Path], dev_fraction: float, seed: int) -> dict[str, list[Path]]:
-    """Deterministic dev/official split by a hash of (seed, task name); independent of the listing order."""
+def split_tasks(paths: list[Path], dev_fraction: float, seed: int | str) -> dict[str, list[Path]]:
+    """The dev/official split by a hash of (seed, task name): deterministic in ``seed`` (a public split's
+    number, or a secret split's keyed stream name) and independent of the listing order."""
     ranked = sorted(paths, key=lambda p: hashlib.sha256(f"{seed}/{p.name}".encode()).hexdigest())
     n_dev = max(1, min(len(ranked) - 1, round(len(ranked) * dev_fraction)))
     return {"dev": sorted(ranked[:n_dev], key=lambda p: p.name), "official": sorted(ranked[n_dev:], key=lambda p: p.name)}
@@ -66,9 +75,16 @@ def download_dataset(ref: str) -> list[Path]:
     return asyncio.run(run())
 
 
+def split_seed(options: EvalOptions, dataset: str, split: OfficialSplit | None) -> int | str:
+    """What :func:`split_tasks` ranks by: the scenario's ``split_seed`` for a public split (or none given), else
+    the secret split's keyed stream for this dataset (which tells nothing about another episode's draw)."""
+    return options.split_seed if split is None or split.mode == "public" else split.stream(f"remote:{dataset}")
+
+
 def prepare_splits(options: EvalOptions, dataset: str | None, target: Path,
-                   environ: Mapping[str, str] | None = None) -> dict[str, Path]:
-    """The dev and official split directories (of symlinks to task directories) under ``target``."""
+                   environ: Mapping[str, str] | None = None, split: OfficialSplit | None = None) -> dict[str, Path]:
+    """The dev and official split directories (of symlinks to task directories) under ``target``, split by
+    ``split`` (see :func:`split_seed`)."""
     if options.tasks:
         return {split: Path(path) for split, path in options.tasks.items()}
     local = options.local_dataset(environ)
@@ -81,7 +97,7 @@ def prepare_splits(options: EvalOptions, dataset: str | None, target: Path,
         raise ValueError("the scenario names no tasks: set world_options.evaluation.dataset, dataset_path or tasks")
     if len(paths) < 2:
         raise ValueError(f"need at least 2 tasks to split into dev and official, found {len(paths)}")
-    splits = split_tasks(paths, options.dev_fraction, options.split_seed)
+    splits = split_tasks(paths, options.dev_fraction, split_seed(options, dataset or str(local), split))
     out: dict[str, Path] = {}
     for split, chosen in splits.items():
         folder = target / split
@@ -117,4 +133,4 @@ class RemoteEvalService(HarborEvalService):
 
 
 __all__ = ["RemoteEvalService", "default_model_url", "download_dataset", "parse_dataset", "prepare_splits",
-           "resolve_dataset", "split_tasks"]
+           "resolve_dataset", "split_seed", "split_tasks"]

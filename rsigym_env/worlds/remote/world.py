@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping
 from ...errors import ActionError
 from ...prices import TeacherPrice
 from ...scenario import Scenario
+from ...splits import official_split
 from ..common.datasets import DatasetStore
 from ..common.inference import ChatInferenceService
 from ..common.jobs import WallClock
@@ -135,9 +136,16 @@ class RemoteWorld(ServiceWorld):
                                             api_url=env.get("E2B_API_URL"), sandbox_url=env.get("E2B_SANDBOX_URL"))
         self.rollout = RolloutService(teachers=CatalogTeachers(client=self.client, benchmark=self.benchmark),
                                       sandbox=self.sandbox, store=self.store, prices=self.prices, seed=seed)
+        evaluation = self.options.evaluation
+        if tasks is not None or evaluation.tasks:
+            self.official_split = {"mode": "given", "draw": "fixed"}  # the scenario (or caller) names the split
+        else:  # recorded in every result: which held-out split it was scored on (never the secret or the nonce)
+            self.split = official_split(evaluation.official_split)  # secret: this episode's own draw
+            self.official_split = self.split.info if self.split.mode == "secret" else {
+                "mode": "public", "id": f"split_seed={evaluation.split_seed}", "draw": "fixed"}
         self.tasks = dict(tasks) if tasks is not None else prepare_splits(
-            self.options.evaluation, self.options.evaluation.dataset or self.benchmark.dataset, self.run_dir / "tasks",
-            environ=env)
+            evaluation, evaluation.dataset or self.benchmark.dataset, self.run_dir / "tasks", environ=env,
+            split=getattr(self, "split", None))
         self.evaluation = RemoteEvalService(options=self.options.evaluation, model_for=self.chat_model,
                                             tasks=self.tasks, run_dir=self.run_dir / "evals", prices=self.prices,
                                             seed=seed, vcpus=sandbox.vcpus, memory_gib=sandbox.memory_gib,
@@ -183,10 +191,18 @@ class RemoteWorld(ServiceWorld):
         b, e = self.benchmark, self.options.evaluation
         teachers = ", ".join(t for t in self.scenario.permissions.teachers if t in self.prices.teachers) or "none"
         return (f"remote world: {b.name} ({b.domain}); Harbor dataset {e.dataset or b.dataset}, tasks split into dev "
-                f"({len(list(Path(self.tasks['dev']).iterdir()))}) and held-out official. Base model {self.base_model} "
+                f"({len(list(Path(self.tasks['dev']).iterdir()))}) and held-out official "
+                f"({_split_words(self.official_split)}). Base model {self.base_model} "
                 f"on Tinker (LoRA; checkpoints are tinker:// paths), inference at {self.inference_url}, "
                 f"trials in Harbor's {e.environment} environment, sandboxes on E2B. Teachers: {teachers}. "
                 f"Prices: {self.prices.source}.")
+
+
+def _split_words(info: Mapping[str, Any]) -> str:
+    """How the official split was drawn, in the words the researcher reads."""
+    if info.get("mode") == "secret":
+        return "drawn for this episode from a secret" if info.get("draw") == "per-episode" else "a pinned secret draw"
+    return "named by the scenario" if info.get("mode") == "given" else "a public split, the same every episode"
 
 
 def _tinker_error(exc: Exception) -> Exception:

@@ -369,3 +369,53 @@ def test_the_world_reads_its_endpoints_from_the_environment_it_is_given(tmp_path
                                               "sandbox_url": "http://sandboxes.invalid:3"}
     finally:
         world.close()
+
+
+def _dataset(root, n=20):
+    for i in range(n):
+        (root / f"task-{i:02d}").mkdir(parents=True)
+        (root / f"task-{i:02d}" / "task.toml").write_text("")
+    return root
+
+
+def _official(world) -> set[str]:
+    return {p.name for p in world.tasks["official"].iterdir()}
+
+
+def test_each_episode_draws_its_own_official_tasks_from_the_secret(tmp_path, local_tinker, monkeypatch):
+    """A remote episode's held-out tasks are its own draw (secret + nonce), not a split anyone can compute from the
+    scenario: two episodes of the same scenario and seed split differently, a pinned draw repeats, and the result
+    records which kind of split it was, never the secret or the nonce."""
+    from rsigym_env.worlds.remote.world import RemoteWorld
+
+    monkeypatch.delenv("RSIGYM_SPLIT_NONCE", raising=False)
+    monkeypatch.setenv("RSIGYM_SPLIT_SECRET", "remote-split-test-secret")
+    data = _dataset(tmp_path / "dataset")
+
+    def world(run: str, **options):
+        scenario = load_scenario("remote-joint-aime", world_options={
+            "renderer": "role_colon", "evaluation": {"dataset_path": str(data), **options}})
+        return RemoteWorld(scenario, 0, tmp_path / run, environ=ENV, service_client=local_tinker,
+                           sandbox_create=lambda **kw: None)
+
+    worlds = [world(f"run-{i}") for i in range(3)]
+    try:
+        draws = [_official(w) for w in worlds]
+        assert all(len(d) == 10 for d in draws) and len({frozenset(d) for d in draws}) > 1
+        info = worlds[0].official_split
+        assert info["mode"] == "secret" and info["draw"] == "per-episode"
+        assert "remote-split-test-secret" not in json.dumps(info) and worlds[0].split.nonce not in json.dumps(info)
+        assert "drawn for this episode from a secret" in worlds[0].describe()
+        monkeypatch.setenv("RSIGYM_SPLIT_NONCE", "pinned")
+        pinned = [world(f"pinned-{i}") for i in range(2)]
+        worlds += pinned
+        assert _official(pinned[0]) == _official(pinned[1]) and pinned[0].official_split["draw"] == "fixed"
+        public = [world(f"public-{i}", official_split="public", split_seed=7) for i in range(2)]
+        worlds += public
+        assert _official(public[0]) == _official(public[1]) and public[0].official_split["mode"] == "public"
+        from rsigym_env.worlds.remote.evaluation import split_tasks
+
+        assert _official(public[0]) == {p.name for p in split_tasks(sorted(data.iterdir()), 0.5, 7)["official"]}
+    finally:
+        for w in worlds:
+            w.close()
