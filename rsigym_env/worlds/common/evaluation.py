@@ -666,8 +666,10 @@ class HarborEvalService:
 
         # the sandbox kills the harness at agent_timeout_s; Harbor's own limit leaves time to collect its output
         # over TCP, the harness needs a route to the model even in a task without network: Harbor then gives the
-        # agent phase (only) an allowlist holding just the model's host; a public task is left as it is
-        reach = {"extra_allowed_hosts": [self.model_endpoint.harness_host()]} if self.model_endpoint else {}
+        # agent phase (only) an allowlist holding just the model's host; a public task is left as it is (and when
+        # every task is public the list is not passed at all: Harbor would log once a trial that it ignores it)
+        reach = ({"extra_allowed_hosts": [self.model_endpoint.harness_host()]}
+                 if self.model_endpoint and not all(map(_public_agent_network, tasks)) else {})
         agents = [AgentConfig(import_path=AGENT_IMPORT_PATH, max_timeout_sec=self.agent_timeout_s + AGENT_SLACK_S,
                               kwargs={"harness_dir": str(harness_dir.resolve()), "session": session_key,
                                       "attempt": attempt, "harness_version": req.harness_version,
@@ -811,6 +813,24 @@ def tune_harbor() -> None:
         for name in ("_task_package_version", "_task_verifier_environment_mode"):
             setattr(job_lock, name, _memoized_by_task_toml(getattr(job_lock, name)))
         harbor.job._rsigym_tuned = True
+
+
+def _public_agent_network(task: Path) -> bool:
+    """Whether ``task``'s agent phase has public network access by its own ``task.toml`` (Harbor's reading of it;
+    an unreadable file counts as not public, so the model's host is passed)."""
+    try:
+        return _public_agent_policy((task / "task.toml").read_text())
+    except (OSError, ValueError):
+        return False
+
+
+@functools.lru_cache(maxsize=1024)
+def _public_agent_policy(toml_text: str) -> bool:
+    from harbor.models.task.config import NetworkMode, TaskConfig
+
+    config = TaskConfig.model_validate_toml(toml_text)
+    policy = config.agent.explicit_phase_policy() or config.environment.resolve_baseline()
+    return policy.network_mode == NetworkMode.PUBLIC
 
 
 _TOML_MEMO_MAX = 64 << 10  # a larger task.toml is read by Harbor each time

@@ -340,7 +340,10 @@ def test_a_task_without_network_lets_only_the_model_proxy_through_in_the_agent_p
                          sandbox_create=lambda **kw: None)
     try:
         req = EvalRequest(checkpoint="base", harness_version="h-0", harness_files=world.initial_harness(), k=1)
-        job = world.evaluation._job_config(req, [tasks["dev"] / "dev-task"], tmp_path / "job", tmp_path / "h", "s")
+        offline = tmp_path / "offline-task"
+        offline.mkdir()
+        (offline / "task.toml").write_text('[environment]\nnetwork_mode = "no-network"\n')
+        job = world.evaluation._job_config(req, [offline], tmp_path / "job", tmp_path / "h", "s")
         agent = job.agents[0]
         assert agent.extra_allowed_hosts == ["host.docker.internal"]  # docker's default model_url
         for mode, agent_phase in ((NetworkMode.NO_NETWORK, NetworkMode.ALLOWLIST), (NetworkMode.PUBLIC, NetworkMode.PUBLIC)):
@@ -351,6 +354,13 @@ def test_a_task_without_network_lets_only_the_model_proxy_through_in_the_agent_p
             if agent_phase == NetworkMode.ALLOWLIST:
                 assert plan.agent_phase.allowed_hosts == ["host.docker.internal"]
             assert plan.verifier_phase.network_mode == mode  # the tests still run as the task says
+        public = tmp_path / "public-task"
+        public.mkdir()
+        (public / "task.toml").write_text('[environment]\nnetwork_mode = "public"\n')
+        job = world.evaluation._job_config(req, [public], tmp_path / "job2", tmp_path / "h", "s")
+        assert job.agents[0].extra_allowed_hosts == []  # nothing for Harbor to ignore (and log, once a trial)
+        job = world.evaluation._job_config(req, [public, offline], tmp_path / "job3", tmp_path / "h", "s")
+        assert job.agents[0].extra_allowed_hosts == ["host.docker.internal"]
     finally:
         world.close()
 
