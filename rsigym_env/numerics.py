@@ -14,7 +14,15 @@ When NumPy was loaded before ``rsigym_env`` with other kernels, the setting reac
 started afterwards: :func:`blas_core_is_pinned` says whether this process computes with the pinned
 kernels (the local world then trains in a process of its own).
 
-This module imports nothing that loads NumPy.
+Pinning the kernels is not enough on every OpenBLAS: 0.3.34 (the one NumPy 2.5.2-2.5.5 bundle) rewrites the
+blocking of whatever kernels are pinned on AMD Zen 4/5 hosts with AVX-512 (OpenBLAS issues 6013 and 6021), so
+SGEMM sums in another order there (other samples, checkpoints and scores for the same seed) and the pinned
+``Haswell`` DGEMM crashes once K passes ~300 (a segfault in any float64 matrix product of that size, e.g. the
+RL researcher's training). The package therefore requires a NumPy whose OpenBLAS does not
+(``numpy<2.5.2``), and :func:`canonical_arithmetic` checks the arithmetic itself: a few fixed SGEMMs
+whose products must hash to what the pinned kernels give everywhere else.
+
+This module imports nothing that loads NumPy (only :func:`canonical_arithmetic` does, when called).
 
 >>> pinned_core({"avx2", "fma", "sse2"}, "x86_64"), pinned_core({"avx2"}, "x86_64"), pinned_core({"asimd"}, "aarch64")
 ('Haswell', None, None)
@@ -79,5 +87,37 @@ def blas_core_is_pinned() -> bool:
     return loaded is None or loaded.lower() in same
 
 
-__all__ = ["CANONICAL_CORE", "CORE_ENV", "blas_core", "blas_core_is_pinned", "cpu_flags", "pin_blas_core",
+CANONICAL_DIGEST = "9f3a0441b5634914"  # the pinned Haswell kernels with their own blocking (OpenBLAS 0.3.23-0.3.33)
+_CANARY_SHAPES = ((64, 1024, 64), (48, 2000, 40), (96, 600, 128))  # K past every blocking split in use
+
+
+def canary_digest() -> str:
+    """The first 16 hex digits of the SHA-256 of a few float32 matrix products (K up to 2,000) of fixed inputs.
+
+    The inputs are exact rationals rounded once to float32 (no random generator, no libm), so only the
+    BLAS's summation order can change the bytes."""
+    import hashlib
+
+    import numpy as np
+
+    digest = hashlib.sha256()
+    for m, k, n in _CANARY_SHAPES:
+        i = np.arange(m * k, dtype=np.int64).reshape(m, k)
+        j = np.arange(k * n, dtype=np.int64).reshape(k, n)
+        a = ((i * 7919 + 13) % 65521 / 65521.0 - 0.5).astype(np.float32)
+        b = ((j * 104729 + 7) % 65519 / 65519.0 - 0.5).astype(np.float32)
+        digest.update((a @ b).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def canonical_arithmetic() -> bool | None:
+    """Does this process compute the recorded results' arithmetic? None where nothing is pinned (a CPU without
+    AVX2 and FMA: results are that machine's own), else whether :func:`canary_digest` matches the pinned
+    kernels' (False e.g. with OpenBLAS 0.3.34 on an AMD Zen 4/5 host, or NumPy loaded before the pin)."""
+    if os.environ.get(CORE_ENV, "").lower() not in ("haswell", "zen"):
+        return None
+    return canary_digest() == CANONICAL_DIGEST
+
+
+__all__ = ["CANONICAL_CORE", "CANONICAL_DIGEST", "canary_digest", "canonical_arithmetic", "CORE_ENV", "blas_core", "blas_core_is_pinned", "cpu_flags", "pin_blas_core",
            "pinned_core"]

@@ -46,3 +46,23 @@ def test_numpy_loaded_first_with_other_kernels_is_noticed():
     got = run(PROBE.format(first="import numpy; os.environ.pop('OPENBLAS_CORETYPE'); import rsigym_env"),
               OPENBLAS_CORETYPE="Sandybridge")
     assert got == {"env": "Haswell", "loaded": "Sandybridge", "pinned": False}
+
+
+@pytest.mark.skipif(not AVX2, reason="nothing is pinned on a CPU without AVX2 and FMA")
+def test_this_machine_computes_the_pinned_arithmetic():
+    """The pinned kernels sum as on every other machine: OpenBLAS 0.3.34 on an AMD Zen 4/5 host does not (it
+    rewrites the pinned kernels' blocking), which the canary sees; other kernels are seen too."""
+    got = run("import json, rsigym_env; from rsigym_env.numerics import canary_digest, canonical_arithmetic; "
+              "print(json.dumps([canary_digest(), canonical_arithmetic()]))")
+    assert got == [numerics.CANONICAL_DIGEST, True], "install the package's NumPy (see rsigym_env/numerics.py)"
+    other = run("import json, rsigym_env; from rsigym_env.numerics import canary_digest; print(json.dumps(canary_digest()))",
+                OPENBLAS_CORETYPE="Sandybridge")
+    assert other != numerics.CANONICAL_DIGEST
+
+
+@pytest.mark.skipif(not AVX2, reason="nothing is pinned on a CPU without AVX2 and FMA")
+def test_a_large_float64_product_under_the_pin_does_not_crash():
+    """OpenBLAS 0.3.34's pinned Haswell DGEMM overran its panel buffer on Zen 4/5 hosts (a segfault from K ~300)."""
+    got = run("import json, rsigym_env, numpy as np; a = np.ones((128, 2000)); b = np.ones((2000, 128)); "
+              "print(json.dumps(float((a @ b)[0, 0])))")
+    assert got == 2000.0
