@@ -22,6 +22,13 @@ RL researcher's training). The package therefore requires a NumPy whose OpenBLAS
 (``numpy<2.5.2``), and :func:`canonical_arithmetic` checks the arithmetic itself: a few fixed SGEMMs
 whose products must hash to what the pinned kernels give everywhere else.
 
+NumPy's own vector code is dispatched by CPU too: its float64 ``exp``, ``log``, ``log1p``, ``expm1`` and
+``power`` (and some float32 ones) round differently in their AVX-512 versions than in their AVX2 ones, so
+the sim's quotes and draws differed in their last bits between an AVX-512 and an AVX2 machine for the same
+seed. On the same CPUs the package therefore also sets ``NPY_ENABLE_CPU_FEATURES=X86_V3`` (NumPy's AVX2
+level; the names NumPy >= 2.4 use) before NumPy loads: every machine with AVX2 runs the AVX2 versions.
+A value the user set for it (or for ``NPY_DISABLE_CPU_FEATURES``) is kept.
+
 This module imports nothing that loads NumPy (only :func:`canonical_arithmetic` does, when called).
 
 >>> pinned_core({"avx2", "fma", "sse2"}, "x86_64"), pinned_core({"avx2"}, "x86_64"), pinned_core({"asimd"}, "aarch64")
@@ -35,6 +42,8 @@ import platform
 from typing import MutableMapping
 
 CORE_ENV = "OPENBLAS_CORETYPE"
+SIMD_ENV = "NPY_ENABLE_CPU_FEATURES"
+CANONICAL_SIMD = "X86_V3"  # NumPy's dispatch level of AVX2 + FMA machines (x86-64-v3)
 CANONICAL_CORE = "Haswell"  # the kernels of the recorded results; what OpenBLAS picks on AVX2 machines
 
 
@@ -60,10 +69,11 @@ def pinned_core(flags: set[str], machine: str) -> str | None:
 def pin_blas_core(environ: MutableMapping[str, str] = os.environ) -> str | None:
     """Set ``OPENBLAS_CORETYPE`` for this process (if NumPy is not loaded yet) and every process it
     starts, unless it is set already; returns the core type in effect (None: OpenBLAS's own choice)."""
-    if CORE_ENV not in environ:
-        core = pinned_core(cpu_flags(), platform.machine())
-        if core is not None:
-            environ[CORE_ENV] = core
+    core = pinned_core(cpu_flags(), platform.machine())
+    if core is not None:
+        environ.setdefault(CORE_ENV, core)
+        if SIMD_ENV not in environ and "NPY_DISABLE_CPU_FEATURES" not in environ:
+            environ[SIMD_ENV] = CANONICAL_SIMD  # NumPy's AVX2 code everywhere (see the module docstring)
     return environ.get(CORE_ENV)
 
 
@@ -87,15 +97,16 @@ def blas_core_is_pinned() -> bool:
     return loaded is None or loaded.lower() in same
 
 
-CANONICAL_DIGEST = "9f3a0441b5634914"  # the pinned Haswell kernels with their own blocking (OpenBLAS 0.3.23-0.3.33)
+CANONICAL_DIGEST = "3acc5cd539578818"  # the pinned Haswell kernels with their own blocking, NumPy at X86_V3
 _CANARY_SHAPES = ((64, 1024, 64), (48, 2000, 40), (96, 600, 128))  # K past every blocking split in use
 
 
 def canary_digest() -> str:
-    """The first 16 hex digits of the SHA-256 of a few float32 matrix products (K up to 2,000) of fixed inputs.
+    """The first 16 hex digits of the SHA-256 of a few float32 matrix products (K up to 2,000) and of NumPy's
+    float64 ``exp``, ``log``, ``log1p`` and ``expm1`` over fixed inputs.
 
-    The inputs are exact rationals rounded once to float32 (no random generator, no libm), so only the
-    BLAS's summation order can change the bytes."""
+    The inputs are exact rationals rounded once (no random generator), so only the BLAS's summation order
+    and NumPy's vector code can change the bytes."""
     import hashlib
 
     import numpy as np
@@ -107,7 +118,42 @@ def canary_digest() -> str:
         a = ((i * 7919 + 13) % 65521 / 65521.0 - 0.5).astype(np.float32)
         b = ((j * 104729 + 7) % 65519 / 65519.0 - 0.5).astype(np.float32)
         digest.update((a @ b).tobytes())
+    x = (np.arange(20_000, dtype=np.int64) * 7919 + 13) % 65521 / 65521.0 * 40.0 - 20.0
+    for values in (np.exp(x), np.log(np.abs(x) + 1e-3), np.log1p(np.abs(x)), np.expm1(x)):
+        digest.update(values.tobytes())
     return digest.hexdigest()[:16]
+
+
+_checked: list[bool | None] = []
+
+
+def check_arithmetic() -> bool | None:
+    """:func:`canonical_arithmetic`, computed once a process, with a warning where it is False."""
+    if not _checked:
+        _checked.append(canonical_arithmetic())
+        if _checked[0] is False:
+            import logging
+
+            import numpy as np
+
+            logging.getLogger("rsigym_env.numerics").warning(
+                "this process does not compute the pinned arithmetic (NumPy %s, OpenBLAS core %s, NumPy code "
+                "pinned: %s): sim and local results will differ in their last bits from other machines' for the "
+                "same seed. Import rsigym_env before NumPy, and install the package's NumPy (numpy<2.5.2: "
+                "OpenBLAS 0.3.34 sums otherwise on AMD Zen 4/5 hosts); see rsigym_env/numerics.py",
+                np.__version__, blas_core(), simd_is_pinned())
+    return _checked[0]
+
+
+def simd_is_pinned() -> bool:
+    """Does this process's NumPy run the pinned vector code? (True where nothing is pinned.) False when NumPy
+    was loaded before ``rsigym_env`` on an AVX-512 machine."""
+    if os.environ.get(SIMD_ENV) != CANONICAL_SIMD:
+        return True
+    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+
+    above = [t for t in __cpu_dispatch__ if t != CANONICAL_SIMD and not t.startswith("X86_V2")]
+    return not any(__cpu_features__.get(t) for t in above)
 
 
 def canonical_arithmetic() -> bool | None:
@@ -119,5 +165,6 @@ def canonical_arithmetic() -> bool | None:
     return canary_digest() == CANONICAL_DIGEST
 
 
-__all__ = ["CANONICAL_CORE", "CANONICAL_DIGEST", "canary_digest", "canonical_arithmetic", "CORE_ENV", "blas_core", "blas_core_is_pinned", "cpu_flags", "pin_blas_core",
-           "pinned_core"]
+__all__ = ["CANONICAL_CORE", "CANONICAL_DIGEST", "CANONICAL_SIMD", "CORE_ENV", "SIMD_ENV", "blas_core",
+           "blas_core_is_pinned", "canary_digest", "canonical_arithmetic", "check_arithmetic", "cpu_flags", "pin_blas_core", "pinned_core",
+           "simd_is_pinned"]

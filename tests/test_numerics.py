@@ -29,7 +29,10 @@ PROBE = ("import json, os; {first}; from rsigym_env.numerics import blas_core, b
 
 def test_a_value_the_user_set_is_kept():
     env = {numerics.CORE_ENV: "Sandybridge"}
-    assert numerics.pin_blas_core(env) == "Sandybridge" and env == {numerics.CORE_ENV: "Sandybridge"}
+    assert numerics.pin_blas_core(env) == "Sandybridge" and env[numerics.CORE_ENV] == "Sandybridge"
+    env = {numerics.SIMD_ENV: "X86_V4"}
+    numerics.pin_blas_core(env)
+    assert env[numerics.SIMD_ENV] == "X86_V4"
     empty: dict[str, str] = {}
     assert numerics.pin_blas_core(empty) == empty.get(numerics.CORE_ENV)
 
@@ -66,3 +69,34 @@ def test_a_large_float64_product_under_the_pin_does_not_crash():
     got = run("import json, rsigym_env, numpy as np; a = np.ones((128, 2000)); b = np.ones((2000, 128)); "
               "print(json.dumps(float((a @ b)[0, 0])))")
     assert got == 2000.0
+
+
+@pytest.mark.skipif(not AVX2, reason="nothing is pinned on a CPU without AVX2 and FMA")
+def test_numpys_vector_code_is_pinned_to_avx2_for_this_process_and_its_children():
+    """NumPy's float64 exp/log round differently in their AVX-512 versions: the package asks for NumPy's AVX2
+    level before NumPy loads, so every AVX2 machine computes the same bits (NumPy loaded first is noticed)."""
+    code = ("import json, os; {first}; from rsigym_env.numerics import simd_is_pinned; "
+            "print(json.dumps([os.environ.get('NPY_ENABLE_CPU_FEATURES'), simd_is_pinned()]))")
+    assert run(code.format(first="import rsigym_env, numpy")) == ["X86_V3", True]
+    flags = numerics.cpu_flags()
+    if "avx512f" in flags:  # only a machine with more than AVX2 can load NumPy's other code first
+        got = run(code.format(first="os.environ.pop('NPY_ENABLE_CPU_FEATURES', None); import numpy; import rsigym_env"))
+        assert got == ["X86_V3", False]
+    kept = {"NPY_DISABLE_CPU_FEATURES": "AVX512_SPR"}
+    numerics.pin_blas_core(kept)
+    assert numerics.SIMD_ENV not in kept  # a user's own NumPy setting is kept (NumPy refuses both at once)
+
+
+@pytest.mark.skipif(not AVX2, reason="nothing is pinned on a CPU without AVX2 and FMA")
+def test_a_sim_episode_in_a_process_that_loaded_numpy_first_says_its_bits_differ():
+    import os
+
+    code = ("import os; os.environ.pop('NPY_ENABLE_CPU_FEATURES', None); import numpy; import rsigym_env, gymnasium as gym; "
+            "env = gym.make('RSIGym/Joint-v0', world='sim', benchmark='aime'); env.reset(seed=0); "
+            "env = gym.make('RSIGym/Joint-v0', world='sim', benchmark='aime')")
+    environ = {k: v for k, v in os.environ.items() if k != numerics.CORE_ENV}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, check=True)
+    assert out.stderr.count("does not compute the pinned arithmetic") == 1  # once a process
+    pinned = subprocess.run([sys.executable, "-c", code.replace("import numpy; ", "")], capture_output=True, text=True,
+                            env=environ, check=True)
+    assert "pinned arithmetic" not in pinned.stderr

@@ -21,7 +21,6 @@ Time is wall time: jobs run in worker threads and ``wait`` blocks until one fini
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -35,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rsigym_env.errors import ActionError
 from rsigym_env.home import cache_dir
-from rsigym_env.numerics import CORE_ENV, blas_core, blas_core_is_pinned, canary_digest, canonical_arithmetic
+from rsigym_env.numerics import CORE_ENV, blas_core, blas_core_is_pinned, canary_digest, check_arithmetic
 from rsigym_env.prices import DEFAULT_PRICES, PriceList, TeacherPrice
 from rsigym_env.scenario import Scenario
 from rsigym_env.serving import ModelRegistry, OpenAIServer
@@ -170,7 +169,7 @@ class LocalWorld(ServiceWorld):
                 log.warning("NumPy was loaded with other OpenBLAS kernels (%s) than the pinned ones (%s) before "
                             "rsigym_env was imported: training runs in a process of its own, with the pinned ones, so "
                             "its checkpoints are those of every other machine", blas_core(), os.environ.get(CORE_ENV))
-        _check_arithmetic()
+        check_arithmetic()
         if wanted and loadable_elsewhere(self.base_model):
             return TrainingProcess(self.run_dir / "tinker")
         return None
@@ -197,7 +196,7 @@ class LocalWorld(ServiceWorld):
         # the weights, and the kernels the sampling workers compute with (rsigym_env.numerics)
         # (a BLAS that does not sum as the pinned kernels do elsewhere is named by its canary's digest too)
         blas = os.environ.get(CORE_ENV, "native")
-        if _check_arithmetic() is False:
+        if check_arithmetic() is False:
             blas += f":{canary_digest()}"
         base = f"{BASE_MODEL}:{manifest()['sha256']['weights.npz']}:blas={blas}"
         if checkpoint == "base":
@@ -299,16 +298,3 @@ def from_scenario(scenario: Scenario, seed: int, run_dir: Path | None = None) ->
     """The registry's factory (``rsigym_env.worlds.WORLDS``)."""
     return LocalWorld(scenario, seed, run_dir)
 
-
-@functools.lru_cache(maxsize=1)
-def _check_arithmetic() -> bool | None:
-    """Warn (once a process) when this machine's BLAS does not compute the recorded results' arithmetic."""
-    canonical = canonical_arithmetic()
-    if canonical is False:
-        import numpy as np
-
-        log.warning("this machine's OpenBLAS does not sum as the pinned kernels do elsewhere (NumPy %s, OpenBLAS "
-                    "core %s; e.g. OpenBLAS 0.3.34 on an AMD Zen 4/5 host): the local world's samples, checkpoints "
-                    "and scores will differ from other machines' for the same seed, and float64 products may crash. "
-                    "Install the package's NumPy (numpy<2.5.2) — see rsigym_env/numerics.py", np.__version__, blas_core())
-    return canonical

@@ -28,6 +28,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rsigym_env.errors import ActionError
+from rsigym_env.numerics import check_arithmetic
 from rsigym_env.prices import DEFAULT_PRICES, PriceList
 from rsigym_env.services import (
     Billed,
@@ -176,6 +177,7 @@ class SimWorld(WorldLifecycle):
     ):
         if benchmark not in BENCHMARKS:
             raise ValueError(f"unknown benchmark {benchmark!r}; benchmarks are {', '.join(BENCHMARKS)}")
+        check_arithmetic()  # once a process: warns where the last bits would differ from other machines'
         self.options = SimOptions.model_validate(options or {})
         self.benchmark = BENCHMARKS[benchmark]
         self.domain = self.benchmark.domain
