@@ -44,6 +44,7 @@ from typing import MutableMapping
 CORE_ENV = "OPENBLAS_CORETYPE"
 SIMD_ENV = "NPY_ENABLE_CPU_FEATURES"
 CANONICAL_SIMD = "X86_V3"  # NumPy's dispatch level of AVX2 + FMA machines (x86-64-v3)
+X86_V3_FLAGS = frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"})  # /proc/cpuinfo names
 CANONICAL_CORE = "Haswell"  # the kernels of the recorded results; what OpenBLAS picks on AVX2 machines
 
 
@@ -66,14 +67,18 @@ def pinned_core(flags: set[str], machine: str) -> str | None:
     return None
 
 
-def pin_blas_core(environ: MutableMapping[str, str] = os.environ) -> str | None:
-    """Set ``OPENBLAS_CORETYPE`` for this process (if NumPy is not loaded yet) and every process it
-    starts, unless it is set already; returns the core type in effect (None: OpenBLAS's own choice)."""
-    core = pinned_core(cpu_flags(), platform.machine())
+def pin_blas_core(environ: MutableMapping[str, str] = os.environ, flags: set[str] | None = None) -> str | None:
+    """Set ``OPENBLAS_CORETYPE`` (and NumPy's ``NPY_ENABLE_CPU_FEATURES``) for this process (if NumPy is not
+    loaded yet) and every process it starts, unless set already; ``flags``: the CPU's (default: this one's).
+    Returns the core type in effect (None: OpenBLAS's own choice)."""
+    flags = cpu_flags() if flags is None else flags
+    core = pinned_core(flags, platform.machine())
     if core is not None:
         environ.setdefault(CORE_ENV, core)
-        if SIMD_ENV not in environ and "NPY_DISABLE_CPU_FEATURES" not in environ:
-            environ[SIMD_ENV] = CANONICAL_SIMD  # NumPy's AVX2 code everywhere (see the module docstring)
+        if SIMD_ENV not in environ and "NPY_DISABLE_CPU_FEATURES" not in environ and X86_V3_FLAGS <= flags:
+            # NumPy's AVX2 code everywhere (module docstring); only where the CPU shows every x86-64-v3 flag,
+            # since NumPy refuses to load when asked for a level the CPU lacks (a VM may mask one of them)
+            environ[SIMD_ENV] = CANONICAL_SIMD
     return environ.get(CORE_ENV)
 
 
@@ -165,6 +170,6 @@ def canonical_arithmetic() -> bool | None:
     return canary_digest() == CANONICAL_DIGEST
 
 
-__all__ = ["CANONICAL_CORE", "CANONICAL_DIGEST", "CANONICAL_SIMD", "CORE_ENV", "SIMD_ENV", "blas_core",
+__all__ = ["CANONICAL_CORE", "CANONICAL_DIGEST", "CANONICAL_SIMD", "CORE_ENV", "SIMD_ENV", "X86_V3_FLAGS", "blas_core",
            "blas_core_is_pinned", "canary_digest", "canonical_arithmetic", "check_arithmetic", "cpu_flags", "pin_blas_core", "pinned_core",
            "simd_is_pinned"]

@@ -33,6 +33,18 @@ def test_a_value_the_user_set_is_kept():
     env = {numerics.SIMD_ENV: "X86_V4"}
     numerics.pin_blas_core(env)
     assert env[numerics.SIMD_ENV] == "X86_V4"
+
+
+@pytest.mark.skipif(__import__("platform").machine() != "x86_64", reason="the flags are x86-64's")
+def test_numpys_level_is_asked_for_only_where_the_cpu_shows_all_of_it():
+    """NumPy refuses to load when asked for a level the CPU lacks: a VM that masks one x86-64-v3 flag gets no pin."""
+    full, masked = set(numerics.X86_V3_FLAGS), set(numerics.X86_V3_FLAGS) - {"bmi2"}
+    env: dict[str, str] = {}
+    numerics.pin_blas_core(env, full)
+    assert env == {numerics.CORE_ENV: "Haswell", numerics.SIMD_ENV: "X86_V3"}
+    env = {}
+    numerics.pin_blas_core(env, masked)
+    assert env == {numerics.CORE_ENV: "Haswell"}
     empty: dict[str, str] = {}
     assert numerics.pin_blas_core(empty) == empty.get(numerics.CORE_ENV)
 
