@@ -205,8 +205,9 @@ class SimBatch:
                                            interfered, self.harm)
         broken = ~harness.valid
         success[broken], label[broken] = False, _HARNESS_ERROR_LABEL
-        counts = np.zeros((size, len(FAILURE_MODES) + 1), dtype=np.int64)
-        np.add.at(counts, (np.arange(size)[:, None], label.reshape(size, -1) + 1), 1)
+        width = len(FAILURE_MODES) + 1  # column 0 counts the successes (label -1)
+        rows = label.reshape(size, -1) + (np.arange(size)[:, None] * width + 1)
+        counts = np.bincount(rows.ravel(), minlength=size * width).reshape(size, width)
         score = np.count_nonzero(success.reshape(size, -1), axis=1) / (n * k)
         return EvalArrays(score, success, label, counts[:, 1:], *self._bill(tasks, harness, k))
 
