@@ -4,7 +4,7 @@
 benchmark (their tasks, target systems and official draws) and evaluates all of them at once: each
 world with its own checkpoint skill, dev memory and harness options (:class:`HarnessArrays`). The
 kernels are the scalar sim's own functions (:func:`~.model.simulate_attempts`,
-:func:`~.model.attempt_tokens`) run with a leading batch dimension, and a dev evaluation draws from
+:func:`~.world.evaluation_bill`) run with a leading batch dimension, and a dev evaluation draws from
 each world's own ``eval`` stream, so row i is what ``SimWorld.evaluation`` gives world i, bit for bit
 (``tests/worlds/sim/test_sim_batch.py``), and the scalar world's later draws are unchanged.
 
@@ -23,7 +23,6 @@ True
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -38,12 +37,13 @@ from .model import (
     Harness,
     HarnessError,
     TaskSet,
-    attempt_tokens,
+    exposed_mask,
+    interfered_mask,
     parse_harness,
     sigmoid,
     simulate_attempts,
 )
-from .world import HARNESS_ERROR_SANDBOX_S, MAX_ATTEMPTS, SimWorld
+from .world import MAX_ATTEMPTS, SimWorld, evaluation_bill
 
 __all__ = ["EvalArrays", "HarnessArrays", "SimBatch", "TaskArrays"]
 
@@ -123,11 +123,8 @@ class TaskArrays:
 
     def exposure(self, harness: HarnessArrays) -> tuple[np.ndarray, np.ndarray]:
         """(exposed, interfered), each (N, n, 5): ``TaskSet.exposed`` and ``TaskSet.interfered`` per world."""
-        truncated = self.reply_tokens > harness.max_output_tokens[:, None]
-        exposed = np.concatenate([truncated[..., None], self.flags & self.present[:, None, 1:]], axis=2)
-        exposed &= harness.active[:, None, :]
-        interfered = self.interference & (harness.applied & ~self.present)[:, None, :]
-        return exposed, interfered
+        return (exposed_mask(self.reply_tokens, self.flags, self.present, harness.max_output_tokens, harness.active),
+                interfered_mask(self.interference, self.present, harness.applied))
 
 
 @dataclass(frozen=True)
@@ -212,24 +209,9 @@ class SimBatch:
         return EvalArrays(score, success, label, counts[:, 1:], *self._bill(tasks, harness, k))
 
     def _bill(self, tasks: TaskArrays, harness: HarnessArrays, k: int) -> tuple[np.ndarray, ...]:
-        """(usd, seconds, tokens, sandbox seconds) per world: ``SimEvaluation``'s bill, for N harnesses."""
-        w, d = self.worlds[0], self.domain
-        attempts = tasks.difficulty.shape[1] * k
-        rounds = math.ceil(attempts / w.options.eval_concurrency)
-        prefill, sampled, time_factor = attempt_tokens(
-            d, tasks.reply_tokens, harness.max_output_tokens[:, None], harness.cont[:, None],
-            harness.verify[:, None], harness.check[:, None])
-        prefill, sampled = k * prefill.sum(axis=1), k * sampled.sum(axis=1)
-        time_factor = np.broadcast_to(time_factor, harness.verify.shape[:1] + (1,))[:, 0]
-        sandbox_s = attempts * (d.sandbox_seconds * time_factor)
-        usd = w.prices.sample_usd(prefill, sampled) + w.sandbox_usd(sandbox_s)
-        seconds = rounds * (d.attempt_seconds * time_factor)
-        tokens = np.round(prefill + sampled).astype(np.int64)
-        broken = ~harness.valid
-        error_s = attempts * HARNESS_ERROR_SANDBOX_S
-        usd[broken], seconds[broken], tokens[broken], sandbox_s[broken] = (
-            w.sandbox_usd(error_s), rounds * HARNESS_ERROR_SANDBOX_S, 0, error_s)
-        return usd, seconds, tokens, sandbox_s
+        """(usd, seconds, tokens, sandbox seconds) per world: the scalar sim's :func:`~.world.evaluation_bill`."""
+        return evaluation_bill(self.worlds[0], tasks.reply_tokens, k, harness.max_output_tokens, harness.cont,
+                               harness.verify, harness.check, harness.valid)
 
 
 def _request(files: Mapping[str, str], **kwargs: Any) -> EvalRequest:

@@ -215,15 +215,36 @@ class TaskSet:
 
     def exposed(self, harness: Harness) -> np.ndarray:
         """(n, 5) bool: the task is exposed to the defect and the harness leaves it active."""
-        truncated = self.reply_tokens > harness.max_output_tokens
-        return np.column_stack([truncated, self.flags & self.present[1:]]) & harness.active
+        return exposed_mask(self.reply_tokens, self.flags, self.present, harness.max_output_tokens, harness.active)
 
     def interfered(self, harness: Harness) -> np.ndarray:
         """(n, 5) bool: the harness applies a remedy the system does not need, and it breaks the task."""
-        return self.interference & (harness.applied & ~self.present)
+        return interfered_mask(self.interference, self.present, harness.applied)
 
     def head(self, n: int) -> TaskSet:
         return TaskSet(self.difficulty[:n], self.reply_tokens[:n], self.flags[:n], self.interference[:n], self.present)
+
+
+def exposed_mask(reply_tokens: np.ndarray, flags: np.ndarray, present: np.ndarray, max_output_tokens: int | np.ndarray,
+                 active: np.ndarray) -> np.ndarray:
+    """(n, 5) bool: each task is exposed to the defect (a reply over ``max_output_tokens``, else its flag
+    where the system has the defect) and the harness leaves the defect ``active``. With leading
+    dimensions (N worlds: ``reply_tokens`` (N, n), ``flags`` (N, n, 4), ``present`` (N, 5),
+    ``max_output_tokens`` (N,), ``active`` (N, 5)) it gives (N, n, 5), each row as alone.
+
+    >>> exposed_mask(np.array([100.0, 9000.0]), np.ones((2, 4), bool), np.array([1, 0, 1, 1, 1], bool), 4096,
+    ...              np.ones(5, bool)).astype(int).tolist()
+    [[0, 0, 1, 1, 1], [1, 0, 1, 1, 1]]
+    """
+    truncated = reply_tokens > np.asarray(max_output_tokens)[..., None]
+    exposed = np.concatenate([truncated[..., None], flags & present[..., None, 1:]], axis=-1)
+    return exposed & active[..., None, :]
+
+
+def interfered_mask(interference: np.ndarray, present: np.ndarray, applied: np.ndarray) -> np.ndarray:
+    """(n, 5) bool: the harness ``applied`` a remedy the system (``present``) does not need and it
+    breaks the task; batched like :func:`exposed_mask`."""
+    return interference & (applied & ~present)[..., None, :]
 
 
 def stratified_normal(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -341,25 +362,6 @@ def simulate_attempts(
     if (memory > 0.0).any():  # uniforms are never below 0: nothing is recalled without memory
         success |= draws[..., 1 + n_defects] < memory[..., None, None]
     return success, np.where(success, -1, _BLAME[mask, pick])
-
-
-@dataclass(frozen=True)
-class AttemptCost:
-    """Per-attempt resources of a split under a harness."""
-
-    prefill: np.ndarray  # (n,) prompt tokens
-    sampled: np.ndarray  # (n,) sampled tokens
-    sandbox_seconds: float
-    seconds: float
-
-
-def attempt_cost(domain: Domain, tasks: TaskSet, harness: Harness) -> AttemptCost:
-    """Tokens and time of one attempt per task: a cut-off reply stops at the cap; "continue" asks again."""
-    prefill, sampled, time_factor = attempt_tokens(
-        domain, tasks.reply_tokens, harness.max_output_tokens, harness.on_truncation == "continue",
-        harness.verify_before_submit, harness.check)
-    return AttemptCost(prefill=prefill, sampled=sampled, sandbox_seconds=domain.sandbox_seconds * time_factor,
-                       seconds=domain.attempt_seconds * time_factor)
 
 
 def attempt_tokens(
