@@ -9,15 +9,17 @@ each world's own ``eval`` stream, so row i is what ``SimWorld.evaluation`` gives
 (``tests/worlds/sim/test_sim_batch.py``), and the scalar world's later draws are unchanged.
 
 What it is not (yet): an environment. Data, training, the run's money and clock and the menu are not
-array code, and a world's reset is still one :class:`SimWorld` per env (bench/README.md, "The vector sim").
+array code, and a world's reset is still one :class:`SimWorld` per env (bench/README.md, "The array core, part 1").
 
 >>> batch = SimBatch.make("aime", seeds=[0, 1, 2])
 >>> harness = HarnessArrays.of([batch.worlds[0].initial_harness()] * 3)
 >>> out = batch.evaluate(batch.base_skill, np.zeros(3), harness, k=3, split="official")
 >>> out.score.shape, out.success.shape, bool((out.usd > 0).all())
 ((3,), (3, 60, 3), True)
->>> float(out.score[0]) == batch.worlds[0].evaluation.official(
-...     _request(batch.worlds[0].initial_harness(), k=3)).value.score
+>>> from rsigym_env.services import EvalRequest
+>>> request = EvalRequest(checkpoint="base", harness_version="v0", harness_files=batch.worlds[0].initial_harness(),
+...                       split="official", k=3)
+>>> float(out.score[0]) == batch.worlds[0].evaluation.official(request).value.score
 True
 """
 
@@ -27,8 +29,6 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-
-from rsigym_env.services import EvalRequest
 
 from .model import (
     ATTEMPT_DRAWS,
@@ -187,8 +187,15 @@ class SimBatch:
         official = split == "official"
         if not official and split != "dev":
             raise ValueError(f"split must be 'dev' or 'official', got {split!r}")
+        if n_tasks is not None and n_tasks < 1:
+            raise ValueError(f"n_tasks must be at least 1, got {n_tasks}")
+        size = len(self)
+        skill, memory = np.asarray(skill, dtype=float), np.asarray(memory, dtype=float)
+        if skill.shape != (size,) or memory.shape != (size,) or harness.valid.shape != (size,):
+            raise ValueError(f"give one skill, memory and harness per world ({size}): got shapes {skill.shape}, "
+                             f"{memory.shape} and {harness.valid.shape}")
         tasks = self.official if official else self.dev.head(n_tasks or self.n_tasks)
-        n, size = tasks.difficulty.shape[1], len(self)
+        n = tasks.difficulty.shape[1]
         if official:
             draws = self.official_draws[:, :, :k]
             memory = np.zeros(size)
@@ -197,9 +204,8 @@ class SimBatch:
             for i in np.flatnonzero(harness.valid):
                 draws[i] = self.worlds[i].rng("eval").random((n, k, ATTEMPT_DRAWS))
         exposed, interfered = tasks.exposure(harness)
-        solve = sigmoid(np.asarray(skill, dtype=float)[:, None] - tasks.difficulty)
-        success, label = simulate_attempts(draws, solve, exposed, self.severity, np.asarray(memory, dtype=float),
-                                           interfered, self.harm)
+        solve = sigmoid(skill[:, None] - tasks.difficulty)
+        success, label = simulate_attempts(draws, solve, exposed, self.severity, memory, interfered, self.harm)
         broken = ~harness.valid
         success[broken], label[broken] = False, _HARNESS_ERROR_LABEL
         width = len(FAILURE_MODES) + 1  # column 0 counts the successes (label -1)
@@ -213,7 +219,3 @@ class SimBatch:
         return evaluation_bill(self.worlds[0], tasks.reply_tokens, k, harness.max_output_tokens, harness.cont,
                                harness.verify, harness.check, harness.valid)
 
-
-def _request(files: Mapping[str, str], **kwargs: Any) -> EvalRequest:
-    """An official evaluation request of the base model (for the examples)."""
-    return EvalRequest(checkpoint="base", harness_version="v0", harness_files=dict(files), split="official", **kwargs)

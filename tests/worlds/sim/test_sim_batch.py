@@ -84,5 +84,9 @@ def test_bad_arguments_are_refused() -> None:
         batch.evaluate(batch.base_skill, [0.0], harness, k=9)
     with pytest.raises(ValueError, match="split"):
         batch.evaluate(batch.base_skill, [0.0], harness, k=1, split="test")
+    with pytest.raises(ValueError, match="n_tasks"):
+        batch.evaluate(batch.base_skill, [0.0], harness, k=1, n_tasks=0)
+    with pytest.raises(ValueError, match="one skill, memory and harness per world"):
+        batch.evaluate(batch.base_skill, [0.0, 0.1], harness, k=1)
     with pytest.raises(ValueError, match="share benchmark"):
         SimBatch([SimWorld("aime", 0), SimWorld("gpqa-diamond", 0)])
