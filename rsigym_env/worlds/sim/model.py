@@ -215,15 +215,36 @@ class TaskSet:
 
     def exposed(self, harness: Harness) -> np.ndarray:
         """(n, 5) bool: the task is exposed to the defect and the harness leaves it active."""
-        truncated = self.reply_tokens > harness.max_output_tokens
-        return np.column_stack([truncated, self.flags & self.present[1:]]) & harness.active
+        return exposed_mask(self.reply_tokens, self.flags, self.present, harness.max_output_tokens, harness.active)
 
     def interfered(self, harness: Harness) -> np.ndarray:
         """(n, 5) bool: the harness applies a remedy the system does not need, and it breaks the task."""
-        return self.interference & (harness.applied & ~self.present)
+        return interfered_mask(self.interference, self.present, harness.applied)
 
     def head(self, n: int) -> TaskSet:
         return TaskSet(self.difficulty[:n], self.reply_tokens[:n], self.flags[:n], self.interference[:n], self.present)
+
+
+def exposed_mask(reply_tokens: np.ndarray, flags: np.ndarray, present: np.ndarray, max_output_tokens: int | np.ndarray,
+                 active: np.ndarray) -> np.ndarray:
+    """(n, 5) bool: each task is exposed to the defect (a reply over ``max_output_tokens``, else its flag
+    where the system has the defect) and the harness leaves the defect ``active``. With leading
+    dimensions (N worlds: ``reply_tokens`` (N, n), ``flags`` (N, n, 4), ``present`` (N, 5),
+    ``max_output_tokens`` (N,), ``active`` (N, 5)) it gives (N, n, 5), each row as alone.
+
+    >>> exposed_mask(np.array([100.0, 9000.0]), np.ones((2, 4), bool), np.array([1, 0, 1, 1, 1], bool), 4096,
+    ...              np.ones(5, bool)).astype(int).tolist()
+    [[0, 0, 1, 1, 1], [1, 0, 1, 1, 1]]
+    """
+    truncated = reply_tokens > np.asarray(max_output_tokens)[..., None]
+    exposed = np.concatenate([truncated[..., None], flags & present[..., None, 1:]], axis=-1)
+    return exposed & active[..., None, :]
+
+
+def interfered_mask(interference: np.ndarray, present: np.ndarray, applied: np.ndarray) -> np.ndarray:
+    """(n, 5) bool: the harness ``applied`` a remedy the system (``present``) does not need and it
+    breaks the task; batched like :func:`exposed_mask`."""
+    return interference & (applied & ~present)[..., None, :]
 
 
 def stratified_normal(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -311,7 +332,7 @@ _DEFECT_BITS, _TRIGGERED_COUNT, _BLAME = _blame_tables()
 
 
 def simulate_attempts(
-    draws: np.ndarray, solve: np.ndarray, exposed: np.ndarray, severity: np.ndarray, memory: float,
+    draws: np.ndarray, solve: np.ndarray, exposed: np.ndarray, severity: np.ndarray, memory: float | np.ndarray,
     interfered: np.ndarray | None = None, harm: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Outcomes of attempts from uniforms ``draws`` (n, k, ATTEMPT_DRAWS).
@@ -324,46 +345,46 @@ def simulate_attempts(
 
     The blamed defect is the ``floor(u * n_triggered)``-th triggered one (``u`` the attempt's last
     uniform), read from a table indexed by the triggered defects' bit mask.
+
+    Batched: with leading dimensions (N worlds, say) on every argument (``draws`` (N, n, k, D),
+    ``solve`` (N, n), ``exposed`` (N, n, 5), ``severity`` (N, 5), ``memory`` (N,) ...) each row is
+    what the unbatched call on that row gives, element for element (the array core, issue 27).
     """
     n_defects = len(DEFECTS)
-    triggered = exposed[:, None, :] & (draws[..., 1 : 1 + n_defects] < severity)
+    severity, memory = np.asarray(severity), np.asarray(memory)
+    triggered = exposed[..., None, :] & (draws[..., 1 : 1 + n_defects] < severity[..., None, None, :])
     mask = triggered @ _DEFECT_BITS  # (n, k): which defects tripped, one bit each
     pick = np.floor(draws[..., 2 + n_defects] * _TRIGGERED_COUNT[mask]).astype(np.intp)
-    success = (draws[..., 0] < solve[:, None]) & (mask == 0)
+    success = (draws[..., 0] < solve[..., None]) & (mask == 0)
     if interfered is not None and harm is not None and interfered.any():
-        success &= ~(interfered[:, None, :] & (draws[..., _HARM_DRAWS] < harm)).any(axis=2)
-    if memory > 0.0:  # uniforms are never below 0: nothing is recalled without memory
-        success |= draws[..., 1 + n_defects] < memory
+        harmed = interfered[..., None, :] & (draws[..., _HARM_DRAWS] < np.asarray(harm)[..., None, None, :])
+        success &= ~harmed.any(axis=-1)
+    if (memory > 0.0).any():  # uniforms are never below 0: nothing is recalled without memory
+        success |= draws[..., 1 + n_defects] < memory[..., None, None]
     return success, np.where(success, -1, _BLAME[mask, pick])
 
 
-@dataclass(frozen=True)
-class AttemptCost:
-    """Per-attempt resources of a split under a harness."""
+def attempt_tokens(
+    domain: Domain, reply_tokens: np.ndarray, cap: int | np.ndarray, cont: bool | np.ndarray,
+    verify: bool | np.ndarray, check: bool | np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, float | np.ndarray]:
+    """(prefill tokens, sampled tokens, time factor) of one attempt per task under the harness options
+    ``cap`` (max_output_tokens), ``cont`` (on_truncation = "continue"), ``verify`` and ``check``; the
+    options are scalars, or (N, 1) arrays over ``reply_tokens`` (N, n) for N worlds at once.
 
-    prefill: np.ndarray  # (n,) prompt tokens
-    sampled: np.ndarray  # (n,) sampled tokens
-    sandbox_seconds: float
-    seconds: float
-
-
-def attempt_cost(domain: Domain, tasks: TaskSet, harness: Harness) -> AttemptCost:
-    """Tokens and time of one attempt per task: a cut-off reply stops at the cap; "continue" asks again."""
-    cap = harness.max_output_tokens
-    if harness.on_truncation == "continue":
-        reply = tasks.reply_tokens
-        continuations = np.ceil(reply / cap) - 1.0
-    else:
-        reply = np.minimum(tasks.reply_tokens, cap)
-        continuations = np.zeros(len(tasks))
-    token_factor = 1.0 + VERIFY_OVERHEAD * harness.verify_before_submit + CHECK_OVERHEAD * harness.check
-    time_factor = 1.0 + VERIFY_OVERHEAD * harness.verify_before_submit
-    return AttemptCost(
-        prefill=(domain.prefill_tokens + continuations * domain.context_tokens) * token_factor,
-        sampled=(domain.other_sampled_tokens + reply) * token_factor,
-        sandbox_seconds=domain.sandbox_seconds * time_factor,
-        seconds=domain.attempt_seconds * time_factor,
-    )
+    >>> from rsigym_env.worlds.sim.benchmarks import BENCHMARKS
+    >>> prefill, sampled, factor = attempt_tokens(BENCHMARKS["aime"].domain, np.array([100.0, 9000.0]), 4096,
+    ...                                           True, False, False)
+    >>> float((prefill[1] - prefill[0]) / BENCHMARKS["aime"].domain.context_tokens), factor
+    (2.0, 1.0)
+    """
+    cont = np.asarray(cont)
+    continuations = np.where(cont, np.ceil(reply_tokens / cap) - 1.0, 0.0)
+    reply = np.where(cont, reply_tokens, np.minimum(reply_tokens, cap))
+    token_factor = 1.0 + VERIFY_OVERHEAD * verify + CHECK_OVERHEAD * check
+    time_factor = 1.0 + VERIFY_OVERHEAD * verify
+    prefill = (domain.prefill_tokens + continuations * domain.context_tokens) * token_factor
+    return prefill, (domain.other_sampled_tokens + reply) * token_factor, time_factor
 
 
 # --------------------------------------------------------------------------------------------

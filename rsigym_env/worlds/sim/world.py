@@ -58,7 +58,7 @@ from .model import (
     ModelState,
     TaskSet,
     TrainSettings,
-    attempt_cost,
+    attempt_tokens,
     calibrate_skill,
     dedupe_dataset,
     defect_pass,
@@ -591,17 +591,11 @@ class SimEvaluation:
         return bill
 
     def _compute_bill(self, tasks: TaskSet, harness: Harness | HarnessError, k: int) -> tuple[float, float, int, float]:
-        w = self.world
-        attempts = len(tasks) * k
-        rounds = math.ceil(attempts / w.options.eval_concurrency)
-        if isinstance(harness, HarnessError):
-            sandbox_s = attempts * HARNESS_ERROR_SANDBOX_S
-            return w.sandbox_usd(sandbox_s), rounds * HARNESS_ERROR_SANDBOX_S, 0, sandbox_s
-        cost = attempt_cost(w.domain, tasks, harness)
-        prefill, sampled = k * float(cost.prefill.sum()), k * float(cost.sampled.sum())
-        sandbox_s = attempts * cost.sandbox_seconds
-        usd = w.prices.sample_usd(prefill, sampled) + w.sandbox_usd(sandbox_s)
-        return usd, rounds * cost.seconds, round(prefill + sampled), sandbox_s
+        ok = harness if isinstance(harness, Harness) else Harness()
+        usd, seconds, tokens, sandbox_s = evaluation_bill(
+            self.world, tasks.reply_tokens, k, ok.max_output_tokens, ok.on_truncation == "continue",
+            ok.verify_before_submit, ok.check, isinstance(harness, Harness))
+        return float(usd), float(seconds), int(tokens), float(sandbox_s)
 
     def _exposure(self, tasks: TaskSet, harness: Harness, official: bool) -> tuple[np.ndarray, np.ndarray]:
         """``(tasks.exposed(harness), tasks.interfered(harness))`` of (split, first n tasks, harness),
@@ -664,6 +658,38 @@ class SimEvaluation:
             sandbox_seconds=sandbox_s,
         )
         return Billed[EvalResult](value=value, cost_usd=usd, seconds=seconds)
+
+
+def evaluation_bill(
+    world: SimWorld, reply_tokens: np.ndarray, k: int, max_output_tokens: Any, cont: Any, verify: Any, check: Any,
+    valid: Any,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(usd, seconds, tokens, sandbox seconds) of evaluating tasks whose replies need ``reply_tokens`` (n,)
+    k times under the harness options (``cont``: on_truncation = "continue"; ``valid`` False: harness.toml
+    does not parse, and every attempt dies while loading it). With N worlds' options as (N,) arrays and
+    ``reply_tokens`` (N, n), each world's bill as alone (:class:`~.batch.SimBatch`).
+
+    >>> w = SimWorld("aime", 0)
+    >>> usd, seconds, tokens, sandbox_s = evaluation_bill(w, w.dev_tasks.reply_tokens, 3, 4096, False, False, False, True)
+    >>> float(usd) == w.evaluation.quote(EvalRequest(checkpoint="base", harness_version="v0",
+    ...                                              harness_files=w.initial_harness(), k=3)).usd
+    True
+    """
+    d = world.domain
+    attempts = reply_tokens.shape[-1] * k
+    rounds = math.ceil(attempts / world.options.eval_concurrency)
+    options = (np.asarray(option)[..., None] for option in (max_output_tokens, cont, verify, check))
+    prefill, sampled, time_factor = attempt_tokens(d, reply_tokens, *options)
+    prefill, sampled = k * prefill.sum(axis=-1), k * sampled.sum(axis=-1)
+    time_factor = np.asarray(time_factor)[..., 0]
+    sandbox_s = attempts * (d.sandbox_seconds * time_factor)
+    usd = world.prices.sample_usd(prefill, sampled) + world.sandbox_usd(sandbox_s)
+    seconds = rounds * (d.attempt_seconds * time_factor)
+    tokens = np.round(prefill + sampled).astype(np.int64)
+    error_s = attempts * HARNESS_ERROR_SANDBOX_S
+    valid = np.asarray(valid)
+    return (np.where(valid, usd, world.sandbox_usd(error_s)), np.where(valid, seconds, rounds * HARNESS_ERROR_SANDBOX_S),
+            np.where(valid, tokens, 0), np.where(valid, sandbox_s, error_s))
 
 
 _LABELS = np.array([*FAILURE_MODES, ""], dtype=object)
