@@ -585,10 +585,10 @@ class HarborEvalService:
             gates = list(self._gates.values())
             self._prefetched.clear()
             self._gates.clear()
-        for loop, task in running:  # first: a trial at its gate is cancelled there, never let through to start
+        for gate in gates:  # first: a trial at its gate fails there, never let through to start a sandbox
+            gate.close()  # (the cancel below reaches the job's loop only when that loop runs, later under load)
+        for loop, task in running:
             loop.call_soon_threadsafe(task.cancel)
-        for gate in gates:
-            gate.open()
         self._pool.shutdown(wait=True, cancel_futures=True)
         cf.wait(ahead, timeout=CANCEL_WAIT_S)  # (cancelled above with the running evaluations)
         if self._own_private:

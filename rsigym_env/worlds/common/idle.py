@@ -47,6 +47,7 @@ class IdleGate:
         self.min_idle_cores, self.window_s, self.max_wait_s = min_idle_cores, window_s, max_wait_s
         self._idle_seconds = idle_seconds
         self._open = threading.Event()
+        self._closed = threading.Event()
         self._turn = threading.Lock()  # one waiter measures at a time (waiters may be on several event loops)
         self.waited_s = 0.0  # all waiters' time at the gate, summed (for the record)
 
@@ -58,30 +59,38 @@ class IdleGate:
         """From now on every waiter passes at once (thread-safe)."""
         self._open.set()
 
+    def close(self) -> None:
+        """From now on no waiter passes: each raises ``asyncio.CancelledError`` (thread-safe; the evaluation is
+        being cancelled, and a trial at the gate must not start a sandbox on its way out)."""
+        self._closed.set()
+
     async def wait(self) -> None:
         """Return when this waiter may start: the gate is open, a window showed enough idle cores, or
         ``max_wait_s`` passed."""
         started = time.monotonic()
         deadline = started + self.max_wait_s
         try:
-            while not self._open.is_set() and time.monotonic() < deadline:
+            while not self._open.is_set() and not self._closed.is_set() and time.monotonic() < deadline:
                 if not self._turn.acquire(blocking=False):
                     await asyncio.sleep(self.window_s / 4)
                     continue
                 try:
                     if await self._spare_window(deadline):
-                        return
+                        break
                 finally:
                     self._turn.release()
         finally:
             self.waited_s += time.monotonic() - started
+        if self._closed.is_set():
+            raise asyncio.CancelledError("the idle gate was closed: its evaluation is being cancelled")
 
     async def _spare_window(self, deadline: float) -> bool:
         """Watch one window; True if it had enough idle cores (or the machine cannot be read)."""
         before, t0 = self._idle_seconds(), time.monotonic()
         if before is None:
             return True
-        while not self._open.is_set() and time.monotonic() - t0 < self.window_s and time.monotonic() < deadline:
+        while (not self._open.is_set() and not self._closed.is_set() and time.monotonic() - t0 < self.window_s
+               and time.monotonic() < deadline):
             await asyncio.sleep(min(0.05, self.window_s))
         after, t1 = self._idle_seconds(), time.monotonic()
         if self._open.is_set() or after is None:

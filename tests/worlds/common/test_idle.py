@@ -35,6 +35,26 @@ def test_a_busy_machine_holds_a_waiter_until_the_gate_opens():
     assert busy.is_open and elapsed(busy.wait()) < 0.05 and busy.waited_s >= 0.35
 
 
+def test_a_closed_gate_lets_no_waiter_through_even_when_it_would_have_opened():
+    """Closing an evaluation closes its gates first: a trial waiting there fails at once instead of starting a
+    sandbox (its job's cancel may reach the job's event loop only later, on a loaded machine)."""
+    import pytest
+
+    busy = IdleGate(min_idle_cores=0.8, window_s=0.05, max_wait_s=30, idle_seconds=FakeMachine(0.1))
+    threading.Timer(0.3, busy.close).start()
+    started = time.monotonic()
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(busy.wait())
+    assert time.monotonic() - started < 3
+    busy.open()  # closed wins over open: nothing passes any more, not even on an idle machine
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(busy.wait())
+    idle = IdleGate(window_s=0.05, idle_seconds=lambda: None)
+    idle.close()
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(idle.wait())
+
+
 def test_a_machine_with_a_spare_core_lets_waiters_through_one_window_at_a_time():
     idle = FakeMachine(1.5)
     gate = IdleGate(min_idle_cores=0.8, window_s=0.1, max_wait_s=30, idle_seconds=idle)
