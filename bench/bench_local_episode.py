@@ -16,8 +16,8 @@ systems already seen come from the cache). The official split's secret is fixed 
 does, so the two official evaluations are computed in every episode, cold or warm, and two runs end
 with different official scores; the researcher's trajectory up to ``submit`` (its calls and its dev
 scores; not the bills of time-billed calls) is seeded and must be the same, and the rows say whether
-it was. ``--nonce N`` pins the draw (``$RSIGYM_SPLIT_NONCE``): the same work run to run, official results cached when warm, and the same
-result required of cold and warm.
+it was. ``--nonce N`` pins the draw (``$RSIGYM_SPLIT_NONCE``): the same work run to run, official
+results cached when warm, and the same result required of cold and warm.
 
     python bench/bench_local_episode.py [--benchmarks aime gpqa-diamond] [--seed 0] [--secret S] [--nonce N]
 """
