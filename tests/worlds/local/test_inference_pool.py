@@ -192,7 +192,7 @@ def test_prefill_blocks_change_no_sample_whatever_the_concurrency(setup):
     pooled = pool.client(model_path=path, tokenizer=tokenizer)
     order = list(range(len(prompts)))
     random.Random(5).shuffle(order)
-    for wave in (1, 2):  # the second wave finds the first's blocks
+    for _wave in (1, 2):  # the second wave finds the first's blocks
         reused = pool.reused
         futures = {i: pooled.sample_scoped(types.ModelInput.from_ints(prompts[i]), 2, params[i], "eval-b") for i in order}
         assert [exactly(futures[i].result(60)) for i in range(len(prompts))] == plain
