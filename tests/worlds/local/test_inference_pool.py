@@ -225,3 +225,18 @@ def test_prefill_blocks_are_functions_of_their_tokens_alone():
     run(prompt[:64], other)  # the same block as the end of a prompt
     again = other.get(("k", tuple(prompt[:64])))
     assert all(np.array_equal(a, b) for a, b in zip(block[0] + block[1] + [block[2]], again[0] + again[1] + [again[2]]))
+
+
+def test_requests_waiting_on_a_failed_prefill_fail_alike_and_do_not_hang(setup):
+    """The same prompt in flight twice waits for the first's blocks; when the first fails (a prompt too
+    long for the context), the one waiting is served (and fails the same way) instead of waiting forever."""
+    service, pool, _ = setup
+    tokenizer = service.create_sampling_client(base_model=BASE).result().get_tokenizer()
+    pooled = pool.client(base_model=BASE, tokenizer=tokenizer)
+    prompt = types.ModelInput.from_ints([5] * 600)
+    params = types.SamplingParams(max_tokens=4, temperature=1.0, seed=0)
+    futures = [pooled.sample_scoped(prompt, 1, params, "eval-fails") for _ in range(3)]
+    for future in futures:
+        with pytest.raises(ContextOverflowError):
+            future.result(60)
+    assert not pool._computing and not pool._owners
