@@ -152,3 +152,91 @@ def test_every_evaluation_session_has_its_own_prefill_scope(tmp_path):
     one.open("task", 0)
     assert {e.model.prefill_scope for e in one.registry.entries()} == {one.prefill_scope}
     assert BudgetedModel(object(), 10, "s").prefill_scope is None  # a model without scopes gets none
+
+
+def conversation_prompts(tokenizer, n_turns: int = 4) -> list[list[int]]:
+    """Prompts as a harness sends them: each turn repeats the one before (its reply, the output) and
+    two conversations start alike, so they share prefill blocks at every depth."""
+    prompts = []
+    for who in ("alpha", "beta"):
+        text = "<|system|>Reply with one line: $ <command>, ANSWER: <answer>, or DONE.<|end|>" \
+               "<|user|>Make a directory named logs and list it, then say DONE.<|end|>"
+        for turn in range(n_turns):
+            text += f"<|assistant|>$ mkdir -p logs/{who}{turn} && ls logs<|end|><|user|>OUT: {who}{turn}<|end|>"
+            prompts.append(tokenizer.encode(text + "<|assistant|>"))
+    return prompts
+
+
+def test_prefill_blocks_change_no_sample_whatever_the_concurrency(setup):
+    """Determinism of the shared prefill blocks: conversations whose turns repeat each other, sampled
+    (a) in-process without any cache, (b) through a one-worker pool one request at a time, in order,
+    (c) through a two-worker pool all in flight at once, in a shuffled order, twice (the second time
+    every request finds blocks) — every sample is bit for bit the same."""
+    import random
+
+    service, pool, path = setup
+    local = service.create_sampling_client(model_path=path).result()
+    tokenizer = local.get_tokenizer()
+    prompts = conversation_prompts(tokenizer)
+    assert all(len(p) > 64 for p in prompts)  # several blocks each
+    params = [types.SamplingParams(max_tokens=10, temperature=1.0, seed=s) for s in range(len(prompts))]
+    plain = [exactly(local.sample(types.ModelInput.from_ints(p), 2, s).result()) for p, s in zip(prompts, params)]
+    one = InferencePool(pool.root_dir, workers=1)
+    try:
+        alone = one.client(model_path=path, tokenizer=tokenizer)
+        got = [exactly(alone.sample_scoped(types.ModelInput.from_ints(p), 2, s, "eval-a").result(60))
+               for p, s in zip(prompts, params)]
+        assert got == plain and one.reused >= len(prompts) - 2  # every later turn reused its earlier blocks
+    finally:
+        one.close()
+    pooled = pool.client(model_path=path, tokenizer=tokenizer)
+    order = list(range(len(prompts)))
+    random.Random(5).shuffle(order)
+    for _wave in (1, 2):  # the second wave finds the first's blocks
+        reused = pool.reused
+        futures = {i: pooled.sample_scoped(types.ModelInput.from_ints(prompts[i]), 2, params[i], "eval-b") for i in order}
+        assert [exactly(futures[i].result(60)) for i in range(len(prompts))] == plain
+    assert pool.reused - reused == len(prompts)
+
+
+def test_prefill_blocks_are_functions_of_their_tokens_alone():
+    """A block computed as the tail of a short prompt, taken from a cache for a long one, or computed
+    in a long one's prefill: the same floats; so is every sample, hit or miss."""
+    import numpy as np
+    from rsigym_env.worlds.local.lm import model as M
+
+    cfg = M.ModelConfig(vocab_size=272, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_seq_len=160)
+    m = M.Transformer(cfg, M.init_params(cfg, 3))
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, 256, 120).tolist()
+    kw = dict(max_tokens=12, temperature=1.0, seed=4)
+
+    def run(p, cache=None):
+        return [(g.tokens, g.logprobs, g.stop_reason) for g in m.generate([p], prefill_cache=cache, prefill_key="k", **kw)[0]]
+
+    fresh = run(prompt)
+    cache = M.PrefillCache()
+    run(prompt[:70], cache)  # blocks ending at 32, 64 and 70
+    run(prompt[:64] + [7] * 30, cache)  # shares 32 and 64, then differs
+    assert run(prompt, cache) == fresh and cache.hits >= 2
+    assert run(prompt, cache) == fresh  # every block a hit
+    block = cache.get(("k", tuple(prompt[:64])))
+    other = M.PrefillCache()
+    run(prompt[:64], other)  # the same block as the end of a prompt
+    again = other.get(("k", tuple(prompt[:64])))
+    assert all(np.array_equal(a, b) for a, b in zip(block[0] + block[1] + [block[2]], again[0] + again[1] + [again[2]]))
+
+
+def test_requests_waiting_on_a_failed_prefill_fail_alike_and_do_not_hang(setup):
+    """The same prompt in flight twice waits for the first's blocks; when the first fails (a prompt too
+    long for the context), the one waiting is served (and fails the same way) instead of waiting forever."""
+    service, pool, _ = setup
+    tokenizer = service.create_sampling_client(base_model=BASE).result().get_tokenizer()
+    pooled = pool.client(base_model=BASE, tokenizer=tokenizer)
+    prompt = types.ModelInput.from_ints([5] * 600)
+    params = types.SamplingParams(max_tokens=4, temperature=1.0, seed=0)
+    futures = [pooled.sample_scoped(prompt, 1, params, "eval-fails") for _ in range(3)]
+    for future in futures:
+        with pytest.raises(ContextOverflowError):
+            future.result(60)
+    assert not pool._computing and not pool._owners

@@ -568,3 +568,21 @@ def test_shipped_base_samples_are_pinned(kwargs, expected):
     digest = hashlib.sha256(repr([(g.tokens, [round(x, 4) for x in g.logprobs], g.stop_reason)
                                   for row in out for g in row]).encode()).hexdigest()[:16]
     assert digest == expected
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    (dict(temperature=0.7, num_samples=2), "fa4b94d424ca3a4f"),
+    (dict(temperature=0.0), "4e8da140f2b75a32"),
+])
+def test_shipped_base_single_prompt_samples_are_pinned(kwargs, expected):
+    """A single prompt (what every request of the local world is) is prefilled in blocks (result
+    version 4: ``evaluation.CACHE_VERSION``): pinned as above, on a prompt of six blocks."""
+    import hashlib
+
+    base, model = _shipped_base()
+    prompt = np.random.default_rng(7).integers(1, 250, size=180).tolist()
+    out = model.generate([prompt], 48, seed=3, stop_tokens=[257], stop_strings=["\n\n"],
+                         token_bytes=base.tokenizer.token_bytes, **kwargs)
+    digest = hashlib.sha256(repr([(g.tokens, [round(x, 4) for x in g.logprobs], g.stop_reason)
+                                  for row in out for g in row]).encode()).hexdigest()[:16]
+    assert digest == expected

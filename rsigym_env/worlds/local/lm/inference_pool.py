@@ -13,9 +13,11 @@ returns a future of a ``tinker.types.SampleResponse``; ``get_tokenizer()``), whi
 in-memory models) are not poolable: :meth:`poolable` says so and the caller samples in-process.
 
 Prefills are shared here, not per worker: a request with a ``prefill_scope`` (the local world: one
-per evaluation) whose prompt the pool has seen in that scope carries that prompt's keys and values
-to whichever worker serves it (:class:`~.model.PrefillCache`; the samples are the same), and a
-worker that computed a new one sends it back.
+per evaluation) carries the prefill blocks of its prompt that the pool holds in that scope (the keys
+and values of a beginning it has seen: :class:`~.model.PrefillCache`; the samples are the same) to
+whichever worker serves it, and the worker sends back the blocks it computed. So the k attempts at a
+task share their first prompt, and each turn of a conversation computes only what the turn before
+did not (its reply, the command's output, the next prompt's header).
 
 >>> pool = InferencePool(Path("/nonexistent"), workers=1)
 >>> pool.poolable("rsigym-base"), pool.poolable("no-such-model")
@@ -37,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from . import tinker_client
-from .model import PrefillCache
+from .model import PrefillCache, prefill_ends
 
 # in each worker: the service clients (one per run directory) and the sampling clients they made
 _SERVICES: dict[str, Any] = {}
@@ -47,9 +49,10 @@ _CLIENTS_MAX = 8
 
 def _sample(root: str, bases: dict[str, str], model_path: str | None, base_model: str | None,
             tokens: list[int], num_samples: int, params: dict[str, Any], scope: str | None = None,
-            prefill: Any = None) -> tuple[str, Any] | tuple[str, Any, Any]:
+            blocks: list[tuple[int, Any]] = ()) -> tuple[str, Any] | tuple[str, Any, Any]:
     """Run one request in a worker: ``("ok", SampleResponse)`` or ``("error", (class name, message))``;
-    with a ``scope`` and no ``prefill`` given, ``("ok", SampleResponse, the prompt's prefill)``."""
+    with a ``scope``, ``("ok", SampleResponse, new blocks)``: ``blocks`` and the new ones are
+    ``(end, (keys, values, logits))``, the prompt's prefill blocks ending at ``end``."""
     from tinker import types
 
     try:
@@ -66,13 +69,16 @@ def _sample(root: str, bases: dict[str, str], model_path: str | None, base_model
         if scope is None:
             return "ok", client.sample(types.ModelInput.from_ints(tokens), num_samples,
                                        types.SamplingParams(**params)).result()
-        carrier = PrefillCache(max_bytes=1 << 40)  # this request's prefill, in or out
-        key = ((client.prefill_identity, scope), tuple(tokens))
-        if prefill is not None:
-            carrier.put(key, *prefill)
+        carrier = PrefillCache(max_bytes=1 << 40)  # this request's prefill blocks, in and out
+        identity = (client.prefill_identity, scope)
+        for end, block in blocks:
+            carrier.put((identity, tuple(tokens[:end])), *block)
         response = client.sample_scoped(types.ModelInput.from_ints(tokens), num_samples, types.SamplingParams(**params),
                                         scope, prefill_cache=carrier).result()
-        return "ok", response, (carrier.get(key) if prefill is None else None)
+        given = {end for end, _ in blocks}
+        new = [(end, block) for end in prefill_ends(len(tokens))
+               if end not in given and (block := carrier.get((identity, tuple(tokens[:end])))) is not None]
+        return "ok", response, new
     except Exception as exc:  # noqa: BLE001 - raised again in the caller, by kind
         return "error", (type(exc).__name__, str(exc))
 
@@ -148,7 +154,7 @@ class _Worker:
                 if future.set_running_or_notify_cancel():
                     self._run(args, future)
             finally:
-                self.pool._release(args)
+                self.pool._release(future)
         self.stop()
 
     def _run(self, args: tuple, future: cf.Future) -> None:
@@ -158,8 +164,8 @@ class _Worker:
                     self.proc = self._start()
                 write_frame(self.proc.stdin, args)
                 answer = read_frame(self.proc.stdout)
-                if len(answer) == 3 and answer[2] is not None:  # a new prefill: the next request may use it
-                    self.pool.prefills.put(self.pool.prefill_key(args), *answer[2])
+                for end, block in answer[2] if len(answer) == 3 else ():  # new blocks: later requests may use them
+                    self.pool.prefills.put(self.pool.block_key(args, end), *block)
                 future.set_result(answer[:2])
                 return
             except Exception as exc:  # noqa: BLE001 - the pipe broke: the worker died
@@ -202,9 +208,10 @@ class InferencePool:
         self.root_dir = Path(root_dir)
         self.workers = max(1, int(workers))
         self._queue: queue.Queue = queue.Queue()
-        self.prefills = PrefillCache(192 << 20)  # by (checkpoint, base, scope, prompt): see the module docstring
-        self._computing: dict[tuple, list[tuple[tuple, cf.Future]]] = {}  # prefill key -> requests waiting for it
-        self.reused = 0  # requests that skipped their prompt's prefill
+        self.prefills = PrefillCache(192 << 20)  # blocks by (checkpoint, base, scope, prompt): see the module docstring
+        self._computing: dict[tuple, list[tuple[tuple, cf.Future]]] = {}  # prompt key -> requests waiting for it
+        self._owners: dict[cf.Future, tuple] = {}  # request -> the prompt key it is prefilling
+        self.reused = 0  # requests that skipped some of their prompt's prefill
         self._threads: list[_Worker] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -214,10 +221,13 @@ class InferencePool:
         return tinker_client.loadable_elsewhere(base_model)
 
     @staticmethod
-    def prefill_key(args: tuple) -> tuple:
-        """Which prefill a request's arguments (see :meth:`submit`) need: weights, scope and prompt."""
+    def prefill_key(args: tuple, end: int | None = None) -> tuple:
+        """Which prefill a request's arguments (see :meth:`submit`) need: weights, scope and prompt
+        (up to ``end``)."""
         root, bases, model_path, base_model, tokens, _, _, scope = args[:8]
-        return root, model_path, base_model, bases.get(base_model or ""), scope, tuple(tokens)
+        return root, model_path, base_model, bases.get(base_model or ""), scope, tuple(tokens[:end])
+
+    block_key = prefill_key  # the key of the prefill block ending at ``end``
 
     def submit(self, model_path: str | None, base_model: str | None, tokens: list[int], num_samples: int,
                params: dict[str, Any], scope: str | None = None) -> cf.Future:
@@ -228,39 +238,36 @@ class InferencePool:
             if not self._threads:
                 self._threads = [_Worker(self, i) for i in range(self.workers)]
         args: tuple = (str(self.root_dir), tinker_client.registered_bases(), model_path, base_model, tokens, num_samples, params)
-        if scope is not None:
-            args += (scope, None)
-            key = self.prefill_key(args)
-            with self._lock:
-                if key in self._computing:  # the same prompt is being prefilled: wait for it, then reuse it
-                    self._computing[key].append((args, future))
-                    return future
-                prefill = self.prefills.get(key)
-                if prefill is None:
-                    self._computing[key] = []
-                else:
-                    self.reused += 1
-            args = args[:8] + (prefill,)
-        self._queue.put((args, future))
+        if scope is None:
+            self._queue.put((args, future))
+        else:
+            self._dispatch(args + (scope,), future)
         return future
 
-    def _release(self, args: tuple) -> None:
-        """A request is done: requests that waited for its prompt's prefill go to the queue with it."""
-        if len(args) < 9 or args[8] is not None:
-            return
-        key = self.prefill_key(args)
+    def _dispatch(self, args: tuple, future: cf.Future) -> None:
+        """Queue a scoped request with the prefill blocks of its prompt the pool holds; while the same
+        prompt is being prefilled by another request, wait for that one (:meth:`_release`)."""
+        key, tokens = self.prefill_key(args), args[4]
+        ends = prefill_ends(len(tokens))
         with self._lock:
-            waiting = self._computing.pop(key, [])
-        prefill = self.prefills.get(key) if waiting else None
-        for i, (queued, future) in enumerate(waiting):
-            if prefill is None and i == 0:  # not kept (too large, or the request failed): the first computes it
-                with self._lock:
-                    self._computing[key] = waiting[1:]
-                self._queue.put((queued, future))
+            if key in self._computing:
+                self._computing[key].append((args, future))
                 return
-            with self._lock:
+            blocks = [(end, block) for end in ends if (block := self.prefills.get(self.block_key(args, end))) is not None]
+            if len(blocks) < len(ends):
+                self._computing[key], self._owners[future] = [], key
+            if blocks:
                 self.reused += 1
-            self._queue.put((queued[:8] + (prefill,), future))
+        self._queue.put((args + (blocks,), future))
+
+    def _release(self, future: cf.Future) -> None:
+        """A request is done: the requests that waited for its prompt's prefill are dispatched again
+        (they find its blocks, or if none were kept the first of them computes them)."""
+        with self._lock:
+            key = self._owners.pop(future, None)
+            waiting = self._computing.pop(key, []) if key is not None else []
+        for args, waiter in waiting:
+            self._dispatch(args, waiter)
 
     def client(self, *, model_path: str | None = None, base_model: str | None = None, tokenizer: Any) -> PooledSamplingClient:
         return PooledSamplingClient(self, model_path, base_model, tokenizer)

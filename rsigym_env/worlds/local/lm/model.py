@@ -493,14 +493,32 @@ class _Cache:
     length: int = 0
 
 
-class PrefillCache:
-    """The keys, values and last logits of prompts already run through a model, by their exact
-    tokens: a repeated prompt (the first turn of every attempt at a task, say) skips its prefill.
+PREFILL_BLOCK = 32
+"""A single prompt is prefilled in blocks of this many tokens (:func:`prefill_ends`): block ``b`` runs
+positions ``[32b, 32b + 32)`` against the keys before them, so its keys, values and last logits are a
+function of the prompt's tokens up to the block's end only, whatever comes after them."""
 
-    The same computation on the same input gives the same floats, so a hit changes no sample.
-    Bounded: least recently used entries go once ``max_bytes`` is exceeded. Thread-safe. Whoever
-    owns one decides what may share it (the local world: the trials of one evaluation, so timing
-    tells a harness nothing about other evaluations).
+
+def prefill_ends(n: int, block: int = PREFILL_BLOCK) -> list[int]:
+    """Where the prefill blocks of an ``n``-token prompt end (the last one is shorter if ``n`` is not a
+    multiple of ``block``).
+
+    >>> prefill_ends(70), prefill_ends(64), prefill_ends(5)
+    ([32, 64, 70], [32, 64], [5])
+    """
+    return [*range(block, n, block), n]
+
+
+class PrefillCache:
+    """Prefill blocks (:data:`PREFILL_BLOCK`) already run through a model: each block's keys, values
+    and last logits, by the exact tokens of the prompt up to the block's end. A prompt that starts
+    like one seen before (the first turn of every attempt at a task; a conversation's next turn, which
+    repeats the turns before it) computes only the blocks not held here.
+
+    A block is a function of those tokens alone and is computed the same way hit or miss, so a hit
+    changes no float. Bounded: least recently used entries go once ``max_bytes`` is exceeded.
+    Thread-safe. Whoever owns one decides what may share it (the local world: the trials of one
+    evaluation, so timing tells a harness nothing about other evaluations).
 
     >>> cache = PrefillCache(max_bytes=1 << 20)
     >>> cache.get(("m", (1, 2, 3))) is None, cache.hits, cache.misses
@@ -753,6 +771,32 @@ class Transformer:
         last = x.reshape(bsz, t, d)[:, -1]
         return layernorm_inference(last, p["lnf.g"], p["lnf.b"], cfg.ln_eps) @ unembedding(cfg, p)
 
+    def _prefill_blocks(self, prompt: list[int], cache: _Cache, layers: list[tuple[np.ndarray, ...]],
+                        store: PrefillCache | None, key: Any) -> np.ndarray:
+        """Run one prompt into the empty ``cache`` block by block (:func:`prefill_ends`), taking the
+        blocks ``store`` holds under ``(key, prompt[:end])`` and putting there the ones it computes.
+        Returns the last position's logits (1, V)."""
+        tokens = np.asarray(prompt, np.int64)[None]
+        neg = np.array(-np.inf, self.dtype)
+        start, logits = 0, None
+        for end in prefill_ends(len(prompt)):
+            block_key = (key, tuple(prompt[:end])) if store is not None else None
+            hit = store.get(block_key) if block_key is not None else None
+            if hit is not None:
+                for i in range(self.config.n_layers):
+                    cache.k[i][:, :, start:end] = hit[0][i]
+                    cache.v[i][:, :, start:end] = hit[1][i]
+                cache.length, logits = end, hit[2]
+            else:
+                slots = np.arange(end)
+                bias = np.where(slots[start:, None] >= slots[None, :], 0.0, neg).astype(self.dtype)[None, None]
+                logits = self._infer(tokens[:, start:end], slots[None, start:end], cache, bias, layers)
+                if block_key is not None:
+                    store.put(block_key, [k[:, :, start:end].copy() for k in cache.k],
+                              [v[:, :, start:end].copy() for v in cache.v], logits.copy())
+            start = end
+        return logits.copy()
+
     def _layer_weights(self) -> list[tuple[np.ndarray, ...]]:
         """Each layer's (ln1.g, ln1.b, attn.qkv, attn.proj, ln2.g, ln2.b, mlp.fc, mlp.proj)."""
         names = ("ln1.g", "ln1.b", "attn.qkv", "attn.proj", "ln2.g", "ln2.b", "mlp.fc", "mlp.proj")
@@ -779,8 +823,9 @@ class Transformer:
         * Returned log-probabilities are of the temperature-scaled distribution before top-k/top-p.
         * ``use_cache=False`` recomputes the whole sequence every step (same result, slower).
         * Deterministic for a given ``seed`` and batch.
-        * ``prefill_cache``: a single prompt seen before under ``prefill_key`` (which must name these
-          weights) skips its prefill; the samples are the same.
+        * A single prompt is prefilled in blocks (:func:`prefill_ends`). ``prefill_cache``: the blocks
+          it holds under ``prefill_key`` (which must name these weights) for this prompt's beginning
+          are not computed again; the samples are the same, hit or miss.
         """
         opts = SamplingOptions(max_tokens, temperature, top_k, top_p, seed, tuple(stop_tokens), tuple(stop_strings))
         if num_samples < 1:
@@ -827,23 +872,15 @@ class Transformer:
         layers = model._layer_weights()
         _use_model_threads()
 
-        # prefill (once per distinct prompt, then copied to its samples)
+        # prefill (once per distinct prompt, then copied to its samples); one prompt: in blocks
         if use_cache:
-            first = np.arange(0, rows, num_samples)
             cache = model._new_cache(len(prompts), capacity)
-            key = (prefill_key, tuple(prompts[0])) if prefill_cache is not None and len(prompts) == 1 else None
-            hit = prefill_cache.get(key) if key is not None else None
-            if hit is not None:
-                for i in range(cfg.n_layers):
-                    cache.k[i][:, :, :lmax] = hit[0][i]
-                    cache.v[i][:, :, :lmax] = hit[1][i]
-                cache.length, logits = lmax, hit[2].copy()
+            if len(prompts) == 1:
+                logits = model._prefill_blocks(list(prompts[0]), cache, layers, prefill_cache, prefill_key)
             else:
+                first = np.arange(0, rows, num_samples)
                 logits = model._infer(seq[first, :lmax], positions[first, :lmax], cache, bias_for(0, lmax)[first],
                                       layers)
-                if key is not None:
-                    prefill_cache.put(key, [k[:, :, :lmax].copy() for k in cache.k],
-                                      [v[:, :, :lmax].copy() for v in cache.v], logits.copy())
             if num_samples > 1:
                 cache.k = [np.repeat(k, num_samples, axis=0) for k in cache.k]
                 cache.v = [np.repeat(v, num_samples, axis=0) for v in cache.v]

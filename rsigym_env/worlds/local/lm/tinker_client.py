@@ -558,7 +558,7 @@ def _check_name(name: str) -> None:
 # --- sampling client ---------------------------------------------------------------------------
 
 
-PREFILLS = PrefillCache()  # this process's prefills, by (sampling client, scope, prompt)
+PREFILLS = PrefillCache()  # this process's prefill blocks, by (sampling client, scope, prompt up to the block's end)
 
 
 class LocalSamplingClient:
@@ -616,9 +616,9 @@ class LocalSamplingClient:
                       target_prompt_logprobs: types.TensorData | None = None, prompt_alt_tokens_k: int = 0,
                       prompt_logprobs_last_n: int | None = None) -> APIFuture[types.SampleResponse]:
         """:meth:`sample`, and (a local extension; Tinker's client has none) requests with the same
-        ``prefill_scope`` and the very same prompt share its prefill (:class:`~.model.PrefillCache`;
-        the samples do not change) — in ``prefill_cache``, by default this process's ``PREFILLS``.
-        Requests in different scopes never do; ``None`` shares nothing."""
+        ``prefill_scope`` share the prefill blocks of their prompts' common beginnings
+        (:class:`~.model.PrefillCache`; the samples do not change) — in ``prefill_cache``, by default
+        this process's ``PREFILLS``. Requests in different scopes never do; ``None`` shares nothing."""
         if topk_prompt_logprobs or topk_sample_logprobs or target_prompt_logprobs is not None or prompt_alt_tokens_k:
             raise NotImplementedError("the local sampler supports include_prompt_logprobs, not top-k/target/alt-token logprobs")
         if num_samples < 1:
