@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import os
 import platform
-from typing import MutableMapping
+from typing import Any, MutableMapping
 
 CORE_ENV = "OPENBLAS_CORETYPE"
 SIMD_ENV = "NPY_ENABLE_CPU_FEATURES"
@@ -102,7 +102,7 @@ def blas_core_is_pinned() -> bool:
     return loaded is None or loaded.lower() in same
 
 
-CANONICAL_DIGEST = "3acc5cd539578818"  # the pinned Haswell kernels with their own blocking, NumPy at X86_V3
+CANONICAL_DIGEST = "19484dcb95103bfd"  # the pinned Haswell kernels with their own blocking, NumPy at X86_V3
 _CANARY_SHAPES = ((64, 1024, 64), (48, 2000, 40), (96, 600, 128))  # K past every blocking split in use
 
 
@@ -111,22 +111,30 @@ def canary_digest() -> str:
     float64 ``exp``, ``log``, ``log1p`` and ``expm1`` over fixed inputs.
 
     The inputs are exact rationals rounded once (no random generator), so only the BLAS's summation order
-    and NumPy's vector code can change the bytes."""
+    and NumPy's vector code can change the bytes. The products run on one BLAS thread, as the local model's
+    do (OpenBLAS's sums depend on its thread count too)."""
     import hashlib
 
     import numpy as np
+    from threadpoolctl import threadpool_limits
 
     digest = hashlib.sha256()
-    for m, k, n in _CANARY_SHAPES:
-        i = np.arange(m * k, dtype=np.int64).reshape(m, k)
-        j = np.arange(k * n, dtype=np.int64).reshape(k, n)
-        a = ((i * 7919 + 13) % 65521 / 65521.0 - 0.5).astype(np.float32)
-        b = ((j * 104729 + 7) % 65519 / 65519.0 - 0.5).astype(np.float32)
-        digest.update((a @ b).tobytes())
+    with threadpool_limits(limits=1, user_api="blas"):
+        products = [_canary_product(np, m, k, n) for m, k, n in _CANARY_SHAPES]
+    for product in products:
+        digest.update(product.tobytes())
     x = (np.arange(20_000, dtype=np.int64) * 7919 + 13) % 65521 / 65521.0 * 40.0 - 20.0
     for values in (np.exp(x), np.log(np.abs(x) + 1e-3), np.log1p(np.abs(x)), np.expm1(x)):
         digest.update(values.tobytes())
     return digest.hexdigest()[:16]
+
+
+def _canary_product(np: Any, m: int, k: int, n: int) -> Any:
+    i = np.arange(m * k, dtype=np.int64).reshape(m, k)
+    j = np.arange(k * n, dtype=np.int64).reshape(k, n)
+    a = ((i * 7919 + 13) % 65521 / 65521.0 - 0.5).astype(np.float32)
+    b = ((j * 104729 + 7) % 65519 / 65519.0 - 0.5).astype(np.float32)
+    return a @ b
 
 
 _checked: list[bool | None] = []

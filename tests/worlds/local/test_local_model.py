@@ -571,7 +571,7 @@ def test_shipped_base_samples_are_pinned(kwargs, expected):
 
 
 @pytest.mark.parametrize("kwargs, expected", [
-    (dict(temperature=0.7, num_samples=2), "fa4b94d424ca3a4f"),
+    (dict(temperature=0.7, num_samples=2), "41b7500540adaf98"),  # with OpenBLAS 0.3.33 (numerics.py)
     (dict(temperature=0.0), "4e8da140f2b75a32"),
 ])
 def test_shipped_base_single_prompt_samples_are_pinned(kwargs, expected):
