@@ -58,6 +58,7 @@ IMPROVER = {
     "select": "greedy",        # the base of the next proposal: greedy (best), tournament or latest (kept)
     "tournament": 2,           # kept candidates drawn by the tournament rule
     "budget_reserve": 0.02,    # share of the starting budget no evaluation is expected to eat into
+    "skip_unread": True,       # point and crossover change only genes the plan's code reads (see gene_reads)
     "parent_selection": "greedy",  # how `rsigym recurse` picks the next round's parent from the archive
 }
 
@@ -83,6 +84,7 @@ IMPROVER_RANGES = {
 IMPROVER_ALLELES = {
     "select": ["greedy", "tournament", "latest"],
     "screen_ties": [True, False],
+    "skip_unread": [True, False],
     "parent_selection": ["greedy", "dgm", "thompson", "sica"],
 }
 
@@ -327,10 +329,13 @@ def _movable(genes: dict[str, Any], alleles: dict[str, Any], ranges: dict[str, A
             if (_numeric(v) and g in ranges) or isinstance(alleles.get(g), list) or isinstance(v, bool)]
 
 
-def point(genome: Genome, space: dict[str, Any], rng: random.Random, step: float) -> tuple[Genome, str] | None:
-    """The ``point`` operator: one STRATEGY gene changed (see :func:`mutate_gene`)."""
+def point(genome: Genome, space: dict[str, Any], rng: random.Random, step: float,
+          reads: set[str] | None = None) -> tuple[Genome, str] | None:
+    """The ``point`` operator: one STRATEGY gene changed (see :func:`mutate_gene`); only a gene in
+    ``reads`` when it is given (:func:`gene_reads`: a change of any other gene changes no action)."""
     genes = genome["STRATEGY"]
-    names = _movable(genes, space.get("ALLELES", {}), space.get("RANGES", {}))
+    names = [n for n in _movable(genes, space.get("ALLELES", {}), space.get("RANGES", {}))
+             if reads is None or n in reads]
     rng.shuffle(names)
     for name in names:
         moved = mutate_gene(name, genes[name], space.get("ALLELES", {}), space.get("RANGES", {}), rng, step)
@@ -368,15 +373,18 @@ def phase(genome: Genome, space: dict[str, Any], rng: random.Random) -> tuple[Ge
     return dict(genome, PHASES=body + tail), f"phase {what}: {inline(phases)} -> {inline(body + tail)}"
 
 
-def crossover(genome: Genome, donor: Genome, donor_name: str, rng: random.Random) -> tuple[Genome, str] | None:
+def crossover(genome: Genome, donor: Genome, donor_name: str, rng: random.Random,
+              reads: set[str] | None = None) -> tuple[Genome, str] | None:
     """The ``crossover`` operator: a random non-empty subset of the genes (STRATEGY entries, the phase
-    list as one gene, IMPROVER entries) in which ``donor`` differs, taken from it."""
+    list as one gene, IMPROVER entries) in which ``donor`` differs, taken from it (STRATEGY entries only
+    in ``reads`` when it is given)."""
     child = {key: (dict(value) if isinstance(value, dict) else value) for key, value in genome.items()}
     taken: list[str] = []
     options: list[tuple[str, str | None]] = []
     for part in ("STRATEGY", "IMPROVER", "params"):
         if isinstance(genome.get(part), dict) and isinstance(donor.get(part), dict):
-            options += [(part, g) for g in genome[part] if g in donor[part] and not _same(genome[part][g], donor[part][g])]
+            options += [(part, g) for g in genome[part] if g in donor[part] and not _same(genome[part][g], donor[part][g])
+                        and (reads is None or part != "STRATEGY" or g in reads)]
     if "PHASES" in genome and "PHASES" in donor and not _same(genome["PHASES"], donor["PHASES"]):
         options.append(("PHASES", None))
     if not options:
@@ -489,6 +497,56 @@ def rewrite_params(text: str, old: dict[str, Any], new: dict[str, Any]) -> str:
     return text
 
 
+def gene_reads(source: str, genes: list[str], plan: list[str]) -> set[str] | None:
+    """The STRATEGY genes a researcher's code can read when it runs ``plan``: every gene named (as a
+    string) in the plan's ``phase_*`` functions, in any function they reach, and in the code outside
+    the phase functions (classes, other functions it reaches); None if the code has no phase functions.
+    A candidate that changes only genes outside this set behaves exactly as its base, so the operators
+    leave such genes alone (``skip_unread``): a cheap behaviour-novelty check before any screening.
+
+    >>> src = ("def phase_a(ctx):\\n    return _h(ctx)\\n\\ndef _h(ctx):\\n    return ctx.s['x']\\n\\n"
+    ...        "def phase_b(ctx):\\n    return ctx.s['y']\\n")
+    >>> sorted(gene_reads(src, ["x", "y", "z"], ["a"])), sorted(gene_reads(src, ["x", "y", "z"], ["a", "b"]))
+    (['x'], ['x', 'y'])
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    funcs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if not any(name.startswith("phase_") for name in funcs):
+        return None
+    wanted = set(genes)
+
+    def named(node: ast.AST) -> tuple[set[str], set[str]]:
+        found, calls = set(), set()
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and sub.value in wanted:
+                found.add(sub.value)
+            elif isinstance(sub, ast.Name) and sub.id in funcs:
+                calls.add(sub.id)
+        return found, calls
+
+    roots: list[ast.AST] = [funcs["phase_" + p] for p in plan if "phase_" + p in funcs]
+    for node in tree.body:  # code outside the phases (not the strategy literals themselves)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id in STRATEGY_LITERALS for t in targets):
+            continue
+        roots.append(node)
+    seen: set[str] = set()
+    reads: set[str] = set()
+    while roots:
+        found, calls = named(roots.pop())
+        reads |= found
+        for name in calls - seen:
+            if not name.startswith("phase_"):
+                seen.add(name)
+                roots.append(funcs[name])
+    return reads
+
+
 # ---------------------------------------------------------------------------------- the target's program
 
 
@@ -535,6 +593,12 @@ class Program:
         ops = ["point", "crossover"] + (["phase"] if "PHASES" in self.genome else [])
         return ops + (["self"] if "IMPROVER" in self.genome else [])
 
+    def reads(self) -> set[str] | None:
+        """The STRATEGY genes this program's plan reads (:func:`gene_reads`; None if unknown)."""
+        plan = self.genome.get("PHASES")
+        return gene_reads(self.files.get(RESEARCHER, ""), list(self.genome.get("STRATEGY") or {}),
+                          list(plan if isinstance(plan, list) else self.space.get("DEFAULT_PHASES", [])))
+
     def write(self, genome: Genome, lineage: str) -> dict[str, str]:
         """The files that change when ``genome`` replaces this program's genome (researcher.py always,
         for its lineage line)."""
@@ -560,11 +624,13 @@ def genome_key(genome: Genome) -> str:
 
 
 def propose(program: Program, operator: str, rng: random.Random, step: float,
-            donors: list[tuple[str, Genome]]) -> tuple[Genome, str] | None:
+            donors: list[tuple[str, Genome]], skip_unread: bool = False) -> tuple[Genome, str] | None:
     """Apply ``operator`` to ``program``'s genome: ``(genome, description)`` or ``None`` if it cannot
     apply. ``self`` changes one IMPROVER gene and, so that the dev evaluation can tell the candidate
-    apart, one researcher gene too (a change of improver.py alone scores exactly as its base)."""
+    apart, one researcher gene too (a change of improver.py alone scores exactly as its base).
+    ``skip_unread``: point and crossover change only genes the plan reads (:meth:`Program.reads`)."""
     genome = program.genome
+    reads = program.reads() if skip_unread and program.is_program else None
     if not program.is_program:
         if operator == "point":
             return params_point(genome, program.space, rng, step)
@@ -573,19 +639,19 @@ def propose(program: Program, operator: str, rng: random.Random, step: float,
             return crossover(genome, donor, name, rng)
         return None
     if operator == "point":
-        return point(genome, program.space, rng, step)
+        return point(genome, program.space, rng, step, reads)
     if operator == "phase":
         return phase(genome, program.space, rng)
     if operator == "crossover":
         if not donors:
             return None
         name, donor = donors[rng.randrange(len(donors))]
-        return crossover(genome, donor, name, rng)
+        return crossover(genome, donor, name, rng, reads)
     if operator == "self":
         changed = mutate_self(genome, program.space, rng, step)
         if changed is None:
             return None
-        carried = point(changed[0], program.space, rng, step)
+        carried = point(changed[0], program.space, rng, step, reads)
         if carried is None:
             return None
         return carried[0], f"{changed[1]}; {carried[1]}"
@@ -836,7 +902,8 @@ class ProgramImprover(PlanResearcher):
             operator = self.draw_operator(available)
             if operator is None:
                 return None
-            made = propose(program, operator, self.rng, float(self.config["step"]), donors)
+            made = propose(program, operator, self.rng, float(self.config["step"]), donors,
+                           bool(self.config.get("skip_unread")))
             if made is not None and genome_key(made[0]) not in tried:
                 return made[0], made[1], operator
         return None
