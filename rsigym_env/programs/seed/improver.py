@@ -55,11 +55,12 @@ IMPROVER = {
     "min_gain": 0.0,           # a candidate is kept if its full score beats its base's by more than this
     "operator_weights": {"point": 4, "phase": 2, "crossover": 1, "self": 1},  # how often each operator is drawn
     "step": 1.5,               # multiplicative step of "mul" genes
-    "select": "greedy",        # the base of the next proposal: greedy (best), tournament or latest (kept)
+    "select": "greedy",        # the base of the next proposal: greedy (best), tournament, latest (kept) or root (the target)
     "tournament": 2,           # kept candidates drawn by the tournament rule
     "budget_reserve": 0.02,    # share of the starting budget no evaluation is expected to eat into
     "skip_unread": True,       # point and crossover change only genes the plan's code reads (see gene_reads)
     "parent_selection": "greedy",  # how `rsigym recurse` picks the next round's parent from the archive
+    "validate_top": 8,         # how many fully evaluated candidates (best on train first) `rsigym recurse` validates
 }
 
 # How the "self" operator may move IMPROVER's numeric genes: [low, high, how]; how = "mul" (x*step or
@@ -78,11 +79,12 @@ IMPROVER_RANGES = {
     "step": [1.1, 4.0, "mul"],
     "tournament": [2, 4, "add"],
     "budget_reserve": [0.0, 0.2, "add"],
+    "validate_top": [0, 12, "add"],
 }
 
 # Categorical IMPROVER genes and their allowed values.
 IMPROVER_ALLELES = {
-    "select": ["greedy", "tournament", "latest"],
+    "select": ["greedy", "tournament", "latest", "root"],
     "screen_ties": [True, False],
     "skip_unread": [True, False],
     "parent_selection": ["greedy", "dgm", "thompson", "sica"],
@@ -811,10 +813,14 @@ class ProgramImprover(PlanResearcher):
 
     def select(self, archive: list[Candidate]) -> Candidate:
         """The base of the next proposal, by ``select``: the best (greedy), the best of ``tournament``
-        drawn at random, or the latest accepted."""
+        drawn at random, the latest accepted, or the target itself (root: every candidate is one change
+        from the target, so its validation gain over the target is that change's; ``rsigym recurse``
+        stacks changes across rounds on validation instead of on a few noisy train tasks)."""
         rule = self.config["select"]
         if rule == "latest":
             return archive[-1]
+        if rule == "root":
+            return archive[0]
         pool = archive
         if rule == "tournament":
             pool = [archive[self.rng.randrange(len(archive))] for _ in range(max(1, int(self.config["tournament"])))]

@@ -50,6 +50,7 @@ from .world import RecursiveOptions
 
 FRESH_SEED_BASE = 9_000  # outer seeds of imp@k's fresh-target runs: chains use seed*1000 + round
 RULES = ("greedy", "dgm", "thompson", "sica", "metaproductive")
+MAX_VALIDATE_TOP = 12  # an improver may ask for at most this many validations per round besides its submission
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,9 @@ class Settings:
 
     selection: str | None = None   # parent selection rule; None = the improver's own (IMPROVER["parent_selection"]), else greedy
     accept_low: float = 0.0        # accept a candidate when the 95 % lower bound of its paired validation gain is above this
-    validate_top: int = 2          # besides the submitted candidate, this many best-on-train candidates are validated
+    validate_top: int | None = None  # besides the submitted candidate, this many of the candidates the improver fully
+                                     # evaluated (best on train first) are validated; None = the improver's own
+                                     # IMPROVER["validate_top"], else 2
     imp_k: int = 1                 # rounds of each fresh-target improvement run for imp@k (0: do not measure imp@k)
     imp_runs: int = 3              # fresh-target runs (outer seeds no chain uses) per improver, averaged
     imp_generations: str = "ends"  # whose improvers imp@k measures: "ends" (generation 0 and the last) or "all"
@@ -86,20 +89,32 @@ class Outcome:
     attempts: list[str]
 
 
-def _improver_rule(improver: Any) -> str | None:
-    """The parent-selection rule an improver program names in its own ``IMPROVER`` literal (read with
-    ``ast.literal_eval``: nothing of the program runs here)."""
+def _improver_setting(improver: Any, key: str) -> Any:
+    """The value an improver program gives ``key`` in its own ``IMPROVER`` literal (read with
+    ``ast.literal_eval``: nothing of the program runs here), or None."""
     text = (getattr(improver, "code", None) or {}).get("improver.py")
     if not text:
         return None
     try:
         for node in ast.parse(text).body:
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "IMPROVER" for t in node.targets):
-                rule = ast.literal_eval(node.value).get("parent_selection")
-                return rule if rule in RULES else None
-    except (SyntaxError, ValueError, AttributeError, TypeError):
+                return ast.literal_eval(node.value).get(key)
+    except (SyntaxError, ValueError, AttributeError, TypeError, MemoryError, RecursionError):
         return None
     return None
+
+
+def _improver_rule(improver: Any) -> str | None:
+    """The parent-selection rule an improver program names in its ``IMPROVER`` (None if none or unknown)."""
+    rule = _improver_setting(improver, "parent_selection")
+    return rule if isinstance(rule, str) and rule in RULES else None
+
+
+def _improver_validate_top(improver: Any) -> int | None:
+    """How many of its fully evaluated candidates an improver program asks ``recurse`` to validate
+    (``IMPROVER["validate_top"]``, an int in 0..MAX_VALIDATE_TOP; None otherwise)."""
+    n = _improver_setting(improver, "validate_top")
+    return n if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_VALIDATE_TOP else None
 
 
 def _lineage_note(files: dict[str, str]) -> str:
@@ -254,11 +269,16 @@ def _run_chain(ctx: _Context, archive: Any, seed: int, root: Any, fixed_improver
             registry.register(spec, note=f"recurse: seed {seed} round {r} from {parent.id}")
             chain.specs[spec.id] = spec
             fresh.append((spec, m))
-        parent_train = out.parent_train.index if out.parent_train is not None else None
-        on_train = sorted([(m.index, s.id) for s, m in fresh if m is not None and s.id != out.submitted.id
-                           and (parent_train is None or m.index > parent_train)], reverse=True)
+        # every candidate here passed the improver's screen (not worse than its base on the screen tasks); with
+        # 8 train tasks their full train scores barely predict validation, so they only rank them
+        top = settings.validate_top
+        if top is None:
+            top = _improver_validate_top(imp)
+            top = 2 if top is None else top
+        on_train = sorted([(m.index, s.id) for s, m in fresh if m is not None and s.id != out.submitted.id],
+                          reverse=True)
         chosen = {s.id for s, _ in fresh if s.id == out.submitted.id}
-        chosen |= {sid for _, sid in on_train[:settings.validate_top]}
+        chosen |= {sid for _, sid in on_train[:top]}
         screened: list[dict[str, Any]] = []
         for spec, _m in fresh:
             if spec.id not in chosen:
