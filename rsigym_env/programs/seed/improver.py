@@ -50,7 +50,7 @@ IMPROVER = {
     "candidates": 20,          # proposals per episode at most (budget and steps may stop it earlier)
     "screen_tasks": 4,         # n_tasks of the screening evaluation (the first dev tasks: one per benchmark)
     "screen_k": 1,             # avg@k of the screening evaluation
-    "screen_ties": False,      # a screen score equal to the base's passes to the full evaluation
+    "screen_ties": True,       # a screen score equal to the base's passes to the full evaluation
     "full_k": 1,               # avg@k of the full dev evaluation (all dev tasks)
     "min_gain": 0.0,           # a candidate is kept if its full score beats its base's by more than this
     "operator_weights": {"point": 4, "phase": 2, "crossover": 1, "self": 1},  # how often each operator is drawn

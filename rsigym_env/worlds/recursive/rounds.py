@@ -44,7 +44,7 @@ from ...catalog import env_id as env_id_of
 from ...episode import run_episode
 from ...metrics import ci95, compounding, improver_gain, mean_se, paired_gain
 from ...scenario import Scenario, load_scenario
-from .measure import Measurement, measure
+from .measure import Measurement, measure, split_tasks
 from .ports import Researchers, researchers
 from .world import RecursiveOptions
 
@@ -148,10 +148,13 @@ def improve_once(scenario: Scenario, opts: RecursiveOptions, improver: Any, targ
                 by_id.setdefault(using.from_files(vfiles).id, vfiles)
             except Exception:
                 continue
-        candidates, parent_train = [], None
-        for (spec_id, split, n_tasks), m in world.measurements.items():
-            if split != "dev" or n_tasks is not None or spec_id not in by_id:
+        candidates, parent_train, seen = [], None, set()
+        all_dev = len(split_tasks(world.opts, "dev", world.seed))
+        for (spec_id, split, n_tasks), m in sorted(world.measurements.items(), key=lambda kv: kv[0][2] is not None):
+            # fully evaluated: on every dev task (a screen that already covers them all counts)
+            if split != "dev" or len(m.tasks) < all_dev or spec_id not in by_id or spec_id in seen:
                 continue
+            seen.add(spec_id)
             vfiles = by_id[spec_id]
             if vfiles == target.to_files():
                 parent_train = m
