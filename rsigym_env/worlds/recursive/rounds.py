@@ -150,7 +150,7 @@ def improve_once(scenario: Scenario, opts: RecursiveOptions, improver: Any, targ
                 continue
         candidates, parent_train, seen = [], None, set()
         all_dev = len(split_tasks(world.opts, "dev", world.seed))
-        for (spec_id, split, n_tasks), m in sorted(world.measurements.items(), key=lambda kv: kv[0][2] is not None):
+        for (spec_id, split, _n), m in sorted(world.measurements.items(), key=lambda kv: kv[0][2] is not None):
             # fully evaluated: on every dev task (a screen that already covers them all counts)
             if split != "dev" or len(m.tasks) < all_dev or spec_id not in by_id or spec_id in seen:
                 continue
