@@ -196,7 +196,7 @@ def test_skip_unread_never_proposes_a_gene_the_plan_does_not_read():
     assert {IMP.propose(p, "point", random.Random(seed), 1.5, [])[1].split()[1] for seed in range(200)} & unread
     donor = dict(p.genome, STRATEGY=dict(p.genome["STRATEGY"], second_fraction=0.5))
     assert IMP.crossover(p.genome, donor, "h-d", random.Random(0), p.reads()) is None   # nothing read differs
-    assert IMP.make_improver({}).config["skip_unread"] is True
+    assert IMP.make_improver({}).config["skip_unread"] is False and IMP.make_improver({"improve_skip_unread": True}).config["skip_unread"]
 
 
 def test_proposals_are_deterministic_under_a_seed():

@@ -50,7 +50,7 @@ IMPROVER = {
     "candidates": 20,          # proposals per episode at most (budget and steps may stop it earlier)
     "screen_tasks": 4,         # n_tasks of the screening evaluation (the first dev tasks: one per benchmark)
     "screen_k": 1,             # avg@k of the screening evaluation
-    "screen_ties": True,       # a screen score equal to the base's passes to the full evaluation
+    "screen_ties": False,      # a screen score equal to the base's passes to the full evaluation
     "full_k": 1,               # avg@k of the full dev evaluation (all dev tasks)
     "min_gain": 0.0,           # a candidate is kept if its full score beats its base's by more than this
     "operator_weights": {"point": 4, "phase": 2, "crossover": 1, "self": 1},  # how often each operator is drawn
@@ -58,9 +58,10 @@ IMPROVER = {
     "select": "greedy",        # the base of the next proposal: greedy (best), tournament, latest (kept) or root (the target)
     "tournament": 2,           # kept candidates drawn by the tournament rule
     "budget_reserve": 0.02,    # share of the starting budget no evaluation is expected to eat into
-    "skip_unread": True,       # point and crossover change only genes the plan's code reads (see gene_reads)
+    "skip_unread": False,      # point and crossover change only genes the plan's code reads (see gene_reads)
     "parent_selection": "greedy",  # how `rsigym recurse` picks the next round's parent from the archive
-    "validate_top": 8,         # how many fully evaluated candidates (best on train first) `rsigym recurse` validates
+    "validate_top": 2,         # how many fully evaluated candidates (best on train first) `rsigym recurse` validates
+    "validate_from": "beats_parent",  # ...among those that beat the parent on train, or among all it screened ("screened")
 }
 
 # How the "self" operator may move IMPROVER's numeric genes: [low, high, how]; how = "mul" (x*step or
@@ -79,14 +80,13 @@ IMPROVER_RANGES = {
     "step": [1.1, 4.0, "mul"],
     "tournament": [2, 4, "add"],
     "budget_reserve": [0.0, 0.2, "add"],
-    "validate_top": [0, 12, "add"],
 }
 
-# Categorical IMPROVER genes and their allowed values.
+# Categorical IMPROVER genes and their allowed values. Genes left out of IMPROVER_RANGES and IMPROVER_ALLELES
+# (skip_unread, validate_top, validate_from, select "root") are not moved by "self"; an edit of this file can set them.
 IMPROVER_ALLELES = {
-    "select": ["greedy", "tournament", "latest", "root"],
+    "select": ["greedy", "tournament", "latest"],
     "screen_ties": [True, False],
-    "skip_unread": [True, False],
     "parent_selection": ["greedy", "dgm", "thompson", "sica"],
 }
 

@@ -272,14 +272,16 @@ def _run_chain(ctx: _Context, archive: Any, seed: int, root: Any, fixed_improver
             registry.register(spec, note=f"recurse: seed {seed} round {r} from {parent.id}")
             chain.specs[spec.id] = spec
             fresh.append((spec, m))
-        # every candidate here passed the improver's screen (not worse than its base on the screen tasks); with
-        # 8 train tasks their full train scores barely predict validation, so they only rank them
+        # every candidate here passed the improver's screen (not worse than its base on the screen tasks); by
+        # default only those that also beat the parent on train are validated, "screened" validates any of them
         top = settings.validate_top
         if top is None:
             top = _improver_validate_top(imp)
             top = 2 if top is None else top
-        on_train = sorted([(m.index, s.id) for s, m in fresh if m is not None and s.id != out.submitted.id],
-                          reverse=True)
+        parent_train = out.parent_train.index if out.parent_train is not None else None
+        every = _improver_setting(imp, "validate_from") == "screened"
+        on_train = sorted([(m.index, s.id) for s, m in fresh if m is not None and s.id != out.submitted.id
+                           and (every or parent_train is None or m.index > parent_train)], reverse=True)
         chosen = {s.id for s, _ in fresh if s.id == out.submitted.id}
         chosen |= {sid for _, sid in on_train[:top]}
         screened: list[dict[str, Any]] = []
