@@ -10,15 +10,18 @@ its ``code/researcher.py`` holds the strategy as module-level literals (``STRATE
 2. measure the target as it is: a screening evaluation (``screen_tasks`` dev tasks, avg@``screen_k``)
    and a full one (all dev tasks, avg@``full_k``);
 3. while proposals, steps and budget remain: pick a base from the in-episode archive
-   (``select``: greedy, tournament or latest), apply one operator drawn by ``operator_weights``
+   (``select``: greedy, tournament, latest or root), apply one operator drawn by ``operator_weights``
    with a ``random.Random`` seeded from the episode's reset seed -- ``point`` (one gene),
    ``phase`` (delete / swap adjacent / insert a phase), ``crossover`` (genes from another evaluated
    candidate), ``self`` (one ``IMPROVER`` gene, carried by a point change of the researcher; only
    when the target has ``code/improver.py``) -- and write the changed literals back into the
-   source, everything else byte-identical, with a ``# lineage:`` comment on the first line;
+   source, everything else byte-identical, with a ``# lineage:`` comment on the first line (with
+   ``skip_unread``, point and crossover leave alone the genes the plan's code never reads);
 4. screen the candidate; if it is not worse than its base on the same tasks (a tie passes when
    ``screen_ties``), evaluate it fully and keep it if it beats the base by more than ``min_gain``;
-5. submit the best fully evaluated version (the target itself if nothing beat it).
+5. submit the best fully evaluated version (the target itself if nothing beat it). ``rsigym recurse``
+   then validates it and ``validate_top`` of the others (``validate_from``: those that beat the parent
+   on train, or every screened one).
 
 Standard library only; this file is a program the improver may rewrite (``IMPROVER`` is a literal).
 
