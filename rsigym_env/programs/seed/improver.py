@@ -63,8 +63,8 @@ IMPROVER = {
     "budget_reserve": 0.02,    # share of the starting budget no evaluation is expected to eat into
     "skip_unread": False,      # point and crossover change only genes the plan's code reads (see gene_reads)
     "parent_selection": "greedy",  # how `rsigym recurse` picks the next round's parent from the archive
-    "validate_top": 2,         # how many fully evaluated candidates (best on train first) `rsigym recurse` validates
-    "validate_from": "beats_parent",  # ...among those that beat the parent on train, or among all it screened ("screened")
+    "validate_top": 8,         # how many fully evaluated candidates (best on train first) `rsigym recurse` validates
+    "validate_from": "screened",  # ...among all it screened ("screened") or those that beat the parent on train
 }
 
 # How the "self" operator may move IMPROVER's numeric genes: [low, high, how]; how = "mul" (x*step or

@@ -357,13 +357,13 @@ def test_an_improver_program_says_how_many_of_its_candidates_recurse_validates()
 
     seed = seed_program()
     text = seed.code["improver.py"]
-    assert _improver_validate_top(seed) == 2 and _improver_rule(seed) == "greedy"
+    assert _improver_validate_top(seed) == 8 and _improver_rule(seed) == "greedy"
     for value, read in (("3", 3), ("0", 0), (str(MAX_VALIDATE_TOP + 1), None), ("-1", None), ("True", None),
                         ('"all"', None), ("2.5", None)):
         edited = seed.model_copy(update={"code": dict(seed.code, **{
-            "improver.py": text.replace('"validate_top": 2,', f'"validate_top": {value},')})})
+            "improver.py": text.replace('"validate_top": 8,', f'"validate_top": {value},')})})
         assert _improver_validate_top(edited) == read, value
     assert _improver_validate_top(seed.model_copy(update={"code": {}})) is None
-    assert _improver_setting(seed, "validate_from") == "beats_parent"    # the old rule unless the improver says "screened"
+    assert _improver_setting(seed, "validate_from") == "screened"      # any screened candidate, not only train winners
     assert _improver_setting(seed.model_copy(update={"code": dict(seed.code, **{"improver.py": "IMPROVER = f()\n"})}),
                              "validate_from") is None                    # nothing of the program runs
