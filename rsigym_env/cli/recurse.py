@@ -96,8 +96,9 @@ def register(sub: Any) -> None:
                      help="parent selection rule (default: the improver's own IMPROVER['parent_selection'], else greedy)")
     rec.add_argument("--accept-low", type=float, default=0.0,
                      help="accept a candidate when the 95%% lower bound of its paired validation gain is above this (default 0)")
-    rec.add_argument("--validate-top", type=int, default=2,
-                     help="best-on-train candidates validated besides the submitted one (default 2)")
+    rec.add_argument("--validate-top", type=int, default=None,
+                     help="candidates the improver fully evaluated (best on train first) validated besides the submitted "
+                          "one (default: the improver's IMPROVER['validate_top'], else 2)")
     rec.add_argument("--imp-k", type=int, default=1,
                      help="rounds of each fresh-target run for imp@k, the improver's own compounding (0: skip; default 1)")
     rec.add_argument("--imp-runs", type=int, default=3,

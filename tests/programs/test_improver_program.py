@@ -183,6 +183,22 @@ def test_self_needs_the_improver_in_the_target():
     assert IMP.propose(p, "self", random.Random(0), 1.5, []) is None and "IMPROVER" not in p.genome
 
 
+def test_skip_unread_never_proposes_a_gene_the_plan_does_not_read():
+    p = program()
+    unread = set(p.genome["STRATEGY"]) - p.reads()
+    # the default plan has no second_distil / mix_teachers / retrain: their genes change no action
+    assert unread == {"second_fraction", "followup_lr_scale"}
+    with_retrain = p.derived(dict(p.genome, PHASES=["diagnose", "retrain", "submit"]), "x")
+    assert "followup_lr_scale" in with_retrain.reads() and "second_fraction" not in with_retrain.reads()
+    moved = {IMP.propose(p, "point", random.Random(seed), 1.5, [], skip_unread=True)[1].split()[1]
+             for seed in range(200)}
+    assert moved and not moved & unread
+    assert {IMP.propose(p, "point", random.Random(seed), 1.5, [])[1].split()[1] for seed in range(200)} & unread
+    donor = dict(p.genome, STRATEGY=dict(p.genome["STRATEGY"], second_fraction=0.5))
+    assert IMP.crossover(p.genome, donor, "h-d", random.Random(0), p.reads()) is None   # nothing read differs
+    assert IMP.make_improver({}).config["skip_unread"] is False and IMP.make_improver({"improve_skip_unread": True}).config["skip_unread"]
+
+
 def test_proposals_are_deterministic_under_a_seed():
     def draws(seed: int) -> list[str]:
         improver = IMP.make_improver({})

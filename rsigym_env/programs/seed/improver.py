@@ -10,15 +10,18 @@ its ``code/researcher.py`` holds the strategy as module-level literals (``STRATE
 2. measure the target as it is: a screening evaluation (``screen_tasks`` dev tasks, avg@``screen_k``)
    and a full one (all dev tasks, avg@``full_k``);
 3. while proposals, steps and budget remain: pick a base from the in-episode archive
-   (``select``: greedy, tournament or latest), apply one operator drawn by ``operator_weights``
+   (``select``: greedy, tournament, latest or root), apply one operator drawn by ``operator_weights``
    with a ``random.Random`` seeded from the episode's reset seed -- ``point`` (one gene),
    ``phase`` (delete / swap adjacent / insert a phase), ``crossover`` (genes from another evaluated
    candidate), ``self`` (one ``IMPROVER`` gene, carried by a point change of the researcher; only
    when the target has ``code/improver.py``) -- and write the changed literals back into the
-   source, everything else byte-identical, with a ``# lineage:`` comment on the first line;
+   source, everything else byte-identical, with a ``# lineage:`` comment on the first line (with
+   ``skip_unread``, point and crossover leave alone the genes the plan's code never reads);
 4. screen the candidate; if it is not worse than its base on the same tasks (a tie passes when
    ``screen_ties``), evaluate it fully and keep it if it beats the base by more than ``min_gain``;
-5. submit the best fully evaluated version (the target itself if nothing beat it).
+5. submit the best fully evaluated version (the target itself if nothing beat it). ``rsigym recurse``
+   then validates it and ``validate_top`` of the others (``validate_from``: those that beat the parent
+   on train, or every screened one).
 
 Standard library only; this file is a program the improver may rewrite (``IMPROVER`` is a literal).
 
@@ -55,10 +58,13 @@ IMPROVER = {
     "min_gain": 0.0,           # a candidate is kept if its full score beats its base's by more than this
     "operator_weights": {"point": 4, "phase": 2, "crossover": 1, "self": 1},  # how often each operator is drawn
     "step": 1.5,               # multiplicative step of "mul" genes
-    "select": "greedy",        # the base of the next proposal: greedy (best), tournament or latest (kept)
+    "select": "greedy",        # the base of the next proposal: greedy (best), tournament, latest (kept) or root (the target)
     "tournament": 2,           # kept candidates drawn by the tournament rule
     "budget_reserve": 0.02,    # share of the starting budget no evaluation is expected to eat into
+    "skip_unread": False,      # point and crossover change only genes the plan's code reads (see gene_reads)
     "parent_selection": "greedy",  # how `rsigym recurse` picks the next round's parent from the archive
+    "validate_top": 8,         # how many fully evaluated candidates (best on train first) `rsigym recurse` validates
+    "validate_from": "screened",  # ...among all it screened ("screened") or those that beat the parent on train
 }
 
 # How the "self" operator may move IMPROVER's numeric genes: [low, high, how]; how = "mul" (x*step or
@@ -79,7 +85,8 @@ IMPROVER_RANGES = {
     "budget_reserve": [0.0, 0.2, "add"],
 }
 
-# Categorical IMPROVER genes and their allowed values.
+# Categorical IMPROVER genes and their allowed values. Genes left out of IMPROVER_RANGES and IMPROVER_ALLELES
+# (skip_unread, validate_top, validate_from, select "root") are not moved by "self"; an edit of this file can set them.
 IMPROVER_ALLELES = {
     "select": ["greedy", "tournament", "latest"],
     "screen_ties": [True, False],
@@ -327,10 +334,13 @@ def _movable(genes: dict[str, Any], alleles: dict[str, Any], ranges: dict[str, A
             if (_numeric(v) and g in ranges) or isinstance(alleles.get(g), list) or isinstance(v, bool)]
 
 
-def point(genome: Genome, space: dict[str, Any], rng: random.Random, step: float) -> tuple[Genome, str] | None:
-    """The ``point`` operator: one STRATEGY gene changed (see :func:`mutate_gene`)."""
+def point(genome: Genome, space: dict[str, Any], rng: random.Random, step: float,
+          reads: set[str] | None = None) -> tuple[Genome, str] | None:
+    """The ``point`` operator: one STRATEGY gene changed (see :func:`mutate_gene`); only a gene in
+    ``reads`` when it is given (:func:`gene_reads`: a change of any other gene changes no action)."""
     genes = genome["STRATEGY"]
-    names = _movable(genes, space.get("ALLELES", {}), space.get("RANGES", {}))
+    names = [n for n in _movable(genes, space.get("ALLELES", {}), space.get("RANGES", {}))
+             if reads is None or n in reads]
     rng.shuffle(names)
     for name in names:
         moved = mutate_gene(name, genes[name], space.get("ALLELES", {}), space.get("RANGES", {}), rng, step)
@@ -368,15 +378,18 @@ def phase(genome: Genome, space: dict[str, Any], rng: random.Random) -> tuple[Ge
     return dict(genome, PHASES=body + tail), f"phase {what}: {inline(phases)} -> {inline(body + tail)}"
 
 
-def crossover(genome: Genome, donor: Genome, donor_name: str, rng: random.Random) -> tuple[Genome, str] | None:
+def crossover(genome: Genome, donor: Genome, donor_name: str, rng: random.Random,
+              reads: set[str] | None = None) -> tuple[Genome, str] | None:
     """The ``crossover`` operator: a random non-empty subset of the genes (STRATEGY entries, the phase
-    list as one gene, IMPROVER entries) in which ``donor`` differs, taken from it."""
+    list as one gene, IMPROVER entries) in which ``donor`` differs, taken from it (STRATEGY entries only
+    in ``reads`` when it is given)."""
     child = {key: (dict(value) if isinstance(value, dict) else value) for key, value in genome.items()}
     taken: list[str] = []
     options: list[tuple[str, str | None]] = []
     for part in ("STRATEGY", "IMPROVER", "params"):
         if isinstance(genome.get(part), dict) and isinstance(donor.get(part), dict):
-            options += [(part, g) for g in genome[part] if g in donor[part] and not _same(genome[part][g], donor[part][g])]
+            options += [(part, g) for g in genome[part] if g in donor[part] and not _same(genome[part][g], donor[part][g])
+                        and (reads is None or part != "STRATEGY" or g in reads)]
     if "PHASES" in genome and "PHASES" in donor and not _same(genome["PHASES"], donor["PHASES"]):
         options.append(("PHASES", None))
     if not options:
@@ -489,6 +502,56 @@ def rewrite_params(text: str, old: dict[str, Any], new: dict[str, Any]) -> str:
     return text
 
 
+def gene_reads(source: str, genes: list[str], plan: list[str]) -> set[str] | None:
+    """The STRATEGY genes a researcher's code can read when it runs ``plan``: every gene named (as a
+    string) in the plan's ``phase_*`` functions, in any function they reach, and in the code outside
+    the phase functions (classes, other functions it reaches); None if the code has no phase functions.
+    A candidate that changes only genes outside this set behaves exactly as its base, so the operators
+    leave such genes alone (``skip_unread``): a cheap behaviour-novelty check before any screening.
+
+    >>> src = ("def phase_a(ctx):\\n    return _h(ctx)\\n\\ndef _h(ctx):\\n    return ctx.s['x']\\n\\n"
+    ...        "def phase_b(ctx):\\n    return ctx.s['y']\\n")
+    >>> sorted(gene_reads(src, ["x", "y", "z"], ["a"])), sorted(gene_reads(src, ["x", "y", "z"], ["a", "b"]))
+    (['x'], ['x', 'y'])
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    funcs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if not any(name.startswith("phase_") for name in funcs):
+        return None
+    wanted = set(genes)
+
+    def named(node: ast.AST) -> tuple[set[str], set[str]]:
+        found, calls = set(), set()
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and sub.value in wanted:
+                found.add(sub.value)
+            elif isinstance(sub, ast.Name) and sub.id in funcs:
+                calls.add(sub.id)
+        return found, calls
+
+    roots: list[ast.AST] = [funcs["phase_" + p] for p in plan if "phase_" + p in funcs]
+    for node in tree.body:  # code outside the phases (not the strategy literals themselves)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id in STRATEGY_LITERALS for t in targets):
+            continue
+        roots.append(node)
+    seen: set[str] = set()
+    reads: set[str] = set()
+    while roots:
+        found, calls = named(roots.pop())
+        reads |= found
+        for name in calls - seen:
+            if not name.startswith("phase_"):
+                seen.add(name)
+                roots.append(funcs[name])
+    return reads
+
+
 # ---------------------------------------------------------------------------------- the target's program
 
 
@@ -535,6 +598,12 @@ class Program:
         ops = ["point", "crossover"] + (["phase"] if "PHASES" in self.genome else [])
         return ops + (["self"] if "IMPROVER" in self.genome else [])
 
+    def reads(self) -> set[str] | None:
+        """The STRATEGY genes this program's plan reads (:func:`gene_reads`; None if unknown)."""
+        plan = self.genome.get("PHASES")
+        return gene_reads(self.files.get(RESEARCHER, ""), list(self.genome.get("STRATEGY") or {}),
+                          list(plan if isinstance(plan, list) else self.space.get("DEFAULT_PHASES", [])))
+
     def write(self, genome: Genome, lineage: str) -> dict[str, str]:
         """The files that change when ``genome`` replaces this program's genome (researcher.py always,
         for its lineage line)."""
@@ -560,11 +629,13 @@ def genome_key(genome: Genome) -> str:
 
 
 def propose(program: Program, operator: str, rng: random.Random, step: float,
-            donors: list[tuple[str, Genome]]) -> tuple[Genome, str] | None:
+            donors: list[tuple[str, Genome]], skip_unread: bool = False) -> tuple[Genome, str] | None:
     """Apply ``operator`` to ``program``'s genome: ``(genome, description)`` or ``None`` if it cannot
     apply. ``self`` changes one IMPROVER gene and, so that the dev evaluation can tell the candidate
-    apart, one researcher gene too (a change of improver.py alone scores exactly as its base)."""
+    apart, one researcher gene too (a change of improver.py alone scores exactly as its base).
+    ``skip_unread``: point and crossover change only genes the plan reads (:meth:`Program.reads`)."""
     genome = program.genome
+    reads = program.reads() if skip_unread and program.is_program else None
     if not program.is_program:
         if operator == "point":
             return params_point(genome, program.space, rng, step)
@@ -573,19 +644,19 @@ def propose(program: Program, operator: str, rng: random.Random, step: float,
             return crossover(genome, donor, name, rng)
         return None
     if operator == "point":
-        return point(genome, program.space, rng, step)
+        return point(genome, program.space, rng, step, reads)
     if operator == "phase":
         return phase(genome, program.space, rng)
     if operator == "crossover":
         if not donors:
             return None
         name, donor = donors[rng.randrange(len(donors))]
-        return crossover(genome, donor, name, rng)
+        return crossover(genome, donor, name, rng, reads)
     if operator == "self":
         changed = mutate_self(genome, program.space, rng, step)
         if changed is None:
             return None
-        carried = point(changed[0], program.space, rng, step)
+        carried = point(changed[0], program.space, rng, step, reads)
         if carried is None:
             return None
         return carried[0], f"{changed[1]}; {carried[1]}"
@@ -745,10 +816,14 @@ class ProgramImprover(PlanResearcher):
 
     def select(self, archive: list[Candidate]) -> Candidate:
         """The base of the next proposal, by ``select``: the best (greedy), the best of ``tournament``
-        drawn at random, or the latest accepted."""
+        drawn at random, the latest accepted, or the target itself (root: every candidate is one change
+        from the target, so its validation gain over the target is that change's; ``rsigym recurse``
+        stacks changes across rounds on validation instead of on a few noisy train tasks)."""
         rule = self.config["select"]
         if rule == "latest":
             return archive[-1]
+        if rule == "root":
+            return archive[0]
         pool = archive
         if rule == "tournament":
             pool = [archive[self.rng.randrange(len(archive))] for _ in range(max(1, int(self.config["tournament"])))]
@@ -836,7 +911,8 @@ class ProgramImprover(PlanResearcher):
             operator = self.draw_operator(available)
             if operator is None:
                 return None
-            made = propose(program, operator, self.rng, float(self.config["step"]), donors)
+            made = propose(program, operator, self.rng, float(self.config["step"]), donors,
+                           bool(self.config.get("skip_unread")))
             if made is not None and genome_key(made[0]) not in tried:
                 return made[0], made[1], operator
         return None

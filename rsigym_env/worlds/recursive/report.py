@@ -56,9 +56,12 @@ def markdown(result: dict[str, Any], command: str | None = None) -> str:
             lines.append(f"| {g} | {_ci(c)} | {_ci(s.get('imp_compounding', {}).get(g)) if g != '0' else '—'} |")
     if result.get("transfer"):
         lines += ["", "## Final researcher against the original (paired per task, mean over chains)", "",
-                  "| suite | original index | final − original |", "|---|---:|---:|"]
+                  "The bar is the interval between chains (n = chains); the pooled one pairs every chain's tasks "
+                  "as if they were independent (n = chains × tasks) and is shown beside it, not instead of it.", "",
+                  "| suite | original index | final − original, between chains | pooled over chains' tasks |",
+                  "|---|---:|---:|---:|"]
         for name, t in result["transfer"].items():
-            lines.append(f"| {name} | {t['seed_index']:+.4f} | {_ci(t['gain'])} |")
+            lines.append(f"| {name} | {t['seed_index']:+.4f} | {_ci(t['gain'])} | {_ci(t.get('pooled'))} |")
         beats = s.get("final_beats_seed_chains")
         if beats:
             lines += ["", f"Chains whose final researcher beats the original on test, paired over the test tasks "

@@ -44,12 +44,13 @@ from ...catalog import env_id as env_id_of
 from ...episode import run_episode
 from ...metrics import ci95, compounding, improver_gain, mean_se, paired_gain
 from ...scenario import Scenario, load_scenario
-from .measure import Measurement, measure
+from .measure import Measurement, measure, split_tasks
 from .ports import Researchers, researchers
 from .world import RecursiveOptions
 
 FRESH_SEED_BASE = 9_000  # outer seeds of imp@k's fresh-target runs: chains use seed*1000 + round
 RULES = ("greedy", "dgm", "thompson", "sica", "metaproductive")
+MAX_VALIDATE_TOP = 12  # an improver may ask for at most this many validations per round besides its submission
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,9 @@ class Settings:
 
     selection: str | None = None   # parent selection rule; None = the improver's own (IMPROVER["parent_selection"]), else greedy
     accept_low: float = 0.0        # accept a candidate when the 95 % lower bound of its paired validation gain is above this
-    validate_top: int = 2          # besides the submitted candidate, this many best-on-train candidates are validated
+    validate_top: int | None = None  # besides the submitted candidate, this many of the candidates the improver fully
+                                     # evaluated (best on train first) are validated; None = the improver's own
+                                     # IMPROVER["validate_top"], else 2
     imp_k: int = 1                 # rounds of each fresh-target improvement run for imp@k (0: do not measure imp@k)
     imp_runs: int = 3              # fresh-target runs (outer seeds no chain uses) per improver, averaged
     imp_generations: str = "ends"  # whose improvers imp@k measures: "ends" (generation 0 and the last) or "all"
@@ -86,20 +89,32 @@ class Outcome:
     attempts: list[str]
 
 
-def _improver_rule(improver: Any) -> str | None:
-    """The parent-selection rule an improver program names in its own ``IMPROVER`` literal (read with
-    ``ast.literal_eval``: nothing of the program runs here)."""
+def _improver_setting(improver: Any, key: str) -> Any:
+    """The value an improver program gives ``key`` in its own ``IMPROVER`` literal (read with
+    ``ast.literal_eval``: nothing of the program runs here), or None."""
     text = (getattr(improver, "code", None) or {}).get("improver.py")
     if not text:
         return None
     try:
         for node in ast.parse(text).body:
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "IMPROVER" for t in node.targets):
-                rule = ast.literal_eval(node.value).get("parent_selection")
-                return rule if rule in RULES else None
-    except (SyntaxError, ValueError, AttributeError, TypeError):
+                return ast.literal_eval(node.value).get(key)
+    except (SyntaxError, ValueError, AttributeError, TypeError, MemoryError, RecursionError):
         return None
     return None
+
+
+def _improver_rule(improver: Any) -> str | None:
+    """The parent-selection rule an improver program names in its ``IMPROVER`` (None if none or unknown)."""
+    rule = _improver_setting(improver, "parent_selection")
+    return rule if isinstance(rule, str) and rule in RULES else None
+
+
+def _improver_validate_top(improver: Any) -> int | None:
+    """How many of its fully evaluated candidates an improver program asks ``recurse`` to validate
+    (``IMPROVER["validate_top"]``, an int in 0..MAX_VALIDATE_TOP; None otherwise)."""
+    n = _improver_setting(improver, "validate_top")
+    return n if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_VALIDATE_TOP else None
 
 
 def _lineage_note(files: dict[str, str]) -> str:
@@ -133,10 +148,13 @@ def improve_once(scenario: Scenario, opts: RecursiveOptions, improver: Any, targ
                 by_id.setdefault(using.from_files(vfiles).id, vfiles)
             except Exception:
                 continue
-        candidates, parent_train = [], None
-        for (spec_id, split, n_tasks), m in world.measurements.items():
-            if split != "dev" or n_tasks is not None or spec_id not in by_id:
+        candidates, parent_train, seen = [], None, set()
+        all_dev = len(split_tasks(world.opts, "dev", world.seed))
+        for (spec_id, split, _n), m in sorted(world.measurements.items(), key=lambda kv: kv[0][2] is not None):
+            # fully evaluated: on every dev task (a screen that already covers them all counts)
+            if split != "dev" or len(m.tasks) < all_dev or spec_id not in by_id or spec_id in seen:
                 continue
+            seen.add(spec_id)
             vfiles = by_id[spec_id]
             if vfiles == target.to_files():
                 parent_train = m
@@ -254,11 +272,18 @@ def _run_chain(ctx: _Context, archive: Any, seed: int, root: Any, fixed_improver
             registry.register(spec, note=f"recurse: seed {seed} round {r} from {parent.id}")
             chain.specs[spec.id] = spec
             fresh.append((spec, m))
+        # every candidate here passed the improver's screen (not worse than its base on the screen tasks); by
+        # default only those that also beat the parent on train are validated, "screened" validates any of them
+        top = settings.validate_top
+        if top is None:
+            top = _improver_validate_top(imp)
+            top = 2 if top is None else top
         parent_train = out.parent_train.index if out.parent_train is not None else None
+        every = _improver_setting(imp, "validate_from") == "screened"
         on_train = sorted([(m.index, s.id) for s, m in fresh if m is not None and s.id != out.submitted.id
-                           and (parent_train is None or m.index > parent_train)], reverse=True)
+                           and (every or parent_train is None or m.index > parent_train)], reverse=True)
         chosen = {s.id for s, _ in fresh if s.id == out.submitted.id}
-        chosen |= {sid for _, sid in on_train[:settings.validate_top]}
+        chosen |= {sid for _, sid in on_train[:top]}
         screened: list[dict[str, Any]] = []
         for spec, _m in fresh:
             if spec.id not in chosen:
@@ -421,12 +446,15 @@ def _transfer(scenario: Scenario, opts: RecursiveOptions, seed_spec: Any, final_
         say(f"transfer: {name}")
         kk = 1 if name == "transfer/local" else k
         base = measure(seed_spec, suite, "test", kk, using=using)
-        per_chain = []
+        per_chain, pooled = [], []
         for sid in final_ids:
             final = measure(specs[sid], suite, "test", kk, using=using)
             per_chain.append({"final": sid, "index": final.index, **paired_gain(final.task_values(), base.task_values())})
+            pooled += [a - b for a, b in zip(final.task_values(), base.task_values())]
+        # "gain" (between chains, n = chains) is the headline; "pooled" pairs every chain's test tasks as if
+        # independent (n = chains x tasks): narrower, but it ignores that chains differ, so it is not the bar
         out[name] = {"seed_index": base.index, "chains": per_chain,
-                     "gain": ci95([c["mean"] for c in per_chain])}
+                     "gain": ci95([c["mean"] for c in per_chain]), "pooled": ci95(pooled)}
     return out
 
 
@@ -457,6 +485,7 @@ def _summary(rows: list[dict[str, Any]], chains: list[dict[str, Any]], imp: dict
         "compounding_total_ci95": ci95(total), "compounding_later_rounds_ci95": ci95(later),
         "final_index": mean_se([c["indices"][-1] for c in chains]),
         "final_vs_seed_test": transfer.get("test", {}).get("gain"),
+        "final_vs_seed_test_pooled": transfer.get("test", {}).get("pooled"),
         "final_beats_seed_chains": [sum(1 for c in transfer.get("test", {}).get("chains", [])
                                         if c.get("low") is not None and c["low"] > 0),
                                     len(transfer.get("test", {}).get("chains", []))],

@@ -295,6 +295,9 @@ def test_rounds_archive_every_candidate_and_accept_only_paired_validation_gains(
             assert nodes[s["id"]].status == ("accepted" if s["low"] > 0 else "rejected")
     summary = result["summary"]
     assert summary["candidates"] == sum(r["candidates"] for r in result["rows"])
+    test = result["transfer"]["test"]                   # between chains (the bar) and pooled over chains' tasks
+    assert summary["final_vs_seed_test"] == test["gain"] and test["gain"]["n"] == 1
+    assert summary["final_vs_seed_test_pooled"] == test["pooled"] and test["pooled"]["n"] == sum(c["n"] for c in test["chains"])
     assert set(summary["imp_at_k"]) == {"0", "2"} and "test" in result["transfer"]   # the first and the last generation
     for g in ("0", "2"):
         (runs,) = result["imp"][g]["runs"]                                      # one chain: its improver's 2 fresh runs
@@ -345,3 +348,22 @@ def test_every_parent_selection_rule_runs_rounds_and_picks_an_accepted_parent(ru
     assert all(row["selection"] == rule and row["target"] in accepted for row in result["rows"])
     with pytest.raises(ValueError, match="selection must be one of"):
         recurse(tiny_scenario(), rounds=1, seeds=[0], settings=Settings(selection="best-guess"))
+
+
+def test_an_improver_program_says_how_many_of_its_candidates_recurse_validates():
+    from rsigym_env.agents import seed_program
+    from rsigym_env.worlds.recursive.rounds import (MAX_VALIDATE_TOP, _improver_rule, _improver_setting,
+                                                    _improver_validate_top)
+
+    seed = seed_program()
+    text = seed.code["improver.py"]
+    assert _improver_validate_top(seed) == 8 and _improver_rule(seed) == "greedy"
+    for value, read in (("3", 3), ("0", 0), (str(MAX_VALIDATE_TOP + 1), None), ("-1", None), ("True", None),
+                        ('"all"', None), ("2.5", None)):
+        edited = seed.model_copy(update={"code": dict(seed.code, **{
+            "improver.py": text.replace('"validate_top": 8,', f'"validate_top": {value},')})})
+        assert _improver_validate_top(edited) == read, value
+    assert _improver_validate_top(seed.model_copy(update={"code": {}})) is None
+    assert _improver_setting(seed, "validate_from") == "screened"      # any screened candidate, not only train winners
+    assert _improver_setting(seed.model_copy(update={"code": dict(seed.code, **{"improver.py": "IMPROVER = f()\n"})}),
+                             "validate_from") is None                    # nothing of the program runs
