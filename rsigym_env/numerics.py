@@ -37,6 +37,7 @@ This module imports nothing that loads NumPy (only :func:`canonical_arithmetic` 
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from typing import Any, MutableMapping
@@ -137,25 +138,22 @@ def _canary_product(np: Any, m: int, k: int, n: int) -> Any:
     return a @ b
 
 
-_checked: list[bool | None] = []
-
-
+@functools.cache
 def check_arithmetic() -> bool | None:
     """:func:`canonical_arithmetic`, computed once a process, with a warning where it is False."""
-    if not _checked:
-        _checked.append(canonical_arithmetic())
-        if _checked[0] is False:
-            import logging
+    canonical = canonical_arithmetic()
+    if canonical is False:
+        import logging
 
-            import numpy as np
+        import numpy as np
 
-            logging.getLogger("rsigym_env.numerics").warning(
-                "this process does not compute the pinned arithmetic (NumPy %s, OpenBLAS core %s, NumPy code "
-                "pinned: %s): sim and local results will differ in their last bits from other machines' for the "
-                "same seed. Import rsigym_env before NumPy, and install the package's NumPy (numpy<2.5.2: "
-                "OpenBLAS 0.3.34 sums otherwise on AMD Zen 4/5 hosts); see rsigym_env/numerics.py",
-                np.__version__, blas_core(), simd_is_pinned())
-    return _checked[0]
+        logging.getLogger("rsigym_env.numerics").warning(
+            "this process does not compute the pinned arithmetic (NumPy %s, OpenBLAS core %s, NumPy code "
+            "pinned: %s): sim and local results will differ in their last bits from other machines' for the "
+            "same seed. Import rsigym_env before NumPy, and install the package's NumPy (numpy<2.5.2: "
+            "OpenBLAS 0.3.34 sums otherwise on AMD Zen 4/5 hosts); see rsigym_env/numerics.py",
+            np.__version__, blas_core(), simd_is_pinned())
+    return canonical
 
 
 def simd_is_pinned() -> bool:
@@ -165,8 +163,7 @@ def simd_is_pinned() -> bool:
         return True
     from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
 
-    above = [t for t in __cpu_dispatch__ if t != CANONICAL_SIMD and not t.startswith("X86_V2")]
-    return not any(__cpu_features__.get(t) for t in above)
+    return not any(__cpu_features__.get(t) for t in __cpu_dispatch__ if t != CANONICAL_SIMD)
 
 
 def canonical_arithmetic() -> bool | None:
@@ -178,6 +175,6 @@ def canonical_arithmetic() -> bool | None:
     return canary_digest() == CANONICAL_DIGEST
 
 
-__all__ = ["CANONICAL_CORE", "CANONICAL_DIGEST", "CANONICAL_SIMD", "CORE_ENV", "SIMD_ENV", "X86_V3_FLAGS", "blas_core",
-           "blas_core_is_pinned", "canary_digest", "canonical_arithmetic", "check_arithmetic", "cpu_flags", "pin_blas_core", "pinned_core",
-           "simd_is_pinned"]
+__all__ = ["CANONICAL_CORE", "CANONICAL_DIGEST", "CANONICAL_SIMD", "CORE_ENV", "SIMD_ENV", "X86_V3_FLAGS",
+           "blas_core", "blas_core_is_pinned", "canary_digest", "canonical_arithmetic", "check_arithmetic",
+           "cpu_flags", "pin_blas_core", "pinned_core", "simd_is_pinned"]

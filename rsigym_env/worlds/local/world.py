@@ -97,6 +97,7 @@ class LocalWorld(ServiceWorld):
         from .lm.tinker_client import LocalServiceClient
         from .sandbox.service import LocalSandboxService
 
+        check_arithmetic()  # once a process: warns where the last bits would differ from other machines'
         self.scenario = scenario
         self.seed = seed
         self.options = LocalOptions.model_validate(scenario.world_options)
@@ -169,7 +170,6 @@ class LocalWorld(ServiceWorld):
                 log.warning("NumPy was loaded with other OpenBLAS kernels (%s) than the pinned ones (%s) before "
                             "rsigym_env was imported: training runs in a process of its own, with the pinned ones, so "
                             "its checkpoints are those of every other machine", blas_core(), os.environ.get(CORE_ENV))
-        check_arithmetic()
         if wanted and loadable_elsewhere(self.base_model):
             return TrainingProcess(self.run_dir / "tinker")
         return None
@@ -297,4 +297,3 @@ def tasks_cache() -> Path:
 def from_scenario(scenario: Scenario, seed: int, run_dir: Path | None = None) -> LocalWorld:
     """The registry's factory (``rsigym_env.worlds.WORLDS``)."""
     return LocalWorld(scenario, seed, run_dir)
-

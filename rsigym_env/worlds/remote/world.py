@@ -137,15 +137,17 @@ class RemoteWorld(ServiceWorld):
         self.rollout = RolloutService(teachers=CatalogTeachers(client=self.client, benchmark=self.benchmark),
                                       sandbox=self.sandbox, store=self.store, prices=self.prices, seed=seed)
         evaluation = self.options.evaluation
-        if tasks is not None or evaluation.tasks:
+        # recorded in every result: which held-out split it was scored on (never the secret or the nonce)
+        self.split = None if tasks is not None or evaluation.tasks else official_split(evaluation.official_split)
+        if self.split is None:
             self.official_split = {"mode": "given", "draw": "fixed"}  # the scenario (or caller) names the split
-        else:  # recorded in every result: which held-out split it was scored on (never the secret or the nonce)
-            self.split = official_split(evaluation.official_split)  # secret: this episode's own draw
-            self.official_split = self.split.info if self.split.mode == "secret" else {
-                "mode": "public", "id": f"split_seed={evaluation.split_seed}", "draw": "fixed"}
+        elif self.split.mode == "secret":  # this episode's own draw
+            self.official_split = self.split.info
+        else:
+            self.official_split = {"mode": "public", "id": f"split_seed={evaluation.split_seed}", "draw": "fixed"}
         self.tasks = dict(tasks) if tasks is not None else prepare_splits(
             evaluation, evaluation.dataset or self.benchmark.dataset, self.run_dir / "tasks", environ=env,
-            split=getattr(self, "split", None))
+            split=self.split)
         self.evaluation = RemoteEvalService(options=self.options.evaluation, model_for=self.chat_model,
                                             tasks=self.tasks, run_dir=self.run_dir / "evals", prices=self.prices,
                                             seed=seed, vcpus=sandbox.vcpus, memory_gib=sandbox.memory_gib,
