@@ -1,8 +1,10 @@
 """``SimWorld``: the five services over the latent model of :mod:`.model`, on a simulated clock.
 
 Every call is pure NumPy and microseconds long. Results of jobs are computed when they start and
-become visible when the clock reaches ``ready_at``. All randomness comes from generators seeded by
-``(seed, benchmark)``: the same calls on the same seed give the same results.
+become visible when the clock reaches ``ready_at``. All randomness comes from the world's counter-based
+streams (:mod:`.draws`, keyed by ``(seed, benchmark, stream)``): the same calls on the same seed give the
+same results, on any machine. The world itself is :func:`~.model.draw_worlds` with N = 1 (sim result
+version 5), so an array of N worlds (:class:`~.batch.SimBatch`) gives each one what it gives alone.
 
 >>> from rsigym_env.services import EvalRequest
 >>> world = SimWorld("aime", seed=0)
