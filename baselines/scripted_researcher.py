@@ -14,7 +14,7 @@ local world's ``harness.toml`` expose (a world with other harness files needs an
 >>> import gymnasium as gym, rsigym_env
 >>> from rsigym_env.episode import run_episode
 >>> env = gym.make("RSIGym/Joint-v0", benchmark="aime", budget_usd=500)
->>> result = run_episode(env, ScriptedResearcher(), seed=0)
+>>> result = run_episode(env, ScriptedResearcher(), seed=3)
 >>> result.terminated and result.reward > 0
 True
 """

@@ -1,14 +1,15 @@
 """The array core's kernels (``SimBatch``) per world and second, against the scalar sim and CartPole-v1.
 
-What a vector step of the sim can cost at best while it keeps today's results (each world's own
-random streams): for N = 1, 16, 256 worlds of one benchmark,
+What the array core's two heaviest kernels cost at sim result version 5 (counter-based draws): for
+N = 1, 16, 256 worlds of one benchmark,
 
 * ``eval dev k=3 batch``: ``SimBatch.evaluate`` of all N worlds (each its own skill, memory and
-  harness; fresh draws from each world's ``eval`` stream), in evaluations per second;
+  harness; the next draw of each world's ``eval`` stream), in evaluations per second;
 * ``eval dev k=3 scalar``: the same N evaluations by each ``SimWorld.evaluation`` (``_run``: no
   run, no ledger, no env around it);
-* ``draws only``: the N per-world ``rng("eval").random((n, 3, 13))`` calls inside the batch;
-* ``reset``: ``SimBatch.make`` (one ``SimWorld`` per seed: today's world draw), worlds per second.
+* ``draws only``: the batch's uniforms of one evaluation (``draws.uniforms``, N x n x 3);
+* ``reset``: ``draw_worlds`` of N seeds (the world draw of a reset, every transform batched), worlds
+  per second.
 
 ``same``: the batch's scores, bills and attempts equal the scalar's (twin worlds, same seeds).
 CartPole-v1 (``gym.make``, sampled actions) is measured at the start and end of the same run.
@@ -30,8 +31,10 @@ import rsigym_env  # noqa: F401  (first: it pins NumPy's BLAS kernels)
 import numpy as np
 
 from rsigym_env.services import EvalRequest
+from rsigym_env.worlds.sim import BENCHMARKS, SimWorld
 from rsigym_env.worlds.sim.batch import HarnessArrays, SimBatch
-from rsigym_env.worlds.sim.model import ATTEMPT_DRAWS
+from rsigym_env.worlds.sim.draws import uniforms
+from rsigym_env.worlds.sim.model import ModelState, draw_worlds
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_env import cartpole  # noqa: E402  (the same reference as bench_env.py)
@@ -49,17 +52,17 @@ def _rate(work: Callable[[], int], seconds: float) -> float:
 
 def measure(benchmark: str, n: int, seconds: float) -> dict[str, float | bool]:
     seeds = list(range(n))
-    twin, batch = SimBatch.make(benchmark, seeds), SimBatch.make(benchmark, seeds)
-    files = [{**w.initial_harness(), "harness.toml": TOMLS[i % len(TOMLS)]} for i, w in enumerate(batch.worlds)]
+    twin, batch = [SimWorld(benchmark, s) for s in seeds], SimBatch.make(benchmark, seeds)
+    files = [{**batch.initial_harness(), "harness.toml": TOMLS[i % len(TOMLS)]} for i in range(n)]
     harness = HarnessArrays.of(files)
     skill, memory = batch.base_skill + 0.1 * (np.arange(n) % 3), 0.05 * (np.arange(n) % 2)
     requests = [EvalRequest(checkpoint="base", harness_version="v", harness_files=f, k=3) for f in files]
-    for w, s, m in zip(twin.worlds, skill, memory):  # the twin's checkpoint has the batch's skill and memory
-        w._checkpoints["base"] = (w._checkpoints["base"][0].__class__(float(s), dev_memory=float(m)), 0.0)
+    for w, s, m in zip(twin, skill, memory):  # the twin's checkpoint has the batch's skill and memory
+        w.add_checkpoint("base", ModelState(float(s), dev_memory=float(m)), 0.0)
 
     out = batch.evaluate(skill, memory, harness, k=3)
     same = True
-    for i, (w, req) in enumerate(zip(twin.worlds, requests)):
+    for i, (w, req) in enumerate(zip(twin, requests)):
         billed = w.evaluation._run(req, official=False)
         same &= bool(out.score[i] == billed.value.score and out.usd[i] == billed.cost_usd
                      and out.success[i].astype(float).tolist() == billed.value.rewards)
@@ -69,17 +72,16 @@ def measure(benchmark: str, n: int, seconds: float) -> dict[str, float | bool]:
         return n
 
     def scalar() -> int:
-        for w, req in zip(twin.worlds, requests):
+        for w, req in zip(twin, requests):
             w.evaluation._run(req, official=False)
         return n
 
     def draws() -> int:
-        for w in batch.worlds:
-            w.rng("eval").random((batch.n_tasks, 3, ATTEMPT_DRAWS))
+        uniforms(batch.eval_keys, batch.eval_counters, batch.n_tasks * 3)
         return n
 
     def reset() -> int:
-        SimBatch.make(benchmark, seeds)
+        draw_worlds(BENCHMARKS[benchmark], seeds)
         return n
 
     return {"batch": _rate(batched, seconds), "scalar": _rate(scalar, seconds), "draws": _rate(draws, seconds),

@@ -138,7 +138,7 @@ def test_menu_mode_plays_the_shipped_policy_as_the_scalar_env(track):
     n = len(BENCHMARKS)
     vecs = [gym.make_vec(env_id, num_envs=1, menu=True, benchmark=b, budget_usd=500) for b in BENCHMARKS]
     singles = [DiscreteMenu(gym.make(env_id, benchmark=b, budget_usd=500)) for b in BENCHMARKS]
-    for seed in (0, 1):
+    for seed in (1, 2):  # at sim result version 5, seed 0's five systems leave the harness track nothing to fix
         returns = np.zeros((2, n))
         for j, (vec, single) in enumerate(zip(vecs, singles)):
             obs, info = vec.reset(seed=seed)

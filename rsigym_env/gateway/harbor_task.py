@@ -29,11 +29,11 @@ did; replayed by ``rsigym-call`` against a service run created with the same sce
 service computes the same normalized gain — and it is the service that scores it.
 
 >>> import tempfile
->>> task = export_harbor_task(tempfile.mkdtemp(), "sim-harness-aime-500", seed=0)
+>>> task = export_harbor_task(tempfile.mkdtemp(), "sim-harness-aime-500", seed=3)
 >>> sorted(p.name for p in task.path.iterdir())
 ['environment', 'instruction.md', 'solution', 'task.toml', 'tests']
 >>> task.solution.steps, round(task.solution.reward, 4)
-(8, 0.2692)
+(8, 0.55)
 """
 
 from __future__ import annotations

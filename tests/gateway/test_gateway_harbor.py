@@ -34,7 +34,7 @@ os.environ.setdefault("HARBOR_TELEMETRY", "0")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 SCENARIO = "sim-harness-aime-500"
-SEED = 0
+SEED = 3  # seed 3: a system whose replies get cut off, so the fix pays (sim result version 5)
 ADMIN = "harbor-test-admin-token-0123456789"
 PER_EXEC_ENV = "rsigym_env.worlds.local.harbor.environment:BubblewrapEnvironment"
 SESSION_ENV = "rsigym_env.gateway.harbor_session_env:SessionBubblewrapEnvironment"

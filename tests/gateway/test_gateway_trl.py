@@ -53,7 +53,7 @@ def test_the_tools_trl_finds_are_the_tool_models():
 
 
 def test_an_episode_played_as_trl_plays_it(env):
-    briefing = env.reset(seed=0, prompt=[{"role": "user", "content": "improve it"}], answer=None, extra_column=3)
+    briefing = env.reset(seed=3, prompt=[{"role": "user", "content": "improve it"}], answer=None, extra_column=3)  # seed 3: replies get cut off, so the fix pays (sim result version 5)
     assert "AIME" in briefing and "$50" in briefing
     tools = trl_tools(env)
     calls = [("evaluate", {"k": 1}), ("wait", {}), ("edit_harness", FIX), ("evaluate", {"k": 1}), ("wait", {})]

@@ -44,8 +44,8 @@ def run(track: str, ledger_path: Path, inject: dict[int, Any]) -> tuple[list[tup
     info, the audit seqs it added)."""
     env = gym.make(f"RSIGym/{track}-v0", world="sim", benchmark="aime", budget_usd=50, ledger_path=ledger_path)
     researcher = make_researcher("scripted")
-    obs, info = env.reset(seed=0)
-    researcher.reset(obs, info, seed=0)
+    obs, info = env.reset(seed=3)  # a system with the defects the scripted researcher fixes: a long episode
+    researcher.reset(obs, info, seed=3)
     ledger = env.unwrapped.platform.ledger
     steps: list[tuple[Any, dict[str, Any], range]] = []
     seen = (obs, info)  # the researcher only sees the results of its own actions

@@ -13,6 +13,11 @@ it is exposed to trips and no unneeded remedy interferes, so
 Training distils toward the data's level (scaled by the system's transfer) and can over-train; data
 carry a pass rate, duplicates and a share of dev-split prompts. ``CALIBRATION.md`` gives the source
 of every constant.
+
+Sim result version 5 (issue 27) is designed for arrays: N worlds are drawn at once from one block of
+counter-based uniforms each (:mod:`.draws`, :func:`draw_worlds`), an attempt's outcome is one uniform
+against its task's outcome chances (:func:`outcome_thresholds`), and data are drawn in aggregate. The
+scalar sim is the same code with N = 1.
 """
 
 from __future__ import annotations
@@ -21,21 +26,20 @@ import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
-from statistics import NormalDist
 from types import MappingProxyType
-from typing import Iterable, Literal, Mapping
+from typing import Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
 from ...catalog import FAILURE_MODES, HARNESS_ERROR, WRONG_ANSWER  # noqa: F401  (HARNESS_ERROR: re-exported)
-from .benchmarks import DEFECTS, MINIMAL_MAX_OUTPUT_TOKENS, TEACHER_DUPLICATES, Domain
+from .benchmarks import DEFECTS, MINIMAL_MAX_OUTPUT_TOKENS, TEACHER_DUPLICATES, Benchmark, Domain
+from .draws import benchmark_key, binomial, norm_ppf, seed_array, stream_keys, uniforms
 
 # Harness costs (fractions of an attempt's tokens / sandbox time).
 VERIFY_OVERHEAD = 0.15
 CHECK_OVERHEAD = 0.03
 # Task sampling.
 REPLY_DIFFICULTY_CORRELATION = 0.3  # harder tasks need longer replies
-STANDARD_NORMAL = NormalDist()
 FEASIBLE_MODEL_ALONE = 0.9  # the minimal harness's score must be reachable by a model solving < 90% alone
 # Data.
 FILTER_RECALL = 0.97  # a correct example passes the checker
@@ -176,7 +180,7 @@ def parse_harness(files: Mapping[str, str]) -> Harness:
 
 @dataclass(frozen=True)
 class SystemProfile:
-    """One world seed's target system (drawn by :func:`draw_profile`; never shown to a researcher)."""
+    """One world seed's target system (drawn by :func:`draw_worlds`; never shown to a researcher)."""
 
     present: np.ndarray  # (5,) bool: the system has the defect
     severity: np.ndarray  # (5,) chance an exposed attempt fails because of the defect (where present)
@@ -185,24 +189,10 @@ class SystemProfile:
     transfer: float  # share of the gap to the data's level that distillation can close (can be < 0)
 
 
-def draw_profile(rng: np.random.Generator, domain: Domain) -> SystemProfile:
-    """A target system: each defect the domain can have is present with its prevalence, with a severity
-    log-normal around the domain's; an unneeded remedy harms ``HARM_RATIO`` times as much."""
-    n = len(DEFECTS)
-    relevant = np.asarray(domain.exposure) > 0
-    present = relevant & (rng.random(n) < np.asarray(domain.prevalence))
-    severity = np.minimum(SEVERITY_MAX, np.asarray(domain.severity) * np.exp(SEVERITY_SPREAD * rng.standard_normal(n)))
-    harm = np.where(relevant, np.minimum(SEVERITY_MAX, HARM_RATIO * severity), 0.0)
-    shift = {t: float(TEACHER_SPREAD * rng.standard_normal()) for t in sorted(domain.teacher_accuracy)}
-    transfer = float(TRANSFER_MEAN + TRANSFER_SD * rng.standard_normal())
-    for array in (present, severity, harm):
-        array.flags.writeable = False
-    return SystemProfile(present, severity, harm, MappingProxyType(shift), transfer)
-
-
 @dataclass(frozen=True)
 class TaskSet:
-    """The latent properties of a split's tasks on one target system."""
+    """The latent properties of a split's tasks on one target system, or on N systems with a leading
+    dimension (``difficulty`` (N, n) and so on)."""
 
     difficulty: np.ndarray  # (n,) logits
     reply_tokens: np.ndarray  # (n,) longest reply an attempt needs
@@ -211,7 +201,7 @@ class TaskSet:
     present: np.ndarray  # (5,) the system's defects
 
     def __len__(self) -> int:
-        return len(self.difficulty)
+        return self.difficulty.shape[-1]
 
     def exposed(self, harness: Harness) -> np.ndarray:
         """(n, 5) bool: the task is exposed to the defect and the harness leaves it active."""
@@ -222,7 +212,13 @@ class TaskSet:
         return interfered_mask(self.interference, self.present, harness.applied)
 
     def head(self, n: int) -> TaskSet:
-        return TaskSet(self.difficulty[:n], self.reply_tokens[:n], self.flags[:n], self.interference[:n], self.present)
+        """The first ``n`` tasks (of every world)."""
+        return TaskSet(self.difficulty[..., :n], self.reply_tokens[..., :n], self.flags[..., :n, :],
+                       self.interference[..., :n, :], self.present)
+
+    def row(self, i: int) -> TaskSet:
+        """World ``i``'s tasks (of N)."""
+        return TaskSet(self.difficulty[i], self.reply_tokens[i], self.flags[i], self.interference[i], self.present[i])
 
 
 def exposed_mask(reply_tokens: np.ndarray, flags: np.ndarray, present: np.ndarray, max_output_tokens: int | np.ndarray,
@@ -247,28 +243,134 @@ def interfered_mask(interference: np.ndarray, present: np.ndarray, applied: np.n
     return interference & (applied & ~present)[..., None, :]
 
 
-def stratified_normal(rng: np.random.Generator, n: int) -> np.ndarray:
-    """``n`` standard normal draws, one from each of ``n`` equal-probability strata, in random order."""
-    inv_cdf = STANDARD_NORMAL.inv_cdf
-    return np.array([inv_cdf(u) for u in ((rng.permutation(n) + rng.random(n)) / n).tolist()])
+TASK_DRAWS = 4 + len(DEFECTS) - 1 + len(DEFECTS)
+"""Uniforms per task: two stratified normals (a rank key and a jitter each), one per exposure flag,
+one per interference flag."""
 
 
-def draw_tasks(rng: np.random.Generator, domain: Domain, n: int, present: np.ndarray | None = None) -> TaskSet:
-    """``n`` tasks of a domain on a system with the defects ``present`` (default: all the domain's):
-    stratified normal difficulty, log-normal reply length (longer when harder; rarely over 4096 tokens
-    where truncation is not a defect), per defect an exposure flag and per remedy an interference flag,
-    each on a random ``round(rate * n)`` of the tasks."""
-    if present is None:
-        present = np.asarray(domain.exposure) > 0
-    z, noise = stratified_normal(rng, n), stratified_normal(rng, n)
+def stratified_normal(keys: np.ndarray, jitter: np.ndarray) -> np.ndarray:
+    """(..., n) standard normals, one from each of n equal-probability strata in a random order: the
+    stratum of an element is its rank in ``keys``, its place in the stratum ``jitter`` (uniforms)."""
+    n = keys.shape[-1]
+    order = keys.argsort(axis=-1, kind="stable")
+    return norm_ppf((order + jitter) / n)
+
+
+def draw_tasks(u: np.ndarray, domain: Domain, present: np.ndarray) -> TaskSet:
+    """Tasks of a domain on N systems with the defects ``present`` (N, 5), from uniforms ``u``
+    (N, TASK_DRAWS, n): stratified normal difficulty, log-normal reply length (longer when harder;
+    rarely over 4096 tokens where truncation is not a defect), per defect an exposure flag and per
+    remedy an interference flag, each on a random ``round(rate * n)`` of the tasks."""
+    n, n_defects = u.shape[-1], len(DEFECTS)
+    z = stratified_normal(u[..., 0, :], u[..., 1, :])
+    noise = stratified_normal(u[..., 2, :], u[..., 3, :])
     rho = REPLY_DIFFICULTY_CORRELATION
-    median = domain.reply_log_median if present[0] else domain.reply_log_median_at(ABSENT_TRUNCATION)
+    median = np.where(present[..., :1], domain.reply_log_median, domain.reply_log_median_at(ABSENT_TRUNCATION))
     log_reply = median + domain.reply_sigma * (rho * z + math.sqrt(1 - rho**2) * noise)
     rates = np.asarray(domain.exposure)
-    exposed_count = np.round(rates[1:] * n)  # each rate holds exactly in every split
-    flags = rng.random((n, len(DEFECTS) - 1)).argsort(axis=0) < exposed_count
-    interference = rng.random((n, len(DEFECTS))).argsort(axis=0) < np.round(rates * n)
-    return TaskSet(domain.difficulty_sd * z, np.exp(log_reply), flags, interference, np.asarray(present, dtype=bool))
+    counts = np.round(np.concatenate([rates[1:], rates]) * n).astype(np.intp)
+    chosen = np.swapaxes(smallest(u[..., 4:, :], counts), -1, -2)  # (..., n, 9): exact rates in every split
+    flags, interference = chosen[..., : n_defects - 1], chosen[..., n_defects - 1 :]
+    return TaskSet(domain.difficulty_sd * z, np.exp(log_reply), flags, interference, present)
+
+
+def smallest(keys: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """(..., m, n) bool: per row j of the last two axes, the ``counts[j]`` elements with the smallest keys
+    (a random subset of that size when the keys are uniforms; distinct keys assumed).
+
+    >>> smallest(np.array([[0.3, 0.1, 0.2], [0.3, 0.1, 0.2]]), np.array([2, 0])).astype(int).tolist()
+    [[0, 1, 1], [0, 0, 0]]
+    """
+    ordered = np.sort(keys, axis=-1)
+    last = ordered[..., np.arange(len(counts)), np.maximum(counts - 1, 0)]
+    return (keys <= last[..., None]) & (counts > 0)[:, None]
+
+
+@dataclass(frozen=True)
+class Worlds:
+    """N worlds of one benchmark, drawn at once (:func:`draw_worlds`): arrays with a leading N."""
+
+    present: np.ndarray  # (N, 5) bool
+    severity: np.ndarray  # (N, 5)
+    harm: np.ndarray  # (N, 5)
+    teacher_shift: np.ndarray  # (N, T) in ``sorted(domain.teacher_accuracy)`` order
+    transfer: np.ndarray  # (N,)
+    threshold: np.ndarray  # (N,) robustness: cumulative intensity before damage
+    damage_scale: np.ndarray  # (N,)
+    official: TaskSet  # (N, n) tasks
+    dev: TaskSet
+    base_skill: np.ndarray  # (N,) calibrated so that the minimal harness's official avg is the paper's
+    official_u: np.ndarray  # (N, n, MAX_ATTEMPTS) the fixed uniforms of official attempts
+
+    def __len__(self) -> int:
+        return len(self.transfer)
+
+    def profile(self, i: int, domain: Domain) -> SystemProfile:
+        shift = dict(zip(sorted(domain.teacher_accuracy), self.teacher_shift[i].tolist()))
+        arrays = (self.present[i].copy(), self.severity[i].copy(), self.harm[i].copy())
+        for array in arrays:
+            array.flags.writeable = False
+        return SystemProfile(*arrays, MappingProxyType(shift), float(self.transfer[i]))
+
+
+MAX_ATTEMPTS = 8  # EvalRequest.k's upper bound: columns of the official uniforms
+
+
+def draw_worlds(benchmark: Benchmark, seeds: Sequence[int] | np.ndarray) -> Worlds:
+    """N worlds (one per seed) from one block of uniforms each, every transform batched over N.
+
+    A world is a target system (each defect the domain can have present with its prevalence, a severity
+    log-normal around the domain's, an unneeded remedy harming ``HARM_RATIO`` times as much; each
+    teacher's accuracy shifted in logits; a transfer share), its model's robustness, dev and official
+    tasks and the base skill calibrated on the official tasks. An official set whose defects alone forbid
+    the paper's score is redrawn (rarely) from the world's next block. Row i depends on seed i only.
+    """
+    domain, n = benchmark.domain, benchmark.n_tasks
+    seeds = seed_array(seeds)
+    size, n_defects = len(seeds), len(DEFECTS)
+    teachers = len(domain.teacher_accuracy)
+    key_world = stream_keys(seeds, benchmark_key(benchmark.id), "world")
+    head = 2 * n_defects + teachers + 3
+    block = uniforms(key_world, np.zeros(size, np.uint64), head + 2 * n * TASK_DRAWS)
+    u_present, z = block[:, :n_defects], norm_ppf(block[:, n_defects:head])
+    relevant = np.asarray(domain.exposure) > 0
+    present = relevant & (u_present < np.asarray(domain.prevalence))
+    severity = np.minimum(SEVERITY_MAX, np.asarray(domain.severity) * np.exp(SEVERITY_SPREAD * z[:, :n_defects]))
+    harm = np.where(relevant, np.minimum(SEVERITY_MAX, HARM_RATIO * severity), 0.0)
+    shift = TEACHER_SPREAD * z[:, n_defects : n_defects + teachers]
+    transfer = TRANSFER_MEAN + TRANSFER_SD * z[:, n_defects + teachers]
+    low, high = THRESHOLD_RANGE
+    threshold = low + (high - low) * block[:, head - 2]
+    damage_scale = DAMAGE_SCALE_MEDIAN * np.exp(DAMAGE_SCALE_SPREAD * z[:, -1])
+    tasks_u = block[:, head:].reshape(size, 2, TASK_DRAWS, n)
+    dev = draw_tasks(tasks_u[:, 0], domain, present)
+    official = draw_tasks(tasks_u[:, 1], domain, present)
+    ceiling = official_ceiling(official, severity)
+    target = benchmark.initial_score
+    redraw = np.flatnonzero(FEASIBLE_MODEL_ALONE * ceiling.mean(axis=-1) <= target)
+    attempt = 0
+    while redraw.size:  # the (rare) official sets whose defects alone forbid the paper's score
+        attempt += 1
+        if attempt > 100:
+            raise RuntimeError(f"no feasible official task set for seeds {seeds[redraw].tolist()}")
+        more = uniforms(key_world[redraw], np.full(redraw.size, attempt, np.uint64), n * TASK_DRAWS)
+        tasks = draw_tasks(more.reshape(redraw.size, TASK_DRAWS, n), domain, present[redraw])
+        for name in ("difficulty", "reply_tokens", "flags", "interference"):
+            getattr(official, name)[redraw] = getattr(tasks, name)
+        ceiling[redraw] = official_ceiling(tasks, severity[redraw])
+        redraw = redraw[FEASIBLE_MODEL_ALONE * ceiling[redraw].mean(axis=-1) <= target]
+    base_skill = calibrate_skill(official.difficulty, ceiling, target)
+    key_official = stream_keys(seeds, benchmark_key(benchmark.id), "official")
+    official_u = uniforms(key_official, np.zeros(size, np.uint64), n * MAX_ATTEMPTS).reshape(size, n, MAX_ATTEMPTS)
+    return Worlds(present, severity, harm, shift, transfer, threshold, damage_scale, official, dev, base_skill,
+                  official_u)
+
+
+def official_ceiling(tasks: TaskSet, severity: np.ndarray) -> np.ndarray:
+    """(N, n): each task's chance that no defect of the minimal harness trips (its score ceiling)."""
+    minimal = Harness()
+    exposed = exposed_mask(tasks.reply_tokens, tasks.flags, tasks.present, minimal.max_output_tokens, minimal.active)
+    return np.prod(1.0 - exposed * severity[..., None, :], axis=-1)
 
 
 def defect_pass(tasks: TaskSet, harness: Harness, severity: np.ndarray, harm: np.ndarray | None = None) -> np.ndarray:
@@ -288,80 +390,98 @@ def success_prob(
     return p + memory * (1.0 - p)
 
 
-def calibrate_skill(difficulty: np.ndarray, factor: np.ndarray, target: float) -> float:
-    """The skill ``s`` with ``mean(sigmoid(s - d) * factor) == target`` (safeguarded Newton)."""
-    n, total = len(difficulty), np.add.reduce  # float(total(x)) / n is np.mean(x), bit for bit, minus its overhead
-    if not 0.0 < target < float(total(factor)) / n:
-        raise ValueError(f"target {target} is not reachable (ceiling {np.mean(factor):.4f})")
-    ones = bool((factor == 1.0).all())  # x * 1.0 is x: skip those products
-    low, high, s = -60.0, 60.0, 0.0
-    for _ in range(200):
-        q = 1.0 / (1.0 + np.exp(-(s - difficulty)))  # sigmoid
-        gap = float(total(q if ones else q * factor)) / n - target
-        if abs(gap) < 1e-13:
-            break
-        low, high = (low, s) if gap > 0 else (s, high)
-        spread = q * (1.0 - q)
-        slope = float(total(spread if ones else spread * factor)) / n
-        step = s - gap / slope if slope > 0 else math.nan
-        s = step if low < step < high else 0.5 * (low + high)
-    return s
+def calibrate_skill(difficulty: np.ndarray, factor: np.ndarray, target: float | np.ndarray) -> np.ndarray:
+    """The skill ``s`` with ``mean(sigmoid(s - d) * factor) == target`` (safeguarded Newton), per row
+    of ``difficulty`` (..., n); each row stops on its own, so a row's result does not depend on the others.
 
-
-ATTEMPT_DRAWS = 2 * len(DEFECTS) + 3
-"""Uniforms per attempt: solve, one per defect, dev memory, which triggered defect to blame, one per remedy."""
-_HARM_DRAWS = slice(len(DEFECTS) + 3, 2 * len(DEFECTS) + 3)
-
-
-def _blame_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Look-up tables over the set of triggered defects as a bit mask (bit j: defect j):
-    ``(bits, count, blame)`` with ``count[mask]`` its size and ``blame[mask, p]`` the ``p``-th (0-based)
-    defect in it; ``wrong_answer`` for the empty set, 0 past its size (``argmax`` of nothing true)."""
-    n = len(DEFECTS)
-    count = np.zeros(1 << n, dtype=np.intp)
-    blame = np.zeros((1 << n, n + 1), dtype=np.intp)
-    blame[0] = FAILURE_MODES.index(WRONG_ANSWER)
-    for mask in range(1, 1 << n):
-        on = [j for j in range(n) if mask >> j & 1]
-        count[mask] = len(on)
-        blame[mask, : len(on)] = on
-    return 1 << np.arange(n, dtype=np.intp), count, blame
-
-
-_DEFECT_BITS, _TRIGGERED_COUNT, _BLAME = _blame_tables()
-
-
-def simulate_attempts(
-    draws: np.ndarray, solve: np.ndarray, exposed: np.ndarray, severity: np.ndarray, memory: float | np.ndarray,
-    interfered: np.ndarray | None = None, harm: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Outcomes of attempts from uniforms ``draws`` (n, k, ATTEMPT_DRAWS).
-
-    Returns ``success`` (n, k) and ``label`` (n, k): the index in ``FAILURE_MODES`` of the cause of
-    each failure (a triggered defect picked at random, else ``wrong_answer``), -1 on success.
-    An unneeded remedy that interferes (``interfered`` (n, 5), each with its ``harm``) fails the
-    attempt as ``wrong_answer`` unless a defect also tripped. Outcomes are monotone in skill, in the
-    defects fixed and in the unneeded remedies removed, for fixed draws.
-
-    The blamed defect is the ``floor(u * n_triggered)``-th triggered one (``u`` the attempt's last
-    uniform), read from a table indexed by the triggered defects' bit mask.
-
-    Batched: with leading dimensions (N worlds, say) on every argument (``draws`` (N, n, k, D),
-    ``solve`` (N, n), ``exposed`` (N, n, 5), ``severity`` (N, 5), ``memory`` (N,) ...) each row is
-    what the unbatched call on that row gives, element for element (the array core, issue 27).
+    >>> float(calibrate_skill(np.zeros(4), np.ones(4), 0.5))
+    0.0
     """
-    n_defects = len(DEFECTS)
-    severity, memory = np.asarray(severity), np.asarray(memory)
-    triggered = exposed[..., None, :] & (draws[..., 1 : 1 + n_defects] < severity[..., None, None, :])
-    mask = triggered @ _DEFECT_BITS  # (n, k): which defects tripped, one bit each
-    pick = np.floor(draws[..., 2 + n_defects] * _TRIGGERED_COUNT[mask]).astype(np.intp)
-    success = (draws[..., 0] < solve[..., None]) & (mask == 0)
+    difficulty = np.asarray(difficulty, dtype=float)
+    factor = np.broadcast_to(np.asarray(factor, dtype=float), difficulty.shape)
+    shape, n = difficulty.shape[:-1], difficulty.shape[-1]
+    d, f = difficulty.reshape(-1, n), factor.reshape(-1, n)
+    goal = np.broadcast_to(np.asarray(target, dtype=float), shape).reshape(-1)
+    ceiling = np.add.reduce(f, axis=-1) / n
+    if not ((0.0 < goal) & (goal < ceiling)).all():
+        raise ValueError(f"target {goal.tolist()} is not reachable (ceiling {ceiling.round(4).tolist()})")
+    rows = len(goal)
+    low, high, s = np.full(rows, -60.0), np.full(rows, 60.0), np.zeros(rows)
+    live = np.arange(rows)
+    for _ in range(200):
+        q = 1.0 / (1.0 + np.exp(-(s[live, None] - d[live])))
+        gap = np.add.reduce(q * f[live], axis=-1) / n - goal[live]
+        going = np.abs(gap) >= 1e-13
+        live, q, gap = live[going], q[going], gap[going]
+        if not live.size:
+            break
+        above = gap > 0
+        high[live] = np.where(above, s[live], high[live])
+        low[live] = np.where(above, low[live], s[live])
+        slope = np.add.reduce(q * (1.0 - q) * f[live], axis=-1) / n
+        with np.errstate(divide="ignore", invalid="ignore"):
+            step = np.where(slope > 0, s[live] - gap / slope, np.nan)
+        inside = (low[live] < step) & (step < high[live])
+        s[live] = np.where(inside, step, 0.5 * (low[live] + high[live]))
+    return s.reshape(shape)
+
+
+OUTCOMES = 1 + len(DEFECTS) + 1
+"""Outcome categories of an attempt: success, each defect, wrong_answer."""
+
+
+def outcome_thresholds(
+    solve: np.ndarray, exposed: np.ndarray, severity: np.ndarray, memory: float | np.ndarray,
+    interfered: np.ndarray | None = None, harm: np.ndarray | None = None,
+) -> np.ndarray:
+    """(..., n, 1 + 5): the cumulative chances of an attempt's outcomes, in the order success, then the
+    failure blamed on each defect; the rest is ``wrong_answer``.
+
+    An attempt succeeds when the model solves the task (``solve``), no active defect it is exposed to
+    trips (defect j with ``exposed_j * severity_j``) and no unneeded remedy interferes (``interfered_j *
+    harm_j``), or when a dev task is recalled (``memory``). A failure where some defect tripped is blamed
+    on one of them, defect j in proportion to its trip chance; otherwise it is a ``wrong_answer``.
+    Batched over leading dimensions (N worlds: ``solve`` (N, n), ``exposed`` (N, n, 5), ``severity``
+    (N, 5), ``memory`` (N,) ...), each row as alone.
+
+    >>> t = outcome_thresholds(np.array([0.5]), np.array([[1, 0, 0, 0, 0]], bool), np.array([0.5, 0, 0, 0, 0]), 0.0)
+    >>> t.round(3).tolist()
+    [[0.25, 0.75, 0.75, 0.75, 0.75, 0.75]]
+    """
+    memory = np.asarray(memory, dtype=float)[..., None]
+    severity = np.asarray(severity)[..., None, :]
+    trip = [exposed[..., j] * severity[..., j] for j in range(exposed.shape[-1])]  # columns: no short reductions
+    defect_pass, total = 1.0 - trip[0], trip[0]
+    for column in trip[1:]:
+        defect_pass = defect_pass * (1.0 - column)
+        total = total + column
+    p = solve * defect_pass
     if interfered is not None and harm is not None and interfered.any():
-        harmed = interfered[..., None, :] & (draws[..., _HARM_DRAWS] < np.asarray(harm)[..., None, None, :])
-        success &= ~harmed.any(axis=-1)
-    if (memory > 0.0).any():  # uniforms are never below 0: nothing is recalled without memory
-        success |= draws[..., 1 + n_defects] < memory[..., None, None]
-    return success, np.where(success, -1, _BLAME[mask, pick])
+        harm = np.asarray(harm)[..., None, :]
+        for j in range(interfered.shape[-1]):
+            p = p * (1.0 - interfered[..., j] * harm[..., j])
+    success = p + memory * (1.0 - p)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        blamed = np.where(total > 0, (1.0 - memory) * (1.0 - defect_pass) / total, 0.0)
+    out = np.empty(success.shape + (1 + len(trip),))
+    out[..., 0] = running = success
+    for j, column in enumerate(trip):
+        out[..., j + 1] = running = running + blamed * column
+    return out
+
+
+def attempt_labels(u: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """(..., n, k) outcome of each attempt from its uniform ``u`` (..., n, k): -1 on success, else the
+    index in ``FAILURE_MODES`` of its failure (a defect, or ``wrong_answer``). Monotone: for a fixed
+    ``u``, a higher success chance never turns a success into a failure.
+
+    >>> attempt_labels(np.array([[0.1, 0.5, 0.9]]), np.array([[0.25, 0.75, 0.75, 0.75, 0.75, 0.75]])).tolist()
+    [[-1, 0, 5]]
+    """
+    label = np.full(u.shape, -1, dtype=np.intp)
+    for j in range(thresholds.shape[-1]):
+        label += u >= thresholds[..., j, None]
+    return label
 
 
 def attempt_tokens(
@@ -436,8 +556,26 @@ class Generation:
     output_tokens: int
 
 
+GENERATE_DRAWS = 3
+"""Uniforms per generated dataset: cut completions, correct ones, duplicates."""
+
+
+def truncated_mean_tokens(median: float, sigma: float, cap: float) -> tuple[float, float]:
+    """(mean of ``min(X, cap)``, chance ``X > cap``) for a log-normal completion length ``X``.
+
+    >>> mean, over = truncated_mean_tokens(1000.0, 0.5, 1e9)
+    >>> round(mean / (1000.0 * math.exp(0.125)), 6), round(over, 6)
+    (1.0, 0.0)
+    """
+    mu = math.log(median)
+    z = (math.log(cap) - mu) / sigma
+    over = 0.5 * math.erfc(z / math.sqrt(2.0))
+    below = 0.5 * math.erfc(-(z - sigma) / math.sqrt(2.0))
+    return math.exp(mu + sigma * sigma / 2.0) * below + cap * over, over
+
+
 def generate_dataset(
-    rng: np.random.Generator,
+    u: np.ndarray,
     domain: Domain,
     teacher: str,
     teacher_skill: float,
@@ -448,21 +586,24 @@ def generate_dataset(
     n_dev_tasks: int,
     accuracy: float | None = None,
 ) -> Generation:
-    """Teacher examples: each is correct with the teacher's accuracy on the system's tasks (default: the
-    domain's) unless its completion hits the cap."""
-    completion = rng.lognormal(math.log(domain.example_completion_median), domain.example_completion_sigma, n)
-    cut = completion > max_tokens
-    correct = ~cut & (rng.random(n) < (domain.teacher_accuracy[teacher] if accuracy is None else accuracy))
+    """Teacher examples, drawn in aggregate from ``GENERATE_DRAWS`` uniforms ``u``: a completion longer
+    than the cap is cut off (log-normal lengths), an uncut one is correct with the teacher's accuracy on
+    the system's tasks (default: the domain's); the completion tokens are their expected total."""
+    mean_tokens, over = truncated_mean_tokens(domain.example_completion_median, domain.example_completion_sigma,
+                                              max_tokens)
+    cut = int(binomial(n, over, u[0]))
+    acc = domain.teacher_accuracy[teacher] if accuracy is None else accuracy
+    n_correct = int(binomial(n - cut, acc, u[1]))
     duplicate_rate = TEACHER_DUPLICATES[teacher]
     if source == "dev":
         repeated = max(0.0, 1.0 - n_dev_tasks / n)
         duplicate_rate += (1.0 - duplicate_rate) * DEV_PROMPT_DUPLICATION * repeated
-    output_tokens = int(np.minimum(completion, max_tokens).sum())
+    output_tokens = round(n * mean_tokens)
     dataset = Dataset(
         origin=f"{teacher} x {n} ({source})",
         n=n,
-        n_correct=int(correct.sum()),
-        n_duplicate=int(rng.binomial(n, duplicate_rate)),
+        n_correct=n_correct,
+        n_duplicate=int(binomial(n, duplicate_rate, u[2])),
         n_dev=n if source == "dev" else 0,
         tokens=n * domain.example_prompt_tokens + output_tokens,
         teacher_skill=teacher_skill,
@@ -508,17 +649,17 @@ def _kept(data: Dataset, n_correct: int, n_incorrect: int, n_duplicate: int, ori
     )
 
 
-def filter_dataset(rng: np.random.Generator, data: Dataset, origin: str) -> Dataset:
-    """Keep the examples that pass the domain's checker (which is right most of the time)."""
-    kept_correct = int(rng.binomial(data.n_correct, FILTER_RECALL))
-    kept_incorrect = int(rng.binomial(data.n - data.n_correct, FILTER_FALSE_PASS))
+def filter_dataset(u: np.ndarray, data: Dataset, origin: str) -> Dataset:
+    """Keep the examples that pass the domain's checker (which is right most of the time); two uniforms."""
+    kept_correct = int(binomial(data.n_correct, FILTER_RECALL, u[0]))
+    kept_incorrect = int(binomial(data.n - data.n_correct, FILTER_FALSE_PASS, u[1]))
     share = (kept_correct + kept_incorrect) / data.n if data.n else 0.0
     return _kept(data, kept_correct, kept_incorrect, round(data.n_duplicate * share), origin)
 
 
-def dedupe_dataset(rng: np.random.Generator, data: Dataset, origin: str) -> Dataset:
-    """Drop the near-duplicates the dedupe finds."""
-    removed = int(rng.binomial(data.n_duplicate, DEDUPE_RECALL))
+def dedupe_dataset(u: np.ndarray, data: Dataset, origin: str) -> Dataset:
+    """Drop the near-duplicates the dedupe finds; one uniform."""
+    removed = int(binomial(data.n_duplicate, DEDUPE_RECALL, u[0]))
     removed_correct = round(removed * data.pass_rate)
     n_correct = data.n_correct - removed_correct
     n_incorrect = data.n - data.n_correct - (removed - removed_correct)
@@ -549,13 +690,6 @@ class Robustness:
     def damage(self, intensity: float) -> float:
         excess = max(0.0, intensity - self.threshold)
         return min(DAMAGE_MAX, self.damage_scale * excess**DAMAGE_EXPONENT)
-
-
-def draw_robustness(rng: np.random.Generator) -> Robustness:
-    return Robustness(
-        threshold=float(rng.uniform(*THRESHOLD_RANGE)),
-        damage_scale=float(DAMAGE_SCALE_MEDIAN * math.exp(DAMAGE_SCALE_SPREAD * rng.standard_normal())),
-    )
 
 
 @dataclass(frozen=True)
@@ -596,7 +730,7 @@ def learned_fraction(settings: TrainSettings, effective_size: float, scale: floa
 
 
 def train_model(
-    rng: np.random.Generator,
+    z: float,
     parent: ModelState,
     data: Dataset,
     settings: TrainSettings,
@@ -606,7 +740,7 @@ def train_model(
     target: float | None = None,
 ) -> ModelState:
     """One training run: move toward ``target`` (default: the data's level), lose skill past the seed's
-    tolerance, add noise."""
+    tolerance, add noise (``z``: a standard normal)."""
     u = settings.intensity
     seen = float(np.mean([parent.exposure.get(root, 0.0) for root in data.roots]))
     before = learned_fraction(settings, data.effective_size, domain.examples_scale, seen)
@@ -616,7 +750,7 @@ def train_model(
     damage = robustness.damage(total) - robustness.damage(parent.intensity)
     goal = data.target(domain.incorrect_penalty) if target is None else target
     pull = step * (goal - parent.skill)
-    skill = parent.skill + pull - damage + TRAIN_NOISE * rng.standard_normal()
+    skill = parent.skill + pull - damage + TRAIN_NOISE * z
     coverage = 1.0 - math.exp(-data.n_dev / n_dev_tasks)
     recall = min(DEV_MEMORY_MAX, DEV_MEMORY_RATE * math.sqrt(u)) * (data.n_dev / data.n) * coverage
     exposure = dict(parent.exposure)
@@ -631,9 +765,10 @@ def train_model(
 
 
 def loss_curve(
-    rng: np.random.Generator, steps: int, settings: TrainSettings, gap: float, pass_rate: float, max_points: int = 200
+    u: np.ndarray, steps: int, settings: TrainSettings, gap: float, pass_rate: float, max_points: int = 200
 ) -> list[float]:
-    """A plausible noisy training loss: fast early drop, a step down at each new epoch, noise ~ 1/sqrt(batch)."""
+    """A plausible noisy training loss: fast early drop, a step down at each new epoch, noise ~ 1/sqrt(batch)
+    (from uniforms ``u``, at least ``max_points`` of them)."""
     at = np.unique(np.linspace(1, steps, min(steps, max_points)).round().astype(int))
     progress = at / steps * settings.num_epochs  # epochs done
     start = 0.5 + 0.1 * max(gap, 0.0) + 0.6 * (1.0 - pass_rate)
@@ -641,5 +776,5 @@ def loss_curve(
     speed = 4.0 * min(settings.learning_rate / REFERENCE_LR, 3.0)
     epochs_done = np.floor(np.minimum(progress, settings.num_epochs - 1e-9))
     loss = floor + (start - floor) * np.exp(-speed * progress) - 0.06 * epochs_done
-    noise = 0.03 * math.sqrt(REFERENCE_BATCH / settings.batch_size) * rng.standard_normal(len(at))
+    noise = 0.03 * math.sqrt(REFERENCE_BATCH / settings.batch_size) * norm_ppf(u[: len(at)])
     return [round(v, 4) for v in np.maximum(loss + noise, 0.01).tolist()]

@@ -1,8 +1,10 @@
 """``SimWorld``: the five services over the latent model of :mod:`.model`, on a simulated clock.
 
 Every call is pure NumPy and microseconds long. Results of jobs are computed when they start and
-become visible when the clock reaches ``ready_at``. All randomness comes from generators seeded by
-``(seed, benchmark)``: the same calls on the same seed give the same results.
+become visible when the clock reaches ``ready_at``. All randomness comes from the world's counter-based
+streams (:mod:`.draws`, keyed by ``(seed, benchmark, stream)``): the same calls on the same seed give the
+same results, on any machine. The world itself is :func:`~.model.draw_worlds` with N = 1 (sim result
+version 5), so an array of N worlds (:class:`~.batch.SimBatch`) gives each one what it gives alone.
 
 >>> from rsigym_env.services import EvalRequest
 >>> world = SimWorld("aime", seed=0)
@@ -21,7 +23,6 @@ import json
 import math
 import re
 import shlex
-import zlib
 from typing import Any
 
 import numpy as np
@@ -47,10 +48,9 @@ from rsigym_env.tools import GenerateData, Infer, SandboxExec, Train, TransformD
 from ..lifecycle import WorldLifecycle
 from .benchmarks import BENCHMARKS
 from .clock import SimClock
+from .draws import Streams, benchmark_key
 from .model import (
-    ATTEMPT_DRAWS,
     FAILURE_MODES,
-    FEASIBLE_MODEL_ALONE,
     HARNESS_ERROR,
     Dataset,
     Harness,
@@ -61,17 +61,18 @@ from .model import (
     attempt_tokens,
     calibrate_skill,
     dedupe_dataset,
-    defect_pass,
-    draw_profile,
-    draw_robustness,
-    draw_tasks,
+    Robustness,
+    attempt_labels,
+    draw_worlds,
     filter_dataset,
     generate_dataset,
+    GENERATE_DRAWS,
     loss_curve,
     mix_datasets,
+    norm_ppf,
+    outcome_thresholds,
     parse_harness,
     sigmoid,
-    simulate_attempts,
     success_prob,
     train_model,
 )
@@ -96,14 +97,13 @@ PROMPT_MD = """\
 You are an agent solving a {title} task. Read the task, work step by step, and finish with your answer.
 """
 
-MAX_ATTEMPTS = 8  # EvalRequest.k's upper bound: columns of the official draw matrix
 HARNESS_ERROR_SANDBOX_S = 10.0  # an attempt that dies while loading the harness
 TRANSFORM_STARTUP_S = 10.0
 TRANSFORM_SECONDS_PER_EXAMPLE = {"dedupe": 0.01, "mix": 0.002}  # filter: the domain's check_seconds
 INFER_TOKENS_PER_SECOND = 80.0
 INFER_LATENCY_S = 0.5
-STREAMS = ("tasks", "official", "robustness", "data", "train", "eval", "infer", "system")
 TASK_PROMPT = re.compile(r"task:dev/(\d+)")
+LOSS_POINTS = 200  # points of a training job's loss curve (at most)
 SANDBOX_NOT_MODELLED = "sim sandbox: command not modelled; the sim world runs no code (use world='local')\n"
 
 
@@ -133,23 +133,6 @@ class SimOptions(BaseModel):
         if isinstance(data, dict) and (unknown := set(data) - set(cls.model_fields)):
             raise ValueError(f"unknown sim options {sorted(unknown)}; options are {', '.join(cls.model_fields)}")
         return data
-
-
-class _Streams(dict):
-    """The world's random streams by name, each seeded by ``(seed, benchmark key, its index in STREAMS)``
-    and made on first use (seeding one costs more than most calls that draw from it)."""
-
-    def __init__(self, seed: int, key: int):
-        super().__init__()
-        self.seed, self.key = seed, key
-
-    def __missing__(self, name: str) -> np.random.Generator:
-        if name not in STREAMS:
-            raise KeyError(name)
-        # default_rng(entropy) without its overhead: the same generator, bit for bit
-        seeds = np.random.SeedSequence([self.seed, self.key, STREAMS.index(name)])
-        rng = self[name] = np.random.Generator(np.random.PCG64(seeds))
-        return rng
 
 
 class SimWorld(WorldLifecycle):
@@ -186,21 +169,14 @@ class SimWorld(WorldLifecycle):
         self.vcpus = vcpus
         self.memory_gib = memory_gib
         self.clock = SimClock()
-        self._rng = _Streams(seed, zlib.crc32(benchmark.encode()))
-        self.profile = draw_profile(self._rng["system"], self.domain)
+        self.streams = Streams(seed, benchmark_key(benchmark))
+        drawn = draw_worlds(self.benchmark, [seed])  # the array core with N = 1: parity by construction
+        self.profile = drawn.profile(0, self.domain)
         self.severity, self.harm = self.profile.severity, self.profile.harm
-
-        n, target = self.benchmark.n_tasks, self.benchmark.initial_score
-        minimal, present = Harness(), self.profile.present
-        while True:  # redraw the (rare) official sets whose defects alone forbid the paper's score
-            self.official_tasks = draw_tasks(self._rng["tasks"], self.domain, n, present)
-            ceiling = defect_pass(self.official_tasks, minimal, self.severity)
-            if FEASIBLE_MODEL_ALONE * ceiling.mean() > target:
-                break
-        self.dev_tasks = draw_tasks(self._rng["tasks"], self.domain, n, present)
-        self.base_skill = calibrate_skill(self.official_tasks.difficulty, ceiling, target)
-        self.official_draws = self._rng["official"].random((n, MAX_ATTEMPTS, ATTEMPT_DRAWS))
-        self.robustness = draw_robustness(self._rng["robustness"])
+        self.official_tasks, self.dev_tasks = drawn.official.row(0), drawn.dev.row(0)
+        self.base_skill = float(drawn.base_skill[0])
+        self.official_u = drawn.official_u[0]
+        self.robustness = Robustness(float(drawn.threshold[0]), float(drawn.damage_scale[0]))
         self._teacher_skill: dict[str, float] = {}
         self.datasets: dict[str, Dataset] = {}
         self._checkpoints: dict[str, tuple[ModelState, float]] = {"base": (ModelState(self.base_skill), 0.0)}
@@ -250,8 +226,9 @@ class SimWorld(WorldLifecycle):
 
     # ---- shared look-ups ------------------------------------------------------------------------
 
-    def rng(self, stream: str) -> np.random.Generator:
-        return self._rng[stream]
+    def uniforms(self, stream: str, size: int) -> np.ndarray:
+        """The next ``size`` uniforms of one of the world's streams (:mod:`.draws`)."""
+        return self.streams.uniforms(stream, size)
 
     def model_state(self, ref: str, require_ready: bool = True) -> ModelState:
         """A checkpoint's latent state; ``unknown_ref`` if it does not exist (or is still training)."""
@@ -278,7 +255,7 @@ class SimWorld(WorldLifecycle):
             tasks = (self.official_tasks, self.dev_tasks)
             difficulty = np.concatenate([t.difficulty for t in tasks])
             accuracy = self.teacher_accuracy(teacher)
-            self._teacher_skill[teacher] = calibrate_skill(difficulty, np.ones_like(difficulty), accuracy)
+            self._teacher_skill[teacher] = float(calibrate_skill(difficulty, 1.0, accuracy))
         return self._teacher_skill[teacher]
 
     def teacher_accuracy(self, teacher: str) -> float:
@@ -354,7 +331,7 @@ class SimRollout:
         self.quote_generate(call)
         w = self.world
         made = generate_dataset(
-            w.rng("data"), w.domain, call.teacher, w.teacher_skill(call.teacher), call.n_examples, call.source,
+            w.uniforms("data", GENERATE_DRAWS), w.domain, call.teacher, w.teacher_skill(call.teacher), call.n_examples, call.source,
             call.max_tokens_per_example, dataset_id, w.benchmark.n_tasks, w.teacher_accuracy(call.teacher),
         )
         w.datasets[dataset_id] = made.dataset
@@ -386,9 +363,9 @@ class SimRollout:
         origin = f"{call.operation}({', '.join(call.datasets)})"
         merged = mix_datasets((w.dataset(ref) for ref in call.datasets), origin)
         if call.operation == "filter":
-            merged = filter_dataset(w.rng("data"), merged, origin)
+            merged = filter_dataset(w.uniforms("data", 2), merged, origin)
         elif call.operation == "dedupe":
-            merged = dedupe_dataset(w.rng("data"), merged, origin)
+            merged = dedupe_dataset(w.uniforms("data", 1), merged, origin)
         w.datasets[dataset_id] = merged
         return Billed[DatasetInfo](value=w.dataset_info(dataset_id), cost_usd=w.sandbox_usd(compute), seconds=wall)
 
@@ -420,7 +397,8 @@ class SimTrain:
         data, parent = w.dataset(call.dataset), w.model_state(call.base)
         settings = TrainSettings.of(call)
         target = w.distillation_target(data)
-        state = train_model(w.rng("train"), parent, data, settings, w.domain, w.robustness, w.benchmark.n_tasks,
+        u = w.uniforms("train", 1 + LOSS_POINTS)
+        state = train_model(float(norm_ppf(u[0])), parent, data, settings, w.domain, w.robustness, w.benchmark.n_tasks,
                             target=target)
         steps = math.ceil(data.n * call.num_epochs / call.batch_size)
         gap = target - parent.skill
@@ -428,7 +406,7 @@ class SimTrain:
             checkpoint=checkpoint_id,
             steps=steps,
             tokens=tokens,
-            loss_curve=loss_curve(w.rng("train"), steps, settings, gap, data.pass_rate),
+            loss_curve=loss_curve(u[1:], steps, settings, gap, data.pass_rate, LOSS_POINTS),
             config=call.model_dump(),
         )
         seconds = self._seconds(tokens)
@@ -488,7 +466,7 @@ class SimInference:
             state = w.model_state(call.model)
             p = sigmoid(state.skill - w.dev_tasks.difficulty[index])
             p = p + state.dev_memory * (1.0 - p)
-            solved = w.rng("infer").random() < p
+            solved = bool(w.uniforms("infer", 1)[0] < p)
             outcome = "solved" if solved else "not solved (wrong_answer)"
             text = f"[sim] dev/{index}: {outcome} by {call.model!r} alone, no harness."
         value = Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=completion, finish_reason=finish)
@@ -641,11 +619,12 @@ class SimEvaluation:
             rewards, labels = [[0.0] * k for _ in names], [[failure] * k for _ in names]
             modes, score = {HARNESS_ERROR: n * k}, 0.0
         else:
-            draws = w.official_draws[:, :k] if official else w.rng("eval").random((n, k, ATTEMPT_DRAWS))
+            u = w.official_u[:, :k] if official else w.uniforms("eval", n * k).reshape(n, k)
             solve = sigmoid(state.skill - tasks.difficulty)
             memory = 0.0 if official else state.dev_memory
             exposed, interfered = self._exposure(tasks, harness, official)
-            success, label = simulate_attempts(draws, solve, exposed, w.severity, memory, interfered, w.harm)
+            label = attempt_labels(u, outcome_thresholds(solve, exposed, w.severity, memory, interfered, w.harm))
+            success = label < 0
             labels = _LABELS[label].tolist()  # a failure mode per attempt, "" (index -1) where it succeeded
             rewards = success.astype(float).tolist()
             counts = np.bincount(label.ravel() + 1, minlength=len(FAILURE_MODES) + 1).tolist()[1:]  # 0: successes

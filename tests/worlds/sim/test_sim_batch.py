@@ -8,7 +8,7 @@ import pytest
 from rsigym_env.services import EvalRequest
 from rsigym_env.worlds.sim import BENCHMARKS, SimWorld
 from rsigym_env.worlds.sim.batch import HarnessArrays, SimBatch
-from rsigym_env.worlds.sim.model import FAILURE_MODES, ModelState
+from rsigym_env.worlds.sim.model import FAILURE_MODES, ModelState, draw_worlds
 
 HARNESSES = (
     "",  # every option at the minimal harness's value
@@ -25,26 +25,25 @@ def _files(world: SimWorld, toml: str) -> dict[str, str]:
 
 
 def _twins(benchmark: str) -> tuple[list[SimWorld], SimBatch]:
-    """The same worlds twice: one set evaluated by the scalar sim, the other through the batch. Some
-    seeds get a trained checkpoint "ckpt" (another skill, dev memory)."""
-    pairs = [(SimWorld(benchmark, s), SimWorld(benchmark, s)) for s in SEEDS]
-    for s, pair in zip(SEEDS, pairs):
-        for w in pair:
-            skill = w.base_skill + 0.4 * (s % 3) - 0.3
-            w.add_checkpoint("ckpt", ModelState(skill, dev_memory=0.1 * (s % 2)), ready_at=0.0)
-    return [a for a, _ in pairs], SimBatch([b for _, b in pairs])
+    """The same worlds twice: scalar worlds, and a batch drawn from the same seeds. Every world gets a
+    checkpoint "ckpt" (another skill, dev memory)."""
+    scalar = [SimWorld(benchmark, s) for s in SEEDS]
+    for s, w in zip(SEEDS, scalar):
+        w.add_checkpoint("ckpt", ModelState(w.base_skill + 0.4 * (s % 3) - 0.3, dev_memory=0.1 * (s % 2)), 0.0)
+    return scalar, SimBatch.make(benchmark, list(SEEDS))
 
 
 @pytest.mark.parametrize("benchmark", BENCHMARKS)
 def test_batch_evaluation_equals_the_scalar_sim(benchmark: str) -> None:
     scalar, batch = _twins(benchmark)
+    assert batch.base_skill.tolist() == [w.base_skill for w in scalar]
     rng = np.random.default_rng(len(benchmark))
     for split, k, n_tasks in (("official", 3, None), ("dev", 1, None), ("dev", 3, 7), ("official", 1, None),
                               ("dev", 3, None)):
         refs = [("base", "ckpt")[int(rng.integers(2))] for _ in SEEDS]
         tomls = [HARNESSES[int(rng.integers(len(HARNESSES)))] for _ in SEEDS]
-        states = [w.model_state(ref) for w, ref in zip(batch.worlds, refs)]
-        harness = HarnessArrays.of([_files(w, t) for w, t in zip(batch.worlds, tomls)])
+        states = [w.model_state(ref) for w, ref in zip(scalar, refs)]
+        harness = HarnessArrays.of([_files(w, t) for w, t in zip(scalar, tomls)])
         out = batch.evaluate(np.array([s.skill for s in states]), np.array([s.dev_memory for s in states]),
                              harness, k=k, split=split, n_tasks=n_tasks)
         for i, (world, ref, toml) in enumerate(zip(scalar, refs, tomls)):
@@ -60,26 +59,25 @@ def test_batch_evaluation_equals_the_scalar_sim(benchmark: str) -> None:
             assert counts == value.failure_modes
             assert (out.usd[i], out.seconds[i], out.tokens[i], out.sandbox_seconds[i]) == (
                 billed.cost_usd, billed.seconds, value.tokens, value.sandbox_seconds)
-    # both sets drew the same numbers from their eval streams: what they draw next is equal too
-    for a, b in zip(scalar, batch.worlds):
-        assert a.rng("eval").random() == b.rng("eval").random()
+    # both drew as often from their eval streams: what they draw next is equal too
+    assert batch.eval_counters.tolist() == [w.streams.counters["eval"] for w in scalar]
 
 
 def test_a_row_does_not_depend_on_the_others() -> None:
     """World 2's result is the same alone as in a batch of three (other seeds, skills, harnesses)."""
     alone = SimBatch.make("terminal-bench-2", [7])
     many = SimBatch.make("terminal-bench-2", [3, 5, 7])
-    files = alone.worlds[0].initial_harness()
+    files = alone.initial_harness()
     one = alone.evaluate(alone.base_skill, [0.2], HarnessArrays.of([files]), k=3)
     three = many.evaluate(many.base_skill + [1.0, -1.0, 0.0], [0.0, 0.5, 0.2],
-                          HarnessArrays.of([_files(many.worlds[0], HARNESSES[2]), files, files]), k=3)
+                          HarnessArrays.of([{**files, "harness.toml": HARNESSES[2]}, files, files]), k=3)
     assert np.array_equal(one.success[0], three.success[2]) and one.usd[0] == three.usd[2]
     assert one.score[0] == three.score[2]
 
 
 def test_bad_arguments_are_refused() -> None:
     batch = SimBatch.make("aime", [0])
-    harness = HarnessArrays.of([batch.worlds[0].initial_harness()])
+    harness = HarnessArrays.of([batch.initial_harness()])
     with pytest.raises(ValueError, match="k must be"):
         batch.evaluate(batch.base_skill, [0.0], harness, k=9)
     with pytest.raises(ValueError, match="split"):
@@ -88,5 +86,34 @@ def test_bad_arguments_are_refused() -> None:
         batch.evaluate(batch.base_skill, [0.0], harness, k=1, n_tasks=0)
     with pytest.raises(ValueError, match="one skill, memory and harness per world"):
         batch.evaluate(batch.base_skill, [0.0, 0.1], harness, k=1)
-    with pytest.raises(ValueError, match="share benchmark"):
-        SimBatch([SimWorld("aime", 0), SimWorld("gpqa-diamond", 0)])
+    with pytest.raises(ValueError, match="at least one world"):
+        SimBatch("aime", [])
+    with pytest.raises(ValueError, match="world seeds"):
+        SimBatch("aime", [-1])
+
+
+@pytest.mark.parametrize("benchmark", BENCHMARKS)
+def test_a_world_drawn_alone_equals_its_row_in_a_batch(benchmark: str) -> None:
+    """Reset independence: every array of world 5 is the same drawn alone as among 40 other seeds."""
+    alone, many = draw_worlds(BENCHMARKS[benchmark], [5]), draw_worlds(BENCHMARKS[benchmark], range(40))
+    for name in ("present", "severity", "harm", "teacher_shift", "transfer", "threshold", "damage_scale",
+                 "base_skill", "official_u"):
+        assert np.array_equal(getattr(alone, name)[0], getattr(many, name)[5]), name
+    for split in ("official", "dev"):
+        a, b = getattr(alone, split).row(0), getattr(many, split).row(5)
+        for name in ("difficulty", "reply_tokens", "flags", "interference", "present"):
+            assert np.array_equal(getattr(a, name), getattr(b, name)), (split, name)
+
+
+def test_evaluating_some_rows_and_resetting_rows_act_as_on_those_worlds_alone() -> None:
+    """An autoreset redraws only its rows; an evaluation of a subset equals those rows of a full one."""
+    batch, twin = SimBatch.make("skillsbench", [0, 1, 2, 3]), SimBatch.make("skillsbench", [0, 9, 2, 8])
+    batch.reset([1, 3], [9, 8])
+    assert np.array_equal(batch.base_skill, twin.base_skill) and batch.seeds.tolist() == [0, 9, 2, 8]
+    files = batch.initial_harness()
+    full = twin.evaluate(twin.base_skill, np.zeros(4), HarnessArrays.of([files] * 4), k=3)
+    some = batch.evaluate(batch.base_skill[[3, 1]], np.zeros(2), HarnessArrays.of([files] * 2), k=3, rows=[3, 1])
+    assert np.array_equal(some.label, full.label[[3, 1]]) and np.array_equal(some.usd, full.usd[[3, 1]])
+    assert batch.eval_counters.tolist() == [0, 1, 0, 1]
+    with pytest.raises(ValueError, match="one seed per row"):
+        batch.reset([0], [1, 2])
