@@ -65,6 +65,8 @@ IMPROVER = {
     "parent_selection": "greedy",  # how `rsigym recurse` picks the next round's parent from the archive
     "validate_top": 8,         # how many fully evaluated candidates (best on train first) `rsigym recurse` validates
     "validate_from": "screened",  # ...among all it screened ("screened") or those that beat the parent on train
+    "recombine": "positive",   # `rsigym recurse` merges the round's validated candidates with a positive gain ("positive";
+                               # "accepted": only accepted ones; "none") into one more candidate, validated like any other
 }
 
 # How the "self" operator may move IMPROVER's numeric genes: [low, high, how]; how = "mul" (x*step or
@@ -85,12 +87,13 @@ IMPROVER_RANGES = {
     "budget_reserve": [0.0, 0.2, "add"],
 }
 
-# Categorical IMPROVER genes and their allowed values. Genes left out of IMPROVER_RANGES and IMPROVER_ALLELES
+# Categorical IMPROVER genes and their allowed values (recombine: what `rsigym recurse` merges). Genes left out of IMPROVER_RANGES and IMPROVER_ALLELES
 # (skip_unread, validate_top, validate_from, select "root") are not moved by "self"; an edit of this file can set them.
 IMPROVER_ALLELES = {
     "select": ["greedy", "tournament", "latest"],
     "screen_ties": [True, False],
     "parent_selection": ["greedy", "dgm", "thompson", "sica"],
+    "recombine": ["none", "accepted", "positive"],
 }
 
 # A target that is not a program: how its params.toml numbers may move (others: within 4x of the original).

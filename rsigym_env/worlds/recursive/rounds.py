@@ -71,6 +71,8 @@ class Settings:
     imp_generations: str = "ends"  # whose improvers imp@k measures: "ends" (generation 0 and the last) or "all"
     transfer_tracks: tuple[str, ...] = ("data", "harness")  # other tracks for the final-vs-seed comparison
     transfer_local: int = 0        # local-world episodes per researcher in the final-vs-seed comparison
+    recombine: str | None = None   # which validated candidates of a round are merged into one more candidate
+                                   # (RECOMBINE); None = the improver's own IMPROVER["recombine"], else "none"
 
 
 @dataclass
@@ -123,6 +125,93 @@ def _lineage_note(files: dict[str, str]) -> str:
         if line.startswith("# lineage:"):
             return line[len("# lineage:"):].strip()[:200]
     return ""
+
+
+RECOMBINE = ("none", "accepted", "positive")
+LINEAGE = "# lineage:"
+
+
+def _improver_recombine(improver: Any) -> str | None:
+    """Which of a round's validated candidates ``recurse`` merges into one more candidate, as an improver
+    program's ``IMPROVER["recombine"]`` says: ``"accepted"`` (those accepted), ``"positive"`` (those
+    whose paired validation gain is above 0, accepted or not: near-passes too) or ``"none"``."""
+    mode = _improver_setting(improver, "recombine")
+    return mode if isinstance(mode, str) and mode in RECOMBINE else None
+
+
+def _without_lineage(files: dict[str, str]) -> dict[str, str]:
+    """``files`` without the improver's ``# lineage:`` first line of ``code/researcher.py`` (every
+    candidate rewrites it, so merges would always conflict there)."""
+    text = files.get("code/researcher.py")
+    if text is None or not text.startswith(LINEAGE):
+        return files
+    return dict(files, **{"code/researcher.py": text.split("\n", 1)[1] if "\n" in text else ""})
+
+
+def recombination(parent: dict[str, str], ranked: Sequence[tuple[str, dict[str, str]]]) -> tuple[dict[str, str], list[str]] | None:
+    """The merge of candidates' changes from ``parent``: ``ranked`` = ``(name, files)``, best first;
+    each one's changes are merged into the best's (:func:`rsigym_env.archive.merge_files`) unless they
+    conflict with what is merged already. ``(files, names merged)``, or None when fewer than two merged.
+
+    >>> p = {"code/researcher.py": "A = 1\\nB = 2\\n"}
+    >>> a = {"code/researcher.py": "# lineage: point A\\nA = 3\\nB = 2\\n"}
+    >>> b = {"code/researcher.py": "# lineage: point B\\nA = 1\\nB = 5\\n"}
+    >>> recombination(p, [("a", a), ("b", b)])
+    ({'code/researcher.py': '# lineage: recombine a + b\\nA = 3\\nB = 5\\n'}, ['a', 'b'])
+    """
+    from ...archive import merge_files
+
+    if len(ranked) < 2:
+        return None
+    base = _without_lineage(parent)
+    merged, names = _without_lineage(ranked[0][1]), [ranked[0][0]]
+    for name, files in ranked[1:]:
+        out = merge_files(base, merged, _without_lineage(files))
+        if out is not None and out != merged:
+            merged, names = out, names + [name]
+    if len(names) < 2:
+        return None
+    if "code/researcher.py" in merged:
+        merged["code/researcher.py"] = f"{LINEAGE} recombine {' + '.join(names)}\n" + merged["code/researcher.py"]
+    return merged, names
+
+
+def _recombine(ctx: "_Context", chain: "_Chain", archive: Any, imp: Any, parent: Any, screened: list[dict[str, Any]],
+               validation: dict[str, Measurement], test: dict[str, Measurement], generation: int, seed: int,
+               r: int) -> dict[str, Any] | None:
+    """One more candidate of round ``r``: the merge of the round's validated candidates the improver's
+    ``recombine`` names (best on validation first), measured on validation, paired with the parent and
+    accepted by the same rule as any candidate (and then measured on test). Its screened row, or None."""
+    from ...archive import novelty
+
+    mode = ctx.settings.recombine or _improver_recombine(imp) or "none"
+    pool = sorted([s for s in screened if s["gain"] is not None and s["gain"] > 0
+                   and (s["accepted"] or mode == "positive")], key=lambda s: -s["validation"])
+    if mode == "none" or len(pool) < 2:
+        return None
+    made = recombination(parent.to_files(), [(s["id"], chain.specs[s["id"]].to_files()) for s in pool])
+    if made is None:
+        return None
+    files, names = made
+    try:
+        spec = ctx.using.derived_from_files(files, parent=parent.id)
+    except Exception:  # a merge the spec format refuses is no candidate
+        return None
+    if spec.id in archive or novelty(archive, spec.to_files(), None) is not None:
+        return None
+    archive.add(spec.to_files(), spec.id, parent=parent.id, generation=generation, chain=seed,
+                produced_by={"by": "recombine", "round": r, "operator": "recombine " + " + ".join(names)})
+    ctx.registry.register(spec, note=f"recurse: seed {seed} round {r} recombines {', '.join(names)}")
+    chain.specs[spec.id] = spec
+    validation[spec.id] = chain.measured(spec, "official")
+    gain = paired_gain(validation[spec.id].task_values(), validation[parent.id].task_values())
+    accepted = gain["low"] is not None and gain["low"] > ctx.settings.accept_low
+    archive.set_status(spec.id, "accepted" if accepted else "rejected",
+                       note=f"recombined; paired validation gain {gain['mean']:+.4f} (95% low {gain['low']:+.4f})")
+    if accepted:
+        test[spec.id] = chain.measured(spec, "test")
+    return {"id": spec.id, "accepted": accepted, "gain": gain["mean"], "low": gain["low"], "high": gain["high"],
+            "validation": validation[spec.id].index, "recombines": names}
 
 
 def improve_once(scenario: Scenario, opts: RecursiveOptions, improver: Any, target: Any, seed: int,
@@ -298,6 +387,9 @@ def _run_chain(ctx: _Context, archive: Any, seed: int, root: Any, fixed_improver
                 test[spec.id] = chain.measured(spec, "test")
             screened.append({"id": spec.id, "accepted": accepted, "gain": gain["mean"], "low": gain["low"],
                              "high": gain["high"], "validation": validation[spec.id].index})
+        recombined = _recombine(ctx, chain, archive, imp, parent, screened, validation, test, generation, seed, r)
+        if recombined is not None:
+            screened.append(recombined)
         before_id = chain.best
         accepted_ids = [n.id for n in archive.nodes() if n.status == "accepted"]
         chain.best = max(accepted_ids, key=lambda i: (validation[i].index, i == before_id))
@@ -346,6 +438,8 @@ def recurse(
         raise ValueError(f"mode must be 'target' or 'improver', got {mode!r}")
     if settings.imp_generations not in ("ends", "all"):
         raise ValueError(f"imp_generations must be 'ends' or 'all', got {settings.imp_generations!r}")
+    if settings.recombine is not None and settings.recombine not in RECOMBINE:
+        raise ValueError(f"recombine must be one of {', '.join(RECOMBINE)}, got {settings.recombine!r}")
     if settings.selection is not None and settings.selection not in RULES:
         raise ValueError(f"selection must be one of {', '.join(RULES)}, got {settings.selection!r}")
     registry = registry or using.registry()
