@@ -67,6 +67,7 @@ IMPROVER = {
     "validate_from": "screened",  # ...among all it screened ("screened") or those that beat the parent on train
     "recombine": "positive",   # `rsigym recurse` merges the round's validated candidates with a positive gain ("positive";
                                # "accepted": only accepted ones; "none") into one more candidate, validated like any other
+    "recombine_memory": False,  # ...together with earlier rounds' near-passes (a positive validation gain, not accepted)
 }
 
 # How the "self" operator may move IMPROVER's numeric genes: [low, high, how]; how = "mul" (x*step or
@@ -94,6 +95,7 @@ IMPROVER_ALLELES = {
     "screen_ties": [True, False],
     "parent_selection": ["greedy", "dgm", "thompson", "sica"],
     "recombine": ["none", "accepted", "positive"],
+    "recombine_memory": [True, False],
 }
 
 # A target that is not a program: how its params.toml numbers may move (others: within 4x of the original).

@@ -148,25 +148,25 @@ def _without_lineage(files: dict[str, str]) -> dict[str, str]:
     return dict(files, **{"code/researcher.py": text.split("\n", 1)[1] if "\n" in text else ""})
 
 
-def recombination(parent: dict[str, str], ranked: Sequence[tuple[str, dict[str, str]]]) -> tuple[dict[str, str], list[str]] | None:
-    """The merge of candidates' changes from ``parent``: ``ranked`` = ``(name, files)``, best first;
-    each one's changes are merged into the best's (:func:`rsigym_env.archive.merge_files`) unless they
-    conflict with what is merged already. ``(files, names merged)``, or None when fewer than two merged.
+def recombination(parent: dict[str, str], ranked: Sequence[tuple[str, dict[str, str], dict[str, str] | None]]
+                  ) -> tuple[dict[str, str], list[str]] | None:
+    """The merge of candidates' changes into ``parent``: ``ranked`` = ``(name, files, base)``, best first,
+    ``base`` the files the candidate was made from (None: ``parent``; an earlier round's candidate has an
+    earlier parent). Each one's changes from its base are merged in (:func:`rsigym_env.archive.merge_files`)
+    unless they conflict with what is merged already or are in it already. ``(files, names merged)``, or
+    None when fewer than two merged.
 
     >>> p = {"code/researcher.py": "A = 1\\nB = 2\\n"}
     >>> a = {"code/researcher.py": "# lineage: point A\\nA = 3\\nB = 2\\n"}
     >>> b = {"code/researcher.py": "# lineage: point B\\nA = 1\\nB = 5\\n"}
-    >>> recombination(p, [("a", a), ("b", b)])
+    >>> recombination(p, [("a", a, None), ("b", b, None)])
     ({'code/researcher.py': '# lineage: recombine a + b\\nA = 3\\nB = 5\\n'}, ['a', 'b'])
     """
     from ...archive import merge_files
 
-    if len(ranked) < 2:
-        return None
-    base = _without_lineage(parent)
-    merged, names = _without_lineage(ranked[0][1]), [ranked[0][0]]
-    for name, files in ranked[1:]:
-        out = merge_files(base, merged, _without_lineage(files))
+    merged, names = _without_lineage(parent), []
+    for name, files, base in ranked:
+        out = merge_files(_without_lineage(base if base is not None else parent), merged, _without_lineage(files))
         if out is not None and out != merged:
             merged, names = out, names + [name]
     if len(names) < 2:
@@ -180,16 +180,22 @@ def _recombine(ctx: "_Context", chain: "_Chain", archive: Any, imp: Any, parent:
                validation: dict[str, Measurement], test: dict[str, Measurement], generation: int, seed: int,
                r: int) -> dict[str, Any] | None:
     """One more candidate of round ``r``: the merge of the round's validated candidates the improver's
-    ``recombine`` names (best on validation first), measured on validation, paired with the parent and
-    accepted by the same rule as any candidate (and then measured on test). Its screened row, or None."""
+    ``recombine`` names (best on validation first) and, with ``recombine_memory``, the near-passes of
+    earlier rounds (a positive paired validation gain over their parent, not accepted; newest first),
+    measured on validation, paired with the parent and accepted by the same rule as any candidate (and
+    then measured on test). Its screened row, or None. This round's near-passes are remembered."""
     from ...archive import novelty
 
     mode = ctx.settings.recombine or _improver_recombine(imp) or "none"
+    remember = _improver_setting(imp, "recombine_memory") is True
     pool = sorted([s for s in screened if s["gain"] is not None and s["gain"] > 0
                    and (s["accepted"] or mode == "positive")], key=lambda s: -s["validation"])
-    if mode == "none" or len(pool) < 2:
-        return None
-    made = recombination(parent.to_files(), [(s["id"], chain.specs[s["id"]].to_files()) for s in pool])
+    ranked = [(s["id"], chain.specs[s["id"]].to_files(), None) for s in pool]
+    if remember:
+        ranked += [(sid, chain.specs[sid].to_files(), chain.specs[pid].to_files()) for sid, pid in reversed(chain.near)
+                   if sid not in {s["id"] for s in pool}]
+    chain.near += [(s["id"], parent.id) for s in screened if not s["accepted"] and s["gain"] is not None and s["gain"] > 0]
+    made = recombination(parent.to_files(), ranked) if mode != "none" else None
     if made is None:
         return None
     files, names = made
@@ -274,6 +280,7 @@ class _Chain:
         self.archive, self.seed, self.opts, self.k, self.using = archive, seed, opts, k, using
         self.specs: dict[str, Any] = {}
         self.best: str | None = None
+        self.near: list[tuple[str, str]] = []  # (candidate, its parent): validated, a positive gain, not accepted
 
     def measured(self, spec: Any, split: str) -> Measurement:
         m = measure(spec, self.opts, split, self.k, using=self.using)
@@ -586,6 +593,8 @@ def _summary(rows: list[dict[str, Any]], chains: list[dict[str, Any]], imp: dict
         "imp_at_k": {g: {kk: v[kk] for kk in ("mean", "se", "n", "low", "high")} for g, v in imp.items()},
         "imp_compounding": imp_comp,
         "candidates": candidates_total, "accepted": accepted,
+        "recombined": [sum(1 for row in rows for x in row["screened"] if x.get("recombines")),
+                       sum(1 for row in rows for x in row["screened"] if x.get("recombines") and x["accepted"])],
         "cost_per_round_usd": spend / max(len(rows), 1),
         "cost_per_accepted_usd": spend / accepted if accepted else math.inf,
         "tampering_rate": tampering / candidates_total if candidates_total else 0.0,
