@@ -21,7 +21,8 @@ its ``code/researcher.py`` holds the strategy as module-level literals (``STRATE
    ``screen_ties``), evaluate it fully and keep it if it beats the base by more than ``min_gain``;
 5. submit the best fully evaluated version (the target itself if nothing beat it). ``rsigym recurse``
    then validates it and ``validate_top`` of the others (``validate_from``: those that beat the parent
-   on train, or every screened one).
+   on train, or every screened one), and merges those with a positive validation gain into one more
+   candidate (``recombine``; with ``recombine_memory`` earlier rounds' near-passes too).
 
 Standard library only; this file is a program the improver may rewrite (``IMPROVER`` is a literal).
 

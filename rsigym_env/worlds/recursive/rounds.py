@@ -16,6 +16,8 @@ A round:
 4. **screens** them: the submitted candidate and the ``validate_top`` best on train that beat the
    parent there are measured on validation, **paired** with the parent task by task; a candidate is
    accepted only if the 95 % lower bound of its paired gain is above ``accept_low``;
+   the improver's ``recombine`` then merges the validated candidates with a positive gain (and, with
+   ``recombine_memory``, earlier rounds' near-passes) three-way into one more candidate, validated alike;
 5. measures accepted candidates on **test** (seeds no episode of the world ever runs), for the report
    only: nothing the improver or the selection sees depends on test.
 
