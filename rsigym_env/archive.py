@@ -213,6 +213,42 @@ def apply_patch(files: dict[str, str], patch: Patch) -> dict[str, str]:
     return out
 
 
+def merge_files(base: dict[str, str], ours: dict[str, str], theirs: dict[str, str]) -> dict[str, str] | None:
+    """A three-way merge: ``ours`` with the changes ``theirs`` made to ``base`` applied too, or None when
+    a change of ``theirs`` touches lines (or a file) that ``ours`` changed differently. Changes both
+    made identically are taken once; edits of adjacent lines merge.
+
+    >>> base = {"a": "x = 1\\ny = 2\\nz = 3\\n"}
+    >>> merge_files(base, {"a": "x = 9\\ny = 2\\nz = 3\\n"}, {"a": "x = 1\\ny = 2\\nz = 7\\n"})
+    {'a': 'x = 9\\ny = 2\\nz = 7\\n'}
+    >>> merge_files(base, {"a": "x = 9\\ny = 2\\nz = 3\\n"}, {"a": "x = 5\\ny = 2\\nz = 3\\n"}) is None
+    True
+    """
+    out = dict(ours)
+    mine, theirs_patch = make_patch(base, ours), make_patch(base, theirs)
+    for path, fp in theirs_patch.items():
+        if path not in mine:  # ours left it as it was: take theirs
+            if path in theirs:
+                out[path] = theirs[path]
+            else:
+                out.pop(path, None)
+            continue
+        own = mine[path]
+        if fp.op != "modify" or own.op != "modify":
+            if ours.get(path) != theirs.get(path):
+                return None
+            continue
+        hunks = sorted({(h[0], h[1], tuple(h[3])) for h in list(own.hunks) + list(fp.hunks)})
+        for (s1, e1, _), (s2, e2, _) in zip(hunks, hunks[1:]):
+            if s2 < e1 or s2 == s1:  # overlapping, or two different changes at the same place
+                return None
+        lines = base[path].splitlines(keepends=True)
+        for start, stop, new_lines in reversed(hunks):
+            lines[start:stop] = list(new_lines)
+        out[path] = "".join(lines)
+    return out
+
+
 def diff_files(before: dict[str, str], after: dict[str, str], a: str = "a", b: str = "b") -> str:
     """A unified diff of two files views ('' when they are the same); a file missing on one side is
     ``/dev/null`` there.

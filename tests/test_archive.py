@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rsigym_env.agents import AgentSpec
-from rsigym_env.archive import (Archive, ArchiveError, PatchError, Score, apply_patch, dgm_weights, files_hash,
+from rsigym_env.archive import (Archive, ArchiveError, PatchError, Score, apply_patch, merge_files, dgm_weights, files_hash,
                                 form_hash, list_archives, make_patch, novelty, population, select_parent, spec_id)
 
 # ------------------------------------------------------------------------------------ helpers
@@ -100,6 +100,27 @@ def chains(draw) -> list[tuple[int | None, AgentSpec]]:
 def test_a_patch_takes_any_files_to_any_files_exactly(before: dict[str, str], after: dict[str, str]):
     assert apply_patch(before, make_patch(before, after)) == after
     assert make_patch(after, after) == {}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text("abc", min_size=1, max_size=3).map(lambda t: t + "\n"), min_size=2, max_size=12),
+       st.data())
+def test_a_merge_applies_both_sides_changes_to_separate_lines_and_refuses_clashes(lines: list[str], data):
+    lines = [f"{i} {line}" for i, line in enumerate(lines)]  # distinct lines, as in code (a diff of repeats is ambiguous)
+    n = len(lines)
+    ours_at = set(data.draw(st.lists(st.integers(0, n - 1), max_size=3)))
+    theirs_at = set(data.draw(st.lists(st.integers(0, n - 1), max_size=3))) - ours_at
+    ours = [line if i not in ours_at else "ours " + line for i, line in enumerate(lines)]
+    theirs = [line if i not in theirs_at else "theirs " + line for i, line in enumerate(lines)]
+    both = [ours[i] if i in ours_at else theirs[i] for i in range(n)]
+    base = {"f": "".join(lines), "same": "x\n"}
+    merged = merge_files(base, {**base, "f": "".join(ours)}, {**base, "f": "".join(theirs), "new": "n"})
+    assert merged == {"f": "".join(both), "same": "x\n", "new": "n"}      # every change of both, once
+    assert merge_files(base, {**base, "f": "".join(ours)}, {**base, "f": "".join(ours)}) == {**base, "f": "".join(ours)}
+    if ours_at:                                                            # the same line changed differently
+        i = min(ours_at)
+        clash = [line if j != i else "clash " + line for j, line in enumerate(lines)]
+        assert merge_files(base, {**base, "f": "".join(ours)}, {**base, "f": "".join(clash)}) is None
 
 
 @settings(max_examples=40, deadline=None)

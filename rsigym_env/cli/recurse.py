@@ -55,7 +55,7 @@ def cmd_recurse(args: argparse.Namespace, console: Console) -> int:
     try:
         settings = Settings(selection=args.select, accept_low=args.accept_low, validate_top=args.validate_top,
                             imp_k=args.imp_k, imp_runs=args.imp_runs, imp_generations=args.imp_generations,
-                            transfer_local=args.transfer_local)
+                            transfer_local=args.transfer_local, recombine=args.recombine)
         archive = Archive(name=args.archive or f"recursion-{stamp}")
         result = recurse(scenario, rounds=args.rounds, seeds=seeds, improver=args.improver, target=args.target,
                          mode=args.mode, ray=args.ray or None, on_round=on_round, archive=archive, settings=settings,
@@ -99,6 +99,9 @@ def register(sub: Any) -> None:
     rec.add_argument("--validate-top", type=int, default=None,
                      help="candidates the improver fully evaluated (best on train first) validated besides the submitted "
                           "one (default: the improver's IMPROVER['validate_top'], else 2)")
+    rec.add_argument("--recombine", choices=["none", "accepted", "positive"], default=None,
+                     help="merge a round's validated candidates (accepted ones, or every one with a positive paired "
+                          "validation gain) into one more candidate (default: the improver's IMPROVER['recombine'], else none)")
     rec.add_argument("--imp-k", type=int, default=1,
                      help="rounds of each fresh-target run for imp@k, the improver's own compounding (0: skip; default 1)")
     rec.add_argument("--imp-runs", type=int, default=3,

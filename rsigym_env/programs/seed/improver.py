@@ -21,7 +21,8 @@ its ``code/researcher.py`` holds the strategy as module-level literals (``STRATE
    ``screen_ties``), evaluate it fully and keep it if it beats the base by more than ``min_gain``;
 5. submit the best fully evaluated version (the target itself if nothing beat it). ``rsigym recurse``
    then validates it and ``validate_top`` of the others (``validate_from``: those that beat the parent
-   on train, or every screened one).
+   on train, or every screened one), and merges those with a positive validation gain into one more
+   candidate (``recombine``; with ``recombine_memory`` earlier rounds' near-passes too).
 
 Standard library only; this file is a program the improver may rewrite (``IMPROVER`` is a literal).
 
@@ -65,6 +66,9 @@ IMPROVER = {
     "parent_selection": "greedy",  # how `rsigym recurse` picks the next round's parent from the archive
     "validate_top": 8,         # how many fully evaluated candidates (best on train first) `rsigym recurse` validates
     "validate_from": "screened",  # ...among all it screened ("screened") or those that beat the parent on train
+    "recombine": "positive",   # `rsigym recurse` merges the round's validated candidates with a positive gain ("positive";
+                               # "accepted": only accepted ones; "none") into one more candidate, validated like any other
+    "recombine_memory": False,  # ...together with earlier rounds' near-passes (a positive validation gain, not accepted)
 }
 
 # How the "self" operator may move IMPROVER's numeric genes: [low, high, how]; how = "mul" (x*step or
@@ -85,12 +89,14 @@ IMPROVER_RANGES = {
     "budget_reserve": [0.0, 0.2, "add"],
 }
 
-# Categorical IMPROVER genes and their allowed values. Genes left out of IMPROVER_RANGES and IMPROVER_ALLELES
+# Categorical IMPROVER genes and their allowed values (recombine: what `rsigym recurse` merges). Genes left out of IMPROVER_RANGES and IMPROVER_ALLELES
 # (skip_unread, validate_top, validate_from, select "root") are not moved by "self"; an edit of this file can set them.
 IMPROVER_ALLELES = {
     "select": ["greedy", "tournament", "latest"],
     "screen_ties": [True, False],
     "parent_selection": ["greedy", "dgm", "thompson", "sica"],
+    "recombine": ["none", "accepted", "positive"],
+    "recombine_memory": [True, False],
 }
 
 # A target that is not a program: how its params.toml numbers may move (others: within 4x of the original).

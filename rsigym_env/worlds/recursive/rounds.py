@@ -16,6 +16,8 @@ A round:
 4. **screens** them: the submitted candidate and the ``validate_top`` best on train that beat the
    parent there are measured on validation, **paired** with the parent task by task; a candidate is
    accepted only if the 95 % lower bound of its paired gain is above ``accept_low``;
+   the improver's ``recombine`` then merges the validated candidates with a positive gain (and, with
+   ``recombine_memory``, earlier rounds' near-passes) three-way into one more candidate, validated alike;
 5. measures accepted candidates on **test** (seeds no episode of the world ever runs), for the report
    only: nothing the improver or the selection sees depends on test.
 
@@ -71,6 +73,8 @@ class Settings:
     imp_generations: str = "ends"  # whose improvers imp@k measures: "ends" (generation 0 and the last) or "all"
     transfer_tracks: tuple[str, ...] = ("data", "harness")  # other tracks for the final-vs-seed comparison
     transfer_local: int = 0        # local-world episodes per researcher in the final-vs-seed comparison
+    recombine: str | None = None   # which validated candidates of a round are merged into one more candidate
+                                   # (RECOMBINE); None = the improver's own IMPROVER["recombine"], else "none"
 
 
 @dataclass
@@ -123,6 +127,99 @@ def _lineage_note(files: dict[str, str]) -> str:
         if line.startswith("# lineage:"):
             return line[len("# lineage:"):].strip()[:200]
     return ""
+
+
+RECOMBINE = ("none", "accepted", "positive")
+LINEAGE = "# lineage:"
+
+
+def _improver_recombine(improver: Any) -> str | None:
+    """Which of a round's validated candidates ``recurse`` merges into one more candidate, as an improver
+    program's ``IMPROVER["recombine"]`` says: ``"accepted"`` (those accepted), ``"positive"`` (those
+    whose paired validation gain is above 0, accepted or not: near-passes too) or ``"none"``."""
+    mode = _improver_setting(improver, "recombine")
+    return mode if isinstance(mode, str) and mode in RECOMBINE else None
+
+
+def _without_lineage(files: dict[str, str]) -> dict[str, str]:
+    """``files`` without the improver's ``# lineage:`` first line of ``code/researcher.py`` (every
+    candidate rewrites it, so merges would always conflict there)."""
+    text = files.get("code/researcher.py")
+    if text is None or not text.startswith(LINEAGE):
+        return files
+    return dict(files, **{"code/researcher.py": text.split("\n", 1)[1] if "\n" in text else ""})
+
+
+def recombination(parent: dict[str, str], ranked: Sequence[tuple[str, dict[str, str], dict[str, str] | None]]
+                  ) -> tuple[dict[str, str], list[str]] | None:
+    """The merge of candidates' changes into ``parent``: ``ranked`` = ``(name, files, base)``, best first,
+    ``base`` the files the candidate was made from (None: ``parent``; an earlier round's candidate has an
+    earlier parent). Each one's changes from its base are merged in (:func:`rsigym_env.archive.merge_files`)
+    unless they conflict with what is merged already or are in it already. ``(files, names merged)``, or
+    None when fewer than two merged.
+
+    >>> p = {"code/researcher.py": "A = 1\\nB = 2\\n"}
+    >>> a = {"code/researcher.py": "# lineage: point A\\nA = 3\\nB = 2\\n"}
+    >>> b = {"code/researcher.py": "# lineage: point B\\nA = 1\\nB = 5\\n"}
+    >>> recombination(p, [("a", a, None), ("b", b, None)])
+    ({'code/researcher.py': '# lineage: recombine a + b\\nA = 3\\nB = 5\\n'}, ['a', 'b'])
+    """
+    from ...archive import merge_files
+
+    merged, names = _without_lineage(parent), []
+    for name, files, base in ranked:
+        out = merge_files(_without_lineage(base if base is not None else parent), merged, _without_lineage(files))
+        if out is not None and out != merged:
+            merged, names = out, names + [name]
+    if len(names) < 2:
+        return None
+    if "code/researcher.py" in merged:
+        merged["code/researcher.py"] = f"{LINEAGE} recombine {' + '.join(names)}\n" + merged["code/researcher.py"]
+    return merged, names
+
+
+def _recombine(ctx: "_Context", chain: "_Chain", archive: Any, imp: Any, parent: Any, screened: list[dict[str, Any]],
+               validation: dict[str, Measurement], test: dict[str, Measurement], generation: int, seed: int,
+               r: int) -> dict[str, Any] | None:
+    """One more candidate of round ``r``: the merge of the round's validated candidates the improver's
+    ``recombine`` names (best on validation first) and, with ``recombine_memory``, the near-passes of
+    earlier rounds (a positive paired validation gain over their parent, not accepted; newest first),
+    measured on validation, paired with the parent and accepted by the same rule as any candidate (and
+    then measured on test). Its screened row, or None. This round's near-passes are remembered."""
+    from ...archive import novelty
+
+    mode = ctx.settings.recombine or _improver_recombine(imp) or "none"
+    remember = _improver_setting(imp, "recombine_memory") is True
+    pool = sorted([s for s in screened if s["gain"] is not None and s["gain"] > 0
+                   and (s["accepted"] or mode == "positive")], key=lambda s: -s["validation"])
+    ranked = [(s["id"], chain.specs[s["id"]].to_files(), None) for s in pool]
+    if remember:
+        ranked += [(sid, chain.specs[sid].to_files(), chain.specs[pid].to_files()) for sid, pid in reversed(chain.near)
+                   if sid not in {s["id"] for s in pool}]
+    chain.near += [(s["id"], parent.id) for s in screened if not s["accepted"] and s["gain"] is not None and s["gain"] > 0]
+    made = recombination(parent.to_files(), ranked) if mode != "none" else None
+    if made is None:
+        return None
+    files, names = made
+    try:
+        spec = ctx.using.derived_from_files(files, parent=parent.id)
+    except Exception:  # a merge the spec format refuses is no candidate
+        return None
+    if spec.id in archive or novelty(archive, spec.to_files(), None) is not None:
+        return None
+    archive.add(spec.to_files(), spec.id, parent=parent.id, generation=generation, chain=seed,
+                produced_by={"by": "recombine", "round": r, "operator": "recombine " + " + ".join(names)})
+    ctx.registry.register(spec, note=f"recurse: seed {seed} round {r} recombines {', '.join(names)}")
+    chain.specs[spec.id] = spec
+    validation[spec.id] = chain.measured(spec, "official")
+    gain = paired_gain(validation[spec.id].task_values(), validation[parent.id].task_values())
+    accepted = gain["low"] is not None and gain["low"] > ctx.settings.accept_low
+    archive.set_status(spec.id, "accepted" if accepted else "rejected",
+                       note=f"recombined; paired validation gain {gain['mean']:+.4f} (95% low {gain['low']:+.4f})")
+    if accepted:
+        test[spec.id] = chain.measured(spec, "test")
+    return {"id": spec.id, "accepted": accepted, "gain": gain["mean"], "low": gain["low"], "high": gain["high"],
+            "validation": validation[spec.id].index, "recombines": names}
 
 
 def improve_once(scenario: Scenario, opts: RecursiveOptions, improver: Any, target: Any, seed: int,
@@ -185,6 +282,7 @@ class _Chain:
         self.archive, self.seed, self.opts, self.k, self.using = archive, seed, opts, k, using
         self.specs: dict[str, Any] = {}
         self.best: str | None = None
+        self.near: list[tuple[str, str]] = []  # (candidate, its parent): validated, a positive gain, not accepted
 
     def measured(self, spec: Any, split: str) -> Measurement:
         m = measure(spec, self.opts, split, self.k, using=self.using)
@@ -298,6 +396,9 @@ def _run_chain(ctx: _Context, archive: Any, seed: int, root: Any, fixed_improver
                 test[spec.id] = chain.measured(spec, "test")
             screened.append({"id": spec.id, "accepted": accepted, "gain": gain["mean"], "low": gain["low"],
                              "high": gain["high"], "validation": validation[spec.id].index})
+        recombined = _recombine(ctx, chain, archive, imp, parent, screened, validation, test, generation, seed, r)
+        if recombined is not None:
+            screened.append(recombined)
         before_id = chain.best
         accepted_ids = [n.id for n in archive.nodes() if n.status == "accepted"]
         chain.best = max(accepted_ids, key=lambda i: (validation[i].index, i == before_id))
@@ -346,6 +447,8 @@ def recurse(
         raise ValueError(f"mode must be 'target' or 'improver', got {mode!r}")
     if settings.imp_generations not in ("ends", "all"):
         raise ValueError(f"imp_generations must be 'ends' or 'all', got {settings.imp_generations!r}")
+    if settings.recombine is not None and settings.recombine not in RECOMBINE:
+        raise ValueError(f"recombine must be one of {', '.join(RECOMBINE)}, got {settings.recombine!r}")
     if settings.selection is not None and settings.selection not in RULES:
         raise ValueError(f"selection must be one of {', '.join(RULES)}, got {settings.selection!r}")
     registry = registry or using.registry()
@@ -492,6 +595,8 @@ def _summary(rows: list[dict[str, Any]], chains: list[dict[str, Any]], imp: dict
         "imp_at_k": {g: {kk: v[kk] for kk in ("mean", "se", "n", "low", "high")} for g, v in imp.items()},
         "imp_compounding": imp_comp,
         "candidates": candidates_total, "accepted": accepted,
+        "recombined": [sum(1 for row in rows for x in row["screened"] if x.get("recombines")),
+                       sum(1 for row in rows for x in row["screened"] if x.get("recombines") and x["accepted"])],
         "cost_per_round_usd": spend / max(len(rows), 1),
         "cost_per_accepted_usd": spend / accepted if accepted else math.inf,
         "tampering_rate": tampering / candidates_total if candidates_total else 0.0,

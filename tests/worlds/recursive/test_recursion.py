@@ -367,3 +367,41 @@ def test_an_improver_program_says_how_many_of_its_candidates_recurse_validates()
     assert _improver_setting(seed, "validate_from") == "screened"      # any screened candidate, not only train winners
     assert _improver_setting(seed.model_copy(update={"code": dict(seed.code, **{"improver.py": "IMPROVER = f()\n"})}),
                              "validate_from") is None                    # nothing of the program runs
+
+
+def test_recombination_merges_the_moves_of_candidates_into_one_program():
+    from rsigym_env.agents import seed_program
+    from rsigym_env.programs.seed.improver import parse_literals, replace_literals, set_lineage
+    from rsigym_env.worlds.recursive.rounds import _improver_recombine, recombination
+
+    seed = seed_program()
+    parent = seed.to_files()
+    text = parent["code/researcher.py"]
+    found = parse_literals(text, ("STRATEGY", "PHASES"))
+
+    def moved(lineage: str, **literals) -> dict[str, str]:
+        return dict(parent, **{"code/researcher.py": set_lineage(replace_literals(text, literals), lineage)})
+
+    share = moved("point fix_min_share", STRATEGY=dict(found["STRATEGY"], fix_min_share=0.02))
+    verify = moved("phase insert verify_harness", PHASES=["diagnose", "fix_harness", "verify_harness", "distil",
+                                                          "compare", "submit"])
+    clash = moved("point fix_min_share", STRATEGY=dict(found["STRATEGY"], fix_min_share=0.04))
+    files, names = recombination(parent, [("a", share, None), ("b", clash, None), ("c", verify, None)])
+    assert names == ["a", "c"]                                   # b changes the line a changed: left out
+    merged = parse_literals(files["code/researcher.py"], ("STRATEGY", "PHASES"))
+    assert merged["STRATEGY"] == dict(found["STRATEGY"], fix_min_share=0.02)
+    assert merged["PHASES"][2] == "verify_harness" and files["code/researcher.py"].startswith("# lineage: recombine a + c")
+    assert AgentSpec.from_files(files).kind == "program"
+    assert recombination(parent, [("a", share, None), ("b", clash, None)]) is None
+    assert recombination(parent, [("a", share, None), ("a2", share, parent)]) is None          # a change merged already
+    # an earlier round's near-pass (made from an earlier parent) merges into the current parent's candidates
+    now = parse_literals(share["code/researcher.py"], ("STRATEGY",))["STRATEGY"]
+    later = dict(share, **{"code/researcher.py": set_lineage(replace_literals(share["code/researcher.py"], {
+        "STRATEGY": dict(now, lora_rank=32)}), "point lora_rank")})
+    files, names = recombination(share, [("later", later, None), ("verify", verify, parent)])
+    merged = parse_literals(files["code/researcher.py"], ("STRATEGY", "PHASES"))
+    assert names == ["later", "verify"] and merged["STRATEGY"] == dict(now, lora_rank=32)
+    assert merged["PHASES"][2] == "verify_harness"
+    assert _improver_recombine(seed) in ("none", "accepted", "positive")
+    with pytest.raises(ValueError, match="recombine must be one of"):
+        recurse(tiny_scenario(), rounds=1, seeds=[0], settings=Settings(recombine="all"))
