@@ -262,3 +262,55 @@ def test_training_moves_to_a_process_of_its_own_when_this_one_has_other_blas_ker
         finally:
             env.close()
     assert runners[0] is None and runners[1] is not None
+
+
+def test_the_best_dev_candidates_official_evaluation_starts_when_it_becomes_the_best(tiny_base, tmp_path, monkeypatch):
+    """With early_official, a candidate that becomes the best on dev has its official evaluation started then
+    (the episode's end needs it: as the submission, or for its metrics), and submit waits for that one; a
+    candidate it replaces has its own cancelled (hinted ``instead_of``), and submitting that one evaluates it
+    afresh. The ends are those of early_official off, where nothing starts ahead."""
+    from rsigym_env.scenario import load_scenario
+    from rsigym_env.canonical import sha256_hex
+    from rsigym_env.worlds.common.evaluation import HarborEvalService
+
+    monkeypatch.setenv("RSIGYM_HOME", str(tmp_path / "home"))
+    hinted: list[tuple[str, str | None]] = []
+    prefetch = HarborEvalService.prefetch_official
+
+    def spy(self, req, instead_of=None):
+        if self.prefetch:
+            hinted.append((req.harness_version, instead_of and instead_of.harness_version))
+        return prefetch(self, req, instead_of)
+
+    monkeypatch.setattr(HarborEvalService, "prefetch_official", spy)
+    ends = {}
+    for early, drop in ((True, False), (True, True), (False, False)):
+        scenario = load_scenario("local-joint-aime").model_copy(update={
+            "official_k": 1, "world_options": {"base_model": tiny_base, "early_official": early}})
+        env = gym.make("RSIGym/Joint-v0", scenario=scenario, run_dir=tmp_path / f"run-{early}-{drop}")
+        try:
+            hinted.clear()
+            env.reset(seed=4)
+            run = env.unwrapped.run
+            initial = run.harness.initial
+            _, info = step(env, "edit_harness", path="harness.toml", old="persistent = false", new="persistent = true")
+            version = info["result"]["version"]
+            _, info = step(env, "evaluate", harness=version, k=1, n_tasks=2)
+            step(env, "wait", job=info["result"]["job"])
+            assert hinted == ([(initial, None), (version, None)] if early else [])
+            service = run.world.evaluation
+            if drop:  # as if another candidate had replaced it: its evaluation started ahead is cancelled
+                other = run._eval_request("base", initial, "official", 1, None).model_copy(update={"k": 2})
+                dropped = run._eval_request("base", version, "official", 1, None)
+                gate = service._gates[sha256_hex(dropped.model_dump())]
+                service.prefetch_official(other, dropped)
+                assert sha256_hex(dropped.model_dump()) not in service._prefetched and gate._closed.is_set()
+                assert sha256_hex(other.model_dump()) in service._prefetched
+            _, end = step(env, "submit", harness=version)
+        finally:
+            env.close()
+        evals = tmp_path / f"run-{early}-{drop}" / "evals"
+        if early and not drop:  # the best's was asked for second, before submit: official-2
+            assert json.loads((evals / "official-2" / "summary.json").read_text())["harness_version"] == version
+        ends[(early, drop)] = (end["initial_score"], end["official_score"], end["normalized_gain"])
+    assert ends[(True, False)] == ends[(True, True)] == ends[(False, False)]
