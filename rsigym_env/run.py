@@ -632,24 +632,7 @@ class ResearchRun:
         if key == ("base", self.harness.initial) and self.initial_dev is None:
             self.initial_dev = result.score
         if self.best is None or max(candidate.scores) > max(self.best.scores):
-            before, self.best = self.best, candidate
-            self._prefetch_best(before)
-
-    def _prefetch_best(self, before: Candidate | None) -> None:
-        """Hint the world that the best dev candidate's official evaluation will be needed (as the submission,
-        or for the episode's metrics) and the one it replaced's no longer (unless that is the initial system)."""
-        k, initial = self.scenario.official_k, ("base", self.harness.initial)
-        best = self.best
-        if best is None or (best.checkpoint, best.harness) == initial:
-            return  # the initial system's was hinted at the start
-        try:
-            req = self._eval_request(best.checkpoint, best.harness, "official", k, None)
-            old = None
-            if before is not None and (before.checkpoint, before.harness) != initial:
-                old = self._eval_request(before.checkpoint, before.harness, "official", k, None)
-        except ActionError:
-            return  # (a checkpoint no longer known: nothing to start)
-        self.world.evaluation.prefetch_official(req, old)
+            self.best = candidate
 
     def _render_ref(self, ref: str) -> str:
         if ref in self.running:

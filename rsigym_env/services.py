@@ -215,12 +215,10 @@ class EvalService(Protocol):
     def start(self, req: EvalRequest, job_id: str) -> Job: ...
     def official(self, req: EvalRequest) -> Billed[EvalResult]: ...
 
-    def prefetch_official(self, req: EvalRequest, instead_of: EvalRequest | None = None) -> None:
-        """A hint: :meth:`official` will be asked for ``req`` (the initial system's evaluation, given when an
-        episode starts; the best dev candidate's, given when it becomes the best) and no longer for
-        ``instead_of`` (the candidate it replaced). A service may start it now so the answer is ready by
-        then; it must be the same evaluation either way. Returns at once and never raises; doing nothing is
-        a valid answer."""
+    def prefetch_official(self, req: EvalRequest) -> None:
+        """A hint, given when an episode starts: :meth:`official` will be asked for ``req`` (the initial
+        system's evaluation). A service may start it now so the answer is ready by then; it must be the same
+        evaluation either way. Returns at once and never raises; doing nothing is a valid answer."""
 
 
 @runtime_checkable

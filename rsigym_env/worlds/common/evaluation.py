@@ -363,10 +363,9 @@ class HarborEvalService:
             self.prices.sandbox_usd(seconds, self.vcpus, self.memory_gib)
         return min(quote.usd, cost)
 
-    def prefetch_official(self, req: EvalRequest, instead_of: EvalRequest | None = None) -> None:
+    def prefetch_official(self, req: EvalRequest) -> None:
         """Start the official evaluation ``req`` now, in the background, because the platform will ask for it
-        later (the initial system's, which every episode's reward needs and no researcher action changes;
-        the best dev candidate's, which the episode's end needs as the submission or for its metrics):
+        later (the initial system's, which every episode's reward needs and no researcher action changes):
         :meth:`official` of the same request then waits for this one instead of starting its own. The
         evaluation is the same one either way (same trials, seeds and tasks; nothing of it reaches the
         researcher). Until it is asked for, each trial starts only when the machine has a core to spare
@@ -375,13 +374,9 @@ class HarborEvalService:
         local world's ``early_official`` option); otherwise a no-op.
 
         It is numbered now, so official evaluations are named in the order they were asked for whichever
-        thread gets to them first (a cached one takes no number: it makes no directory). ``instead_of``: one
-        started ahead that will not be asked for after all (a best candidate that another replaced): it is
-        cancelled, and :meth:`official` would run it afresh."""
+        thread gets to them first (a cached one takes no number: it makes no directory)."""
         if not self.prefetch or req.split != "official" or self._closed:
             return
-        if instead_of is not None:
-            self._drop_prefetched(instead_of)
         key = sha256_hex(req.model_dump())
         with self._lock:
             if key in self._prefetched:
@@ -414,20 +409,6 @@ class HarborEvalService:
                          gate.waited_s)
 
         threading.Thread(target=run, name="rsigym-official-prefetch", daemon=True).start()
-
-    def _drop_prefetched(self, req: EvalRequest) -> None:
-        """Cancel the evaluation started ahead for ``req`` (if any): its trials at the gate fail there, the
-        running ones are cancelled (as :meth:`close` does, for one)."""
-        key = sha256_hex(req.model_dump())
-        with self._lock:
-            ahead = self._prefetched.pop(key, None)
-            gate = self._gates.pop(key, None)
-            running = self._running.get(ahead[1]) if ahead is not None and ahead[1] is not None else None
-        if gate is not None:
-            gate.close()
-        if running is not None:
-            loop, task = running
-            loop.call_soon_threadsafe(task.cancel)
 
     def official(self, req: EvalRequest) -> Billed[EvalResult]:
         """The official split, synchronously; only the score and per-task rewards are kept.

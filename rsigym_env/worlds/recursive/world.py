@@ -152,7 +152,7 @@ class RecursiveEvaluation:
     def official(self, req: EvalRequest) -> Billed[EvalResult]:
         return self._run(req, billed=False)
 
-    def prefetch_official(self, req: EvalRequest, instead_of: EvalRequest | None = None) -> None:
+    def prefetch_official(self, req: EvalRequest) -> None:
         """Not started ahead: the inner episodes it would run are billed to the outer key when they run."""
 
 

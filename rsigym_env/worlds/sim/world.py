@@ -626,7 +626,7 @@ class SimEvaluation:
         """The held-out split (``n_tasks`` is ignored): the same draws every time for a world seed."""
         return self._run(req, official=True)
 
-    def prefetch_official(self, req: EvalRequest, instead_of: EvalRequest | None = None) -> None:
+    def prefetch_official(self, req: EvalRequest) -> None:
         """Nothing to start ahead: an official evaluation here is a few draws."""
 
     def _run(self, req: EvalRequest, official: bool) -> Billed[EvalResult]:
