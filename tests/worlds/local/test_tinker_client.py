@@ -20,6 +20,8 @@ from rsigym_env.worlds.local.lm.tinker_client import (  # noqa: E402
     LocalServiceClient,
     LocalTrainingClient,
     UnknownModelError,
+    _check_data,
+    _chunks,
     make_random_base,
     parse_tinker_path,
     register_base_model,
@@ -187,11 +189,43 @@ def test_importance_sampling_at_ratio_one_equals_cross_entropy(service):
                            loss_fn_inputs={"target_tokens": d.loss_fn_inputs["target_tokens"],
                                            "logprobs": o["logprobs"], "advantages": d.loss_fn_inputs["weights"]})
                for d, o in zip(DATA, fwd.loss_fn_outputs)]
-    ce.forward_backward(DATA, "cross_entropy")
+    ce.forward_backward(DATA, "cross_entropy").result()
     out = isc.forward_backward(is_data, "importance_sampling").result()
     assert out.metrics["loss:sum"] == pytest.approx(-sum(float(d.loss_fn_inputs["weights"].to_numpy().sum()) for d in DATA), rel=1e-5)
     for k, g in ce._grads.items():
         assert np.allclose(g, isc._grads[k], atol=1e-5)
+
+
+def test_a_batchs_gradient_is_its_micro_batches_added_in_order_however_they_run(service):
+    """A batch's micro-batches run at once on the shard threads (here with two other clients' batches
+    queued beside them); their gradients are added in group order, so every client ends with the
+    bits of running the groups one after another in this thread."""
+    data = DATA * 3
+    clients = [service.create_lora_training_client(BASE, rank=4, seed=9).result() for _ in range(3)]
+    futures = [c.forward_backward(data, "cross_entropy") for c in clients]  # all in flight at once
+    losses = [f.result().metrics["loss:sum"] for f in futures]
+    reference = service.create_lora_training_client(BASE, rank=4, seed=9).result()
+    batch = _check_data(data, "cross_entropy", reference._base.config)
+    lengths = [t.size for t in batch.tokens]
+    groups = _chunks(lengths, service.max_tokens_per_chunk)
+    assert len(groups) == 2 and sorted(sum(groups, [])) == list(range(len(data)))
+    expected: dict[str, np.ndarray] = {}
+    for group in groups:
+        for name, g in reference._group(batch, group, lengths, "cross_entropy", True)[1].items():
+            expected[name] = expected[name] + g if name in expected else g
+    assert losses[0] == losses[1] == losses[2]
+    for client in clients:
+        assert set(client._grads) == set(expected)
+        assert all(np.array_equal(client._grads[k], expected[k]) for k in expected)
+
+
+def test_micro_batches_depend_on_the_lengths_alone_and_keep_the_token_bound():
+    lengths = [30, 7, 19, 30, 12, 25, 3]
+    groups = _chunks(lengths, max_tokens=64)
+    assert groups == _chunks(list(lengths), max_tokens=64) and len(groups) % 2 == 0
+    assert sorted(sum(groups, [])) == list(range(len(lengths)))
+    assert all(len(g) * max(lengths[i] for i in g) <= 64 for g in groups)
+    assert _chunks(lengths, max_tokens=10_000) == [[0, 5, 4, 6], [3, 2, 1]]  # two groups, longest dealt first
 
 
 def test_custom_loss_needs_torch(service):

@@ -325,16 +325,39 @@ def _check_data(data: Sequence[types.Datum], loss_fn: str, config: ModelConfig) 
     return batch
 
 
-def _chunks(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Indices grouped (longest first) so each padded group has at most ``max_tokens`` tokens."""
+TRAIN_SHARDS = 2  # micro-batches computed at once (one thread each); part of the result: see _chunks
+
+
+def _chunks(lengths: Sequence[int], max_tokens: int, shards: int = TRAIN_SHARDS) -> list[list[int]]:
+    """Indices in micro-batches: longest first, dealt round-robin into the fewest groups, a multiple of
+    ``shards`` (at most one per row), whose padded tokens (rows × their longest) stay within ``max_tokens``.
+
+    The groups are a function of the lengths alone, so a batch's gradient (the groups' sums, added in
+    group order) is the same on any machine however many groups run at once; ``shards`` groups of
+    similar size let that many threads share the work.
+
+    >>> _chunks([5, 9, 7, 3], max_tokens=100)
+    [[1, 0], [2, 3]]
+    >>> _chunks([5, 9, 7, 3], max_tokens=9), _chunks([4], max_tokens=100)
+    ([[1], [2], [0], [3]], [[0]])
+    """
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    groups: list[list[int]] = []
-    for i in order:
-        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= max_tokens:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
+    longest, n = lengths[order[0]], len(order)
+    groups = min(n, shards)
+    while groups < n and -(-n // groups) * longest > max_tokens:
+        groups = min(n, groups + shards)
+    return [order[j::groups] for j in range(groups)]
+
+
+_SHARD_POOL: ThreadPoolExecutor | None = None
+
+
+def _shard_pool() -> ThreadPoolExecutor:
+    """The threads that compute a batch's micro-batches (one each, BLAS on one thread: see ``_chunks``)."""
+    global _SHARD_POOL
+    if _SHARD_POOL is None:
+        _SHARD_POOL = ThreadPoolExecutor(max_workers=TRAIN_SHARDS, thread_name_prefix="tinker-local-shard")
+    return _SHARD_POOL
 
 
 # --- training client ---------------------------------------------------------------------------
@@ -366,39 +389,18 @@ class LocalTrainingClient:
 
     # --- forward / backward -----------------------------------------------------------------
     def _run(self, batch: _Batch, loss_fn: str, cfg: Mapping[str, Any], backward: bool) -> types.ForwardBackwardOutput:
-        model = self._model
-        dtype = model.dtype
         outputs: list[dict[str, types.TensorData]] = [{} for _ in batch.tokens]
         loss_sum = 0.0
         lengths = [t.size for t in batch.tokens]
-        for group in _chunks(lengths, self.service.max_tokens_per_chunk):
-            width = lengths[group[0]]
-            tok = np.zeros((len(group), width), np.int64)
-            tgt = np.zeros((len(group), width), np.int64)
-            for r, i in enumerate(group):
-                tok[r, :lengths[i]] = batch.tokens[i]
-                tgt[r, :lengths[i]] = batch.inputs[i]["target_tokens"]
-            if not backward:
-                logp = model.token_logprobs(tok, tgt).astype(np.float64)
-            else:
-                coef = np.zeros((len(group), width), np.float64)
-                for r, i in enumerate(group):
-                    coef[r, :lengths[i]] = -batch.inputs[i]["weights"]
-                if loss_fn == "importance_sampling":
-                    adv = np.zeros_like(coef)
-                    old = np.zeros_like(coef)
-                    for r, i in enumerate(group):
-                        adv[r, :lengths[i]] = batch.inputs[i]["advantages"]
-                        old[r, :lengths[i]] = batch.inputs[i]["logprobs"]
-                    coef = lambda lp: (-adv * np.exp(lp - old)).astype(dtype)  # noqa: E731, B023  dL/dlp of -Σ ratio·A (used at once)
-                logp, grads = model.loss_and_grad(tok, tgt, coef if callable(coef) else coef.astype(dtype),
-                                                  train_base=False, train_lora=True)
-                logp = logp.astype(np.float64)
-                for name, g in grads.items():
-                    if name in self._grads:
-                        self._grads[name] += g
-                    else:
-                        self._grads[name] = g
+        groups = _chunks(lengths, self.service.max_tokens_per_chunk)
+        # the groups run at once on the shard threads; their results are added up in group order
+        for group, (logp, grads) in zip(groups, _shard_pool().map(
+                lambda group: self._group(batch, group, lengths, loss_fn, backward), groups)):
+            for name, g in grads.items():
+                if name in self._grads:
+                    self._grads[name] += g
+                else:
+                    self._grads[name] = g
             for r, i in enumerate(group):
                 f, lp = batch.inputs[i], logp[r, :lengths[i]]
                 if loss_fn == "cross_entropy":
@@ -410,6 +412,34 @@ class LocalTrainingClient:
                               "elementwise_loss": types.TensorData.from_numpy(elem.astype(np.float32))}
         return types.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs,
                                            metrics={"loss:sum": loss_sum})
+
+    def _group(self, batch: _Batch, group: list[int], lengths: list[int], loss_fn: str,
+               backward: bool) -> tuple[np.ndarray, Params]:
+        """One micro-batch (rows ``group``, padded): its target log-probabilities (float64) and, with
+        ``backward``, its gradients."""
+        model = self._model
+        dtype = model.dtype
+        width = lengths[group[0]]
+        tok = np.zeros((len(group), width), np.int64)
+        tgt = np.zeros((len(group), width), np.int64)
+        for r, i in enumerate(group):
+            tok[r, :lengths[i]] = batch.tokens[i]
+            tgt[r, :lengths[i]] = batch.inputs[i]["target_tokens"]
+        if not backward:
+            return model.token_logprobs(tok, tgt).astype(np.float64), {}
+        coef = np.zeros((len(group), width), np.float64)
+        for r, i in enumerate(group):
+            coef[r, :lengths[i]] = -batch.inputs[i]["weights"]
+        if loss_fn == "importance_sampling":
+            adv = np.zeros_like(coef)
+            old = np.zeros_like(coef)
+            for r, i in enumerate(group):
+                adv[r, :lengths[i]] = batch.inputs[i]["advantages"]
+                old[r, :lengths[i]] = batch.inputs[i]["logprobs"]
+            coef = lambda lp: (-adv * np.exp(lp - old)).astype(dtype)  # noqa: E731  dL/dlp of -Σ ratio·A
+        logp, grads = model.loss_and_grad(tok, tgt, coef if callable(coef) else coef.astype(dtype),
+                                          train_base=False, train_lora=True)
+        return logp.astype(np.float64), grads
 
     def forward(self, data: list[types.Datum], loss_fn: types.LossFnType,
                 loss_fn_config: Mapping[str, float | str] | None = None) -> APIFuture[types.ForwardBackwardOutput]:
