@@ -239,7 +239,7 @@ def merge_files(base: dict[str, str], ours: dict[str, str], theirs: dict[str, st
                 return None
             continue
         hunks = sorted({(h[0], h[1], tuple(h[3])) for h in list(own.hunks) + list(fp.hunks)})
-        for (s1, e1, _), (s2, e2, _) in zip(hunks, hunks[1:]):
+        for (s1, e1, _), (s2, _e2, _) in zip(hunks, hunks[1:]):
             if s2 < e1 or s2 == s1:  # overlapping, or two different changes at the same place
                 return None
         lines = base[path].splitlines(keepends=True)
