@@ -7,6 +7,7 @@ VENV     ?= .venv
 PY       := $(VENV)/bin/python
 STAMP    := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
+HOOK_STAMP := $(VENV)/.arithmetic-hook
 RUN_ARGS ?= --world local --benchmark terminal-bench-2 --track joint --agent scripted --seed 0
 TEST_ARGS ?=
 export HARBOR_TELEMETRY=0
@@ -39,7 +40,13 @@ $(RUN_STAMP): pyproject.toml constraints.txt
 	fi
 	@touch $(RUN_STAMP)
 
-$(STAMP): $(RUN_STAMP)
+# the same arithmetic whatever a script imports first: a start-up hook pins NumPy's and OpenBLAS's
+# kernels in every process of the venv before NumPy loads (rsigym_env/numerics.py)
+$(HOOK_STAMP): $(RUN_STAMP) rsigym_env/numerics.py
+	@$(PY) -c "import rsigym_env.numerics as n; print('arithmetic pinned at start-up by', n.install_startup_hook())"
+	@touch $(HOOK_STAMP)
+
+$(STAMP): $(HOOK_STAMP)
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
 	@# OpenEnv's client for the OpenEnv-surface tests, without its gradio/pandas dependencies
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt openenv-core==0.3.0
@@ -58,7 +65,7 @@ $(STAMP): $(RUN_STAMP)
 
 setup: $(STAMP)  ## create .venv and install the package with every extra the tests need (make run needs less)
 
-run: $(RUN_STAMP)  ## one research episode on the offline default world, with progress and a summary
+run: $(HOOK_STAMP)  ## one research episode on the offline default world, with progress and a summary
 	$(VENV)/bin/rsigym run $(RUN_ARGS)
 
 test: $(STAMP) lint  ## lint, the layering rules, then the whole test suite (what CI runs, with test-llm)

@@ -29,7 +29,15 @@ seed. On the same CPUs the package therefore also sets ``NPY_ENABLE_CPU_FEATURES
 level; the names NumPy >= 2.4 use) before NumPy loads: every machine with AVX2 runs the AVX2 versions.
 A value the user set for it (or for ``NPY_DISABLE_CPU_FEATURES``) is kept.
 
-This module imports nothing that loads NumPy (only :func:`canonical_arithmetic` does, when called).
+Both settings only work before NumPy loads, and a script that starts with ``import gymnasium`` (which
+imports NumPy) loads it before ``rsigym_env``. :func:`install_startup_hook` therefore puts a start-up hook
+into the environment's ``site-packages`` (a ``.pth`` file, which Python runs at every interpreter start
+before any user code): it pins both in every process of that environment, whatever is imported first.
+``make setup`` and ``make run`` install it into ``.venv``; elsewhere run
+``python -c "import rsigym_env.numerics as n; n.install_startup_hook()"`` once.
+
+This module imports nothing that loads NumPy (only :func:`canonical_arithmetic` does, when called), and
+nothing outside the standard library at import time, so the start-up hook can run it on its own.
 
 >>> pinned_core({"avx2", "fma", "sse2"}, "x86_64"), pinned_core({"avx2"}, "x86_64"), pinned_core({"asimd"}, "aarch64")
 ('Haswell', None, None)
@@ -81,6 +89,53 @@ def pin_blas_core(environ: MutableMapping[str, str] = os.environ, flags: set[str
             # since NumPy refuses to load when asked for a level the CPU lacks (a VM may mask one of them)
             environ[SIMD_ENV] = CANONICAL_SIMD
     return environ.get(CORE_ENV)
+
+
+HOOK_NAME = "rsigym_env_arithmetic"  # the .pth file and the module it imports, in site-packages
+_HOOK_MODULE = '''"""Written by rsigym_env.numerics.install_startup_hook: pins the arithmetic before anything loads NumPy."""
+import os as _os
+import sys as _sys
+
+
+def _pin() -> None:
+    if "OPENBLAS_CORETYPE" in _os.environ or "numpy" in _sys.modules:
+        return  # a process started by a pinned one inherits the pin (the hook then costs ~0.1 ms)
+    import importlib.util
+
+    spec = importlib.util.find_spec("rsigym_env")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    path = _os.path.join(list(spec.submodule_search_locations)[0], "numerics.py")
+    numerics_spec = importlib.util.spec_from_file_location("_rsigym_env_numerics_at_startup", path)
+    numerics = importlib.util.module_from_spec(numerics_spec)
+    numerics_spec.loader.exec_module(numerics)
+    numerics.pin_blas_core()
+
+
+try:
+    _pin()
+except Exception:  # a start-up hook must never stop an interpreter from starting
+    pass
+'''
+
+
+def install_startup_hook(site_dir: str | os.PathLike[str] | None = None) -> str:
+    """Install the start-up hook (module docstring) into ``site_dir`` (default: this environment's
+    ``site-packages``); returns the ``.pth`` file's path. Idempotent.
+
+    >>> import tempfile, pathlib
+    >>> pth = install_startup_hook(tempfile.mkdtemp())
+    >>> pathlib.Path(pth).read_text()
+    'import rsigym_env_arithmetic\\n'
+    """
+    import sysconfig
+    from pathlib import Path
+
+    site = Path(site_dir if site_dir is not None else sysconfig.get_paths()["purelib"])
+    (site / f"{HOOK_NAME}.py").write_text(_HOOK_MODULE, encoding="utf-8")
+    pth = site / f"{HOOK_NAME}.pth"
+    pth.write_text(f"import {HOOK_NAME}\n", encoding="utf-8")
+    return str(pth)
 
 
 def blas_core() -> str | None:
@@ -150,7 +205,8 @@ def check_arithmetic() -> bool | None:
         logging.getLogger("rsigym_env.numerics").warning(
             "this process does not compute the pinned arithmetic (NumPy %s, OpenBLAS core %s, NumPy code "
             "pinned: %s): sim and local results will differ in their last bits from other machines' for the "
-            "same seed. Import rsigym_env before NumPy, and install the package's NumPy (numpy<2.5.2: "
+            "same seed. Import rsigym_env before NumPy (or install the start-up hook: "
+            "rsigym_env.numerics.install_startup_hook()), and install the package's NumPy (numpy<2.5.2: "
             "OpenBLAS 0.3.34 sums otherwise on AMD Zen 4/5 hosts); see rsigym_env/numerics.py",
             np.__version__, blas_core(), simd_is_pinned())
     return canonical
@@ -177,4 +233,4 @@ def canonical_arithmetic() -> bool | None:
 
 __all__ = ["CANONICAL_CORE", "CANONICAL_DIGEST", "CANONICAL_SIMD", "CORE_ENV", "SIMD_ENV", "X86_V3_FLAGS",
            "blas_core", "blas_core_is_pinned", "canary_digest", "canonical_arithmetic", "check_arithmetic",
-           "cpu_flags", "pin_blas_core", "pinned_core", "simd_is_pinned"]
+           "cpu_flags", "install_startup_hook", "pin_blas_core", "pinned_core", "simd_is_pinned"]

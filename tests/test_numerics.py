@@ -112,3 +112,32 @@ def test_a_sim_episode_in_a_process_that_loaded_numpy_first_says_its_bits_differ
     pinned = subprocess.run([sys.executable, "-c", code.replace("import numpy; ", "")], capture_output=True, text=True,
                             env=environ, check=True)
     assert "pinned arithmetic" not in pinned.stderr
+
+
+@pytest.mark.skipif(not AVX2, reason="nothing is pinned on a CPU without AVX2 and FMA")
+def test_the_startup_hook_pins_the_arithmetic_whatever_is_imported_first(tmp_path):
+    """`import gymnasium` loads NumPy before rsigym_env; the .pth hook (what make setup installs) pins it anyway."""
+    numerics.install_startup_hook(tmp_path)
+    code = ("import site; site.addsitedir({site!r}); "
+            "import json, os, gymnasium, numpy; import rsigym_env; "
+            "from rsigym_env.numerics import simd_is_pinned, blas_core_is_pinned, canonical_arithmetic; "
+            "print(json.dumps([os.environ.get('OPENBLAS_CORETYPE'), blas_core_is_pinned(), simd_is_pinned(), "
+            "canonical_arithmetic()]))")
+    import os
+
+    environ = {k: v for k, v in os.environ.items() if k not in (numerics.CORE_ENV, numerics.SIMD_ENV)}
+    # -S: no site-packages hooks of the test's own environment; the tmp site dir's hook is the only one
+    from pathlib import Path
+
+    import rsigym_env
+
+    paths = [__import__("sysconfig").get_paths()["purelib"], str(Path(rsigym_env.__file__).parents[1])]
+    prelude = f"import sys; sys.path.extend({paths!r}); "
+    out = subprocess.run([sys.executable, "-S", "-c", prelude + code.format(site=str(tmp_path))],
+                         capture_output=True, text=True, env=environ, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["Haswell", True, True, True]
+    # without the hook the same script computes other bits (on an AVX-512 machine) and says so
+    if "avx512f" in numerics.cpu_flags():
+        bare = subprocess.run([sys.executable, "-S", "-c", prelude + code.replace("site.addsitedir({site!r}); ", "")],
+                              capture_output=True, text=True, env=environ, check=True)
+        assert json.loads(bare.stdout.strip().splitlines()[-1])[2:] == [False, False]
