@@ -5,7 +5,9 @@ N sim episodes of one benchmark as arrays with the sim's own array kernels (``Si
 at once, evaluations in one pass, official scores at submit) and the money and clock the scalar env
 keeps (an evaluation is quoted, refused and counted when the balance cannot cover it, else billed; the
 clock advances by the job's seconds; a step limit truncates), a feature matrix and an action mask per
-step, and autoreset (``NEXT_STEP``-like: finished envs get new worlds at the end of the step).
+step, and autoreset (Gymnasium's ``NEXT_STEP``: a finished env is reset by the next step, its action
+ignored, from worlds drawn ahead in batches with their initial official scores), so every evaluation of a
+step (dev ones and submits' official ones, mixed k) is one ``SimBatch.evaluate`` call (sim result version 6).
 
 Menu of the prototype: 0 ``eval k=1``, 1 ``eval k=3``, 2–6 ``fix:<defect>`` (switch the option on),
 7 ``submit`` (official avg@3 of the latest harness; reward = normalized gain over the initial system).
@@ -66,7 +68,10 @@ class ArrayCore:
         batch: the same worlds and scores as drawing each alone at its reset."""
         seeds = list(range(self.next_seed, self.next_seed + self.ahead_size))
         self.next_seed += self.ahead_size
-        self.ahead = SimBatch.make(self.batch.model.benchmark.id, seeds)
+        if hasattr(self, "ahead"):
+            self.ahead.reset(np.arange(self.ahead_size), seeds)
+        else:
+            self.ahead = SimBatch.make(self.batch.model.benchmark.id, seeds)
         m = self.ahead_size
         minimal = HarnessArrays(np.full(m, 4096), *(np.zeros((5, m), bool)), np.ones(m, bool))
         self.ahead_initial = self.ahead.evaluate(self.ahead.base_skill, np.zeros(m), minimal, k=3,

@@ -222,7 +222,8 @@ class SimBatch:
         """
         picked = np.arange(len(self)) if rows is None else np.asarray(rows, dtype=np.intp)
         size = len(picked)
-        k = np.broadcast_to(np.asarray(k, dtype=np.int64), (size,))
+        k = np.asarray(k, dtype=np.int64)
+        k = np.full(size, k) if k.ndim == 0 else k
         if size and not ((1 <= k) & (k <= MAX_ATTEMPTS)).all():
             raise ValueError(f"k must be from 1 to {MAX_ATTEMPTS}, got {sorted(set(k.tolist()))}")
         if isinstance(split, str):
@@ -260,7 +261,7 @@ class SimBatch:
         """(usd, seconds, tokens, sandbox seconds) per world of evaluating the first ``n_tasks`` tasks of
         table half ``half`` in reply variant ``variant`` (one each per world) k times: the scalar sim's
         :func:`~.world.evaluation_bill`, looked up per distinct (half, variant, harness options, k)."""
-        k = np.broadcast_to(np.asarray(k, dtype=np.int64), half.shape)
+        k = np.asarray(k, dtype=np.int64)
         bits = (half + 2 * variant + 4 * harness.cont + 8 * harness.verify + 16 * harness.check + 32 * harness.valid
                 + 64 * k)
         codes = (harness.max_output_tokens.astype(np.int64) * 1024 + bits) * 4096 + n_tasks
