@@ -441,21 +441,29 @@ CODES = 2 ** len(DEFECTS)
 """Exposure codes of a task: 5 bits (its four flags, then whether its reply is cut off)."""
 CODE_BITS = np.array([[(c >> 4) & 1, *((c >> j) & 1 for j in range(4))] for c in range(CODES)], dtype=float)
 """(32, 5): which defects (``DEFECTS`` order) a task with each exposure code is exposed to."""
-INTERFERENCE_BITS = np.array([[(c >> j) & 1 for j in range(5)] for c in range(CODES)], dtype=float)
-"""(32, 5): which remedies interfere with a task with each interference code."""
 
 
-def per_code(values: np.ndarray, bits: np.ndarray) -> np.ndarray:
-    """(N, 32): for every code, the sum of ``values`` (N, 5) over the defects it has (in ``DEFECTS`` order,
-    element-wise: a row's sums never depend on the other rows).
+CODE_AXES = (1, 5, 4, 3, 2)
+"""The axis of each defect's bit in a (N, 2, 2, 2, 2, 2) view of (N, 32) exposure codes (truncation is bit 4)."""
+INTERFERENCE_AXES = (5, 4, 3, 2, 1)
+"""The same for interference codes (remedy j is bit j)."""
 
-    >>> per_code(np.array([[1.0, 2.0, 4.0, 8.0, 16.0]]), CODE_BITS)[0, [0, 1, 16, 31]].tolist()
+
+def per_code(values: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """(N, 32): for every code, the sum of ``values`` (N, 5) over the defects it has, added in ``DEFECTS``
+    order (``axes``: :data:`CODE_AXES` or :data:`INTERFERENCE_AXES`); element-wise, so a row's sums never
+    depend on the other rows.
+
+    >>> per_code(np.array([[1.0, 2.0, 4.0, 8.0, 16.0]]), CODE_AXES)[0, [0, 1, 16, 31]].tolist()
     [0.0, 2.0, 1.0, 31.0]
     """
-    out = values[:, :1] * bits[:, 0]
-    for j in range(1, bits.shape[1]):
-        out += values[:, j : j + 1] * bits[:, j]
-    return out
+    size = len(values)
+    out = np.zeros((size, 2, 2, 2, 2, 2))
+    for j, axis in enumerate(axes):  # one in-place add on the half of the codes that have the bit
+        index: list[slice | int] = [slice(None)] * 6
+        index[axis] = 1
+        out[tuple(index)] += values[:, j].reshape(size, 1, 1, 1, 1)
+    return out.reshape(size, CODES)
 
 
 @dataclass(frozen=True)
@@ -492,8 +500,8 @@ def exposure(table: TaskTable, half: np.ndarray, variant: np.ndarray, present: n
     cell = code + CODES * np.arange(len(half))[:, None]
     counts = np.concatenate([active[:, :1], present[:, 1:] & active[:, 1:]], axis=1)
     trip = np.where(counts, severity, 0.0)
-    passing = np.exp(per_code(np.where(counts, np.log1p(-severity), 0.0), CODE_BITS))
-    return Exposure(code, cell, passing, per_code(trip, CODE_BITS), trip)
+    passing = np.exp(per_code(np.where(counts, np.log1p(-severity), 0.0), CODE_AXES))
+    return Exposure(code, cell, passing, per_code(trip, CODE_AXES), trip)
 
 
 def _minimal_ceiling(table: TaskTable, present: np.ndarray, severity: np.ndarray, half: np.ndarray) -> np.ndarray:
@@ -625,7 +633,7 @@ def evaluation_stats(
     p = e.task_pass()
     unneeded = applied & ~present
     if unneeded.any():
-        interference = np.exp(per_code(np.where(unneeded, np.log1p(-harm), 0.0), INTERFERENCE_BITS))
+        interference = np.exp(per_code(np.where(unneeded, np.log1p(-harm), 0.0), INTERFERENCE_AXES))
         p *= np.take(interference, table.interference_codes[half, :m] + CODES * np.arange(size)[:, None])
     odds = table.exp_difficulty[half, :m]
     odds *= np.exp(-skill)[:, None]
@@ -640,8 +648,8 @@ def evaluation_stats(
         blame *= 1.0 - memory[:, None]
     weighted = np.bincount(e.cell.ravel(), minlength=CODES * size).reshape(size, CODES) * blame
     causes = np.empty((size, OUTCOMES - 1))
-    for j in range(len(DEFECTS)):
-        causes[:, j] = e.trip[:, j] * (weighted * CODE_BITS[:, j]).sum(axis=-1)
+    causes[:, :5] = (weighted[:, None, :] * CODE_BITS.T).sum(axis=-1)  # per defect, a sum over its codes
+    causes[:, :5] *= e.trip
     mean = success.sum(axis=-1)
     causes[:, 5] = np.maximum(m - mean - causes[:, :5].sum(axis=-1), 0.0)
     var = mean - (success * success).sum(axis=-1)
@@ -671,17 +679,21 @@ def draw_outcomes(stats: EvalStats, k: int | np.ndarray, u: np.ndarray, valid: n
     out = np.zeros((size, len(FAILURE_MODES) + 1), np.int64)
     out[:, 0] = wins
     left = attempts - wins
-    weights = stats.causes
-    rest = weights.sum(axis=-1)
+    weights = stats.causes[:, : OUTCOMES - 2]
+    causes = weights.shape[1]
+    rest = np.empty((size, causes))  # the expected failures of this cause and the ones after it
+    rest[:, 0] = stats.causes.sum(axis=-1)
+    for j in range(1, causes):
+        rest[:, j] = rest[:, j - 1] - weights[:, j - 1]
     with np.errstate(divide="ignore", invalid="ignore"):
-        for j in range(OUTCOMES - 2):  # binomial_z of each cause in turn, inlined (the same arithmetic)
-            share = np.where(rest > 0, np.clip(weights[:, j] / rest, 0.0, 1.0), 0.0)
-            mean = left * share
-            count = np.floor(mean + np.sqrt(mean * (1.0 - share)) * z[:, 1 + j] + 0.5)
-            count = np.minimum(np.maximum(count, 0.0), left)
-            out[:, 1 + j] = count
-            left = left - count
-            rest = rest - weights[:, j]
+        share = np.where(rest > 0, np.clip(weights / rest, 0.0, 1.0), 0.0)  # of the failures left
+    keep = 1.0 - share
+    for j in range(causes):  # a binomial of the failures left for each cause in turn
+        mean = left * share[:, j]
+        count = np.floor(mean + np.sqrt(mean * keep[:, j]) * z[:, 1 + j] + 0.5)
+        count = np.minimum(np.maximum(count, 0.0), left)
+        out[:, 1 + j] = count
+        left = left - count
     out[:, OUTCOMES - 1] = left  # wrong_answer
     if valid is not None and not valid.all():
         broken = ~np.asarray(valid)
