@@ -32,7 +32,7 @@ from typing import Iterable, Literal, Mapping, Sequence
 import numpy as np
 
 from ...catalog import FAILURE_MODES, HARNESS_ERROR, WRONG_ANSWER  # noqa: F401  (HARNESS_ERROR: re-exported)
-from .benchmarks import DEFECTS, MINIMAL_MAX_OUTPUT_TOKENS, TEACHER_DUPLICATES, Benchmark, Domain
+from .benchmarks import BENCHMARKS, DEFECTS, MINIMAL_MAX_OUTPUT_TOKENS, TEACHER_DUPLICATES, Benchmark, Domain
 from .draws import benchmark_key, binomial, norm_ppf, seed_array, stream_keys, uniforms
 
 # Harness costs (fractions of an attempt's tokens / sandbox time).
@@ -325,9 +325,7 @@ class TaskTable:
 def task_table(benchmark_id: str) -> TaskTable:
     """The benchmark's :class:`TaskTable`: the task draws of version 5 (stratified difficulty, log-normal
     reply lengths, exact exposure rates per half) from the benchmark's own ``table`` stream."""
-    from .benchmarks import BENCHMARKS  # the table is keyed by id so that it is cached once per benchmark
-
-    benchmark = BENCHMARKS[benchmark_id]
+    benchmark = BENCHMARKS[benchmark_id]  # keyed by id: the table is cached once per benchmark
     domain, n = benchmark.domain, benchmark.n_tasks
     key = stream_keys(seed_array([0]), benchmark_key(benchmark_id), "table")
     u = uniforms(key, np.zeros(1, np.uint64), 2 * TASK_DRAWS * n).reshape(2, TASK_DRAWS, n)
