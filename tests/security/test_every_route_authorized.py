@@ -99,9 +99,10 @@ def _call(client: httpx.Client, method: str, url: str, token: str | None = None,
     if token is not None:
         h["Authorization"] = f"Bearer {token}"
     chunks: list[bytes] = []
-    with client.stream(method, url, headers=h, content=body,
-                       timeout=httpx.Timeout(30.0, read=SSE_S)) as reply:
+    with client.stream(method, url, headers=h, content=body, timeout=30.0) as reply:  # the headers: 30 s (a loaded machine)
         streaming = reply.headers.get("content-type", "").startswith("text/event-stream")
+        if streaming:  # a stream's body is read for SSE_S at most (httpcore reads this dict when the body starts)
+            reply.request.extensions["timeout"]["read"] = SSE_S
         deadline = time.monotonic() + SSE_S
         try:
             for chunk in reply.iter_raw():
