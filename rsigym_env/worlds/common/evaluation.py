@@ -67,7 +67,7 @@ from ...serving.openai_server import OpenAIServer, Usage, UsageMeter
 from ...services import Billed, EvalRequest, EvalResult, Job, Quote
 from .harbor_agent import IMPORT_PATH as AGENT_IMPORT_PATH
 from .harbor_agent import ModelSession, register_session, unregister_session
-from .idle import IdleGate, register_gate, unregister_gate
+from .idle import IdleGate, SpareCores, register_gate, unregister_gate
 
 log = logging.getLogger("rsigym_env.evaluation")
 
@@ -259,8 +259,11 @@ class HarborEvalService:
                  model_endpoint: ModelEndpoint | None = None,
                  seed_key: bytes = b"", logs_quota_bytes: int = 1 << 30, cache_dir: Path | None = None,
                  model_identity: Callable[[str], str | None] | None = None, cache_quota_bytes: int = 256 << 20,
-                 prefetch: bool = False, cache_official: bool = True):
+                 prefetch: bool = False, cache_official: bool = True, spare_trials: int = 0):
         self.model_for = model_for
+        # trials beyond ``concurrency`` while the machine has idle cores (SpareCores; only for an environment
+        # whose trials wait at the gate they are given, as the local world's do): none by default
+        self.spare_trials = max(0, int(spare_trials))
         self.prefetch = prefetch  # whether prefetch_official starts anything
         self.cache_official = cache_official  # False: official tasks are the episode's own draw (never again)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None  # official results of fixed systems
@@ -610,6 +613,9 @@ class HarborEvalService:
         server: OpenAIServer | None = None
         session_key = f"{eval_id}-{uuid.uuid4().hex[:12]}"
         socket_dirs = contextlib.ExitStack()
+        spare: str | None = None
+        if idle_gate is None and self.spare_trials:  # (a background evaluation keeps its idle gate)
+            idle_gate = spare = register_gate(SpareCores(self.concurrency, self.concurrency + self.spare_trials))
         try:
             socket_dir = Path(socket_dirs.enter_context(self.environment.model_socket_dir()))
             harness_dir = work_dir / "harness"
@@ -630,7 +636,8 @@ class HarborEvalService:
             with self._lock:
                 self._live[eval_id] = (session, started)
             try:
-                results = self._run_job(req, tasks, work_dir, harness_dir, session_key, eval_id, idle_gate)
+                results = self._run_job(req, tasks, work_dir, harness_dir, session_key, eval_id, idle_gate,
+                                        self.concurrency + self.spare_trials if spare is not None else None)
                 usage = session.usage()
             finally:
                 with self._lock:
@@ -642,6 +649,8 @@ class HarborEvalService:
             if server is not None:
                 server.stop()
             socket_dirs.close()
+            if spare is not None:
+                unregister_gate(spare)
             if split != "dev":
                 discard_private(work_dir)
         token_usd = self.prices.sample_usd(usage.prompt_tokens, usage.completion_tokens)
@@ -660,7 +669,7 @@ class HarborEvalService:
         return Billed[EvalResult](value=value, cost_usd=cost, seconds=seconds)
 
     def _job_config(self, req: EvalRequest, tasks: list[Path], work_dir: Path, harness_dir: Path,
-                    session_key: str, idle_gate: str | None = None) -> Any:
+                    session_key: str, idle_gate: str | None = None, concurrency: int | None = None) -> Any:
         from harbor.models.job.config import JobConfig
         from harbor.models.trial.config import AgentConfig, TaskConfig, VerifierConfig
 
@@ -675,18 +684,19 @@ class HarborEvalService:
                                       "attempt": attempt, "harness_version": req.harness_version,
                                       "timeout_s": self.agent_timeout_s}, **reach)
                   for attempt in range(req.k)]
-        return JobConfig(job_name="harbor", jobs_dir=work_dir, n_attempts=1, n_concurrent_trials=self.concurrency,
+        return JobConfig(job_name="harbor", jobs_dir=work_dir, n_attempts=1, n_concurrent_trials=concurrency or self.concurrency,
                          quiet=True, tasks=[TaskConfig(path=t.resolve()) for t in tasks], agents=agents,
                          environment=self.environment.config(self.sandboxes_dir, self.memory_gib, idle_gate),
                          verifier=VerifierConfig(max_timeout_sec=self.verifier_timeout_s))
 
     def _run_job(self, req: EvalRequest, tasks: list[Path], work_dir: Path, harness_dir: Path,
-                 session_key: str, eval_id: str, idle_gate: str | None = None) -> list[Any]:
+                 session_key: str, eval_id: str, idle_gate: str | None = None,
+                 concurrency: int | None = None) -> list[Any]:
         """Harbor's ``Job`` over the tasks, in a fresh event loop in this thread (cancelled by :meth:`close`)."""
         from harbor.job import Job as HarborJob
 
         tune_harbor()
-        config = self._job_config(req, tasks, work_dir, harness_dir, session_key, idle_gate)
+        config = self._job_config(req, tasks, work_dir, harness_dir, session_key, idle_gate, concurrency)
 
         async def run() -> list[Any]:
             task = asyncio.current_task()
