@@ -293,7 +293,8 @@ class HarborEvalService:
         self._lock = threading.Lock()
         self._counter = 0
         self._running: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = {}
-        self._live: dict[str, tuple[ModelSession, float]] = {}  # eval id -> (its model session, when it started)
+        # eval id -> (its model session, when it started, its SpareCores if any)
+        self._live: dict[str, tuple[ModelSession, float, SpareCores | None]] = {}
         # official evaluations started ahead (prefetch_official): request key -> (future, the id it was given)
         self._prefetched: dict[str, tuple[cf.Future, str | None]] = {}
         self._gates: dict[str, IdleGate] = {}  # ... and the gates their trials wait at for idle cores
@@ -348,7 +349,8 @@ class HarborEvalService:
 
     def _cancel(self, eval_id: str, future: cf.Future, quote: Quote) -> float:
         """Stop a running evaluation; what the part that ran cost: the tokens served so far and the
-        sandboxes' time (``concurrency`` sandboxes since it started), never above its quote."""
+        sandboxes' time (``concurrency`` sandboxes since it started, or the most that ran at once if spare
+        trials made it more), never above its quote."""
         with self._lock:
             running = self._running.get(eval_id)
             live = self._live.get(eval_id)
@@ -359,9 +361,9 @@ class HarborEvalService:
         cf.wait([future], timeout=CANCEL_WAIT_S)
         if live is None:  # never started (or already finished: then the future holds its bill)
             return future.result().cost_usd if future.done() and not future.cancelled() and future.exception() is None else 0.0
-        session, started = live
+        session, started, cores = live
         usage = session.usage()
-        seconds = (time.monotonic() - started) * self.concurrency
+        seconds = (time.monotonic() - started) * max(self.concurrency, cores.peak if cores is not None else 0)
         cost = self.prices.sample_usd(usage.prompt_tokens, usage.completion_tokens) + \
             self.prices.sandbox_usd(seconds, self.vcpus, self.memory_gib)
         return min(quote.usd, cost)
@@ -614,8 +616,10 @@ class HarborEvalService:
         session_key = f"{eval_id}-{uuid.uuid4().hex[:12]}"
         socket_dirs = contextlib.ExitStack()
         spare: str | None = None
+        cores: SpareCores | None = None
         if idle_gate is None and self.spare_trials:  # (a background evaluation keeps its idle gate)
-            idle_gate = spare = register_gate(SpareCores(self.concurrency, self.concurrency + self.spare_trials))
+            cores = SpareCores(self.concurrency, self.concurrency + self.spare_trials)
+            idle_gate = spare = register_gate(cores)
         try:
             socket_dir = Path(socket_dirs.enter_context(self.environment.model_socket_dir()))
             harness_dir = work_dir / "harness"
@@ -634,7 +638,7 @@ class HarborEvalService:
                                    tokens_per_trial=self.tokens_per_trial, url=url, seed_key=self.seed_key)
             register_session(session_key, session)
             with self._lock:
-                self._live[eval_id] = (session, started)
+                self._live[eval_id] = (session, started, cores)
             try:
                 results = self._run_job(req, tasks, work_dir, harness_dir, session_key, eval_id, idle_gate,
                                         self.concurrency + self.spare_trials if spare is not None else None)

@@ -125,12 +125,14 @@ class SpareCores:
         self._turn = threading.Lock()  # one waiter watches a window at a time
         self._naps: set[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = set()
         self.running = 0
+        self.peak = 0  # the most trials in at once so far (a cancelled evaluation is billed for them)
         self.extra = 0  # trials let in beyond base, in all (for the record)
 
     def _take(self, limit: int) -> bool:
         with self._lock:
             if self.running < limit:
                 self.running += 1
+                self.peak = max(self.peak, self.running)
                 return True
             return False
 

@@ -120,6 +120,7 @@ def test_spare_cores_keep_base_trials_on_a_busy_machine_and_fill_a_quiet_one_up_
         assert sum(1 for e in log if e[0] == "in") == 8 and cores.running == 0
         assert max(e[2] for e in log if e[0] == "in") == most_seen
         assert cores.extra == 0 if idle < 0.4 else cores.extra >= 2
+        assert cores.peak == most_seen  # what a cancelled evaluation is billed for
     blind = SpareCores(base=2, most=4, idle_seconds=lambda: None)
     log = []
     asyncio.run(_trials(blind, 5, 0.05, log))
@@ -146,7 +147,7 @@ def test_a_place_given_back_is_taken_at_once_not_after_a_window():
         cores = SpareCores(base=1, most=2, window_s=5.0, idle_seconds=FakeMachine(idle) if idle else lambda: None)
         handoff: list[float] = []
 
-        async def run() -> None:
+        async def run(cores: SpareCores, handoff: list[float]) -> None:
             await cores.enter()
             waiter = asyncio.ensure_future(cores.enter())
             await asyncio.sleep(0.1)
@@ -156,5 +157,5 @@ def test_a_place_given_back_is_taken_at_once_not_after_a_window():
             await waiter
             handoff.append(time.monotonic() - left)
 
-        asyncio.run(run())
+        asyncio.run(run(cores, handoff))
         assert handoff[0] < 0.5 and cores.running == 1 and cores.extra == 0
