@@ -73,7 +73,7 @@ from gymnasium import spaces
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from .catalog import BENCHMARKS, DEFECTS, FAILURE_MODES, TRACKS
+from .catalog import DEFECTS, FAILURE_MODES
 from .harness import HarnessStore
 from .platform.ledger import NANO, _nano_near, _nano_up
 from .run import MIN_USD

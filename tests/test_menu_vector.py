@@ -75,9 +75,9 @@ def play(track: str, benchmark: str, limits: tuple, seed: int, n: int = 3, steps
                     assert info[f"_{key}"][i] and (got == want or (got != got and want != want)), \
                         f"{where} {key}: {got!r} != {want!r}"
             else:
-                assert not info["_end_reason"][i] if "_end_reason" in info else True, where
+                assert "_end_reason" not in info or not info["_end_reason"][i], where
         done = terminated | truncated
-    for i, (s_obs, s_info) in enumerate(rows):
+    for i, (s_obs, _) in enumerate(rows):
         np.testing.assert_array_equal(obs[i], s_obs)
     vec.close()
     return ended
