@@ -30,9 +30,9 @@ def scalar_value(info: dict, key: str):
 
 
 def play(track: str, benchmark: str, limits: tuple, seed: int, n: int = 3, steps: int = 40,
-         first: int | None = None) -> list[str]:
-    """Steps the array env and n scalar menus side by side (``first``: every env's first action); returns
-    the end reasons of the episodes that ended and the error codes of refused calls."""
+         script: tuple[int, ...] = ()) -> list[str]:
+    """Steps the array env and n scalar menus side by side (``script``: every env's first actions, then
+    random ones); returns the end reasons of the episodes that ended and the error codes of refused calls."""
     budget, max_steps, time_h = limits
     kwargs = {"benchmark": benchmark, "budget_usd": budget, "max_steps": max_steps, "time_limit_h": time_h}
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
@@ -51,8 +51,8 @@ def play(track: str, benchmark: str, limits: tuple, seed: int, n: int = 3, steps
         mask = info["action_mask"] & SUPPORTED
         actions = np.array([rng.choice(np.flatnonzero(mask[i] if rng.random() < 0.85 and mask[i].any() else SUPPORTED))
                             for i in range(n)])
-        if t == 0 and first is not None:
-            actions[:] = first
+        if t < len(script):
+            actions[:] = script[t]
         obs, reward, terminated, truncated, info = vec.step(actions)
         for i, single in enumerate(singles):
             where = f"{track}/{benchmark}/{limits} t={t} env={i} action={MENU[actions[i]].name}"
@@ -101,12 +101,20 @@ def test_money_runs_out_to_the_nano_dollar():
     probe = MenuArrayEnv(1, track="harness", benchmark="gpqa-diamond")
     probe.reset(seed=4)
     cost = float(probe.step(np.array([MENU_INDEX["eval_latest_k1"]]))[4]["cost_usd"][0])
-    reasons = play("harness", "gpqa-diamond", (cost + 2e-9, None, None), seed=4, n=1, steps=4,
-                   first=MENU_INDEX["eval_latest_k1"])
+    first = (MENU_INDEX["eval_latest_k1"],)
+    reasons = play("harness", "gpqa-diamond", (cost + 2e-9, None, None), seed=4, n=1, steps=4, script=first)
     assert reasons[0] == "budget exhausted", reasons
-    reasons = play("harness", "gpqa-diamond", (cost - 1e-9, None, None), seed=4, n=1, steps=4,
-                   first=MENU_INDEX["eval_latest_k1"])
+    reasons = play("harness", "gpqa-diamond", (cost - 1e-9, None, None), seed=4, n=1, steps=4, script=first)
     assert reasons[0] == "insufficient_budget", reasons
+    play("harness", "gpqa-diamond", (cost, None, None), seed=4, n=1, steps=4, script=first)  # the hold rounds up
+
+
+def test_submit_best_breaks_a_tie_as_the_menu_does():
+    """aime seed 129: base + the minimal harness and base + the verify fix both score 0.2833 on dev (k=1) but
+    differ officially; ``submit_best`` takes the first scored, as ``MenuAdapter.best_candidate`` does."""
+    script = (MENU_INDEX["eval_latest_k1"], MENU_INDEX["fix:unverified_completion"], MENU_INDEX["eval_latest_k1"],
+              MENU_INDEX["submit_best"])
+    assert play("harness", "aime", (500.0, None, None), seed=129, n=1, steps=4, script=script) == ["submitted"]
 
 
 def test_the_parity_runs_cover_every_end_and_refusal():
