@@ -1,15 +1,16 @@
 """``MenuArrayEnv``: N sim episodes behind the menu interface, stepped as arrays (issue 27 item 1).
 
-WORK IN PROGRESS: not registered for users yet (``gym.make_vec`` still builds
-:class:`~rsigym_env.vector.ResearchVectorEnv`). Which macros it steps is in ``ARRAY_MACROS``; any other
-menu entry raises ``NotImplementedError``. Parity with the scalar env is tested for those macros only
-(``tests/test_menu_vector.py``).
+NOT REGISTERED YET: ``gym.make_vec(..., menu=True)`` still builds
+:class:`~rsigym_env.vector.ResearchVectorEnv` over ``DiscreteMenu`` sub-envs. Every menu entry is stepped
+(``ARRAY_MACROS``) with parity against the scalar env (``tests/test_menu_vector.py``); what is missing
+before it can replace that route is listed at the end of the design.
 
-What it is: every sub-env is ``DiscreteMenu(gym.make(env_id, benchmark=b, ...))`` on the sim world (one
-benchmark and one scenario for the N envs), without the text log: the action is a menu index per env,
-the observation an ``(N, len(FEATURES))`` float32 matrix, ``info["action_mask"]`` an ``(N, len(MENU))``
-bool matrix. For the same seeds and menu actions, row i's features, reward, termination, truncation and
-the info keys in ``INFO_KEYS`` equal the scalar env's.
+What it is: every sub-env is ``DiscreteMenu(gym.make(env_id, scenario/track, benchmark, budget_usd, ...))``
+on the sim world (one benchmark and one scenario for the N envs), without the text log: the action is a
+menu index per env, the observation an ``(N, len(FEATURES))`` float32 matrix, ``info["action_mask"]`` an
+``(N, len(MENU))`` bool matrix. For the same seeds and menu actions, row i's features, mask, reward,
+termination, truncation and the info keys it keeps (``INFO_KEYS``, ``n_calls``, and ``END_KEYS`` when an
+episode ends; ``None`` there is NaN) equal the scalar env's. Autoreset is Gymnasium's ``NEXT_STEP``.
 
 Design
 ------
@@ -27,32 +28,47 @@ State arrays (row i = env i; see ``MenuArrayEnv.__init__``):
   option on, so a harness version is one of 32 bit patterns; their version ids and parsed options are
   computed once per benchmark with the scalar code (``HarnessStore.edit`` of the menu's own edit,
   ``version_id``, ``HarnessArrays.of``), so version ids and evaluated options match by construction;
-* dev candidates: (checkpoint, harness version) pairs, for now only ``base`` × 32 versions: their number
-  of scores and mean (N, 32) and the order a candidate was first scored in (the adapter's and the run's
-  dict order, for ties); the scores themselves in a list per row and candidate, averaged by ``np.mean``
-  as the adapter does when one is added (a padded (N, 32, S) array summed along S rounds differently
-  from ``np.mean`` of the list from 4 values on: measured); ``initial_dev``,
-  ``best_dev`` (the run's best candidate: the first to reach the highest single score), ``last_dev``;
-* one running evaluation per row (the menu's evaluations block: start, then ``wait`` for it): its
-  ready time, cost and result, drawn when it starts as the scalar world does;
-* the adapter's own memory for the features: ``harness_read``, failure shares and cost of the last
-  finished evaluation, evaluations finished, ``last_error``.
+* checkpoints: index 0 is base, then the finished ones in order: skill and dev memory (N, 1 + K), K
+  grown on demand;
+* dev candidates, index ``checkpoint * 32 + harness version``: number of scores, mean and the order a
+  candidate was first scored in (the adapter's and the run's dict order, for ties), (N, 32 (1 + K)); the
+  scores themselves in a list per row and candidate, averaged by ``np.mean`` as the adapter does when
+  one is added (a zero-padded array summed along an axis rounds differently from ``np.mean`` of the list
+  from 4 values on: measured); ``initial_dev``, ``best_dev``, ``last_dev``;
+* one running job per row (the menu's evaluations and trainings block: start, then ``wait`` for it):
+  ready time, cost, and its result (an evaluation's score and failure counts, drawn when it starts as
+  the scalar world does; a training's checkpoint state);
+* the adapter's memory for the features: ``harness_read``, failure shares and cost of the last finished
+  evaluation, evaluations finished, ``last_error``; the data and training features (``data_features``)
+  and mask bits (``can_clean``, ``has_train_set``), written when a data or training call changes them.
+
+The frequent macros (evaluate, fix, wait, submit) run as array operations over the rows that chose them.
+The rare, heavier ones (``gen``, ``clean``, ``train``) run row by row (``_Rows``): on the row's own
+:class:`~rsigym_env.worlds.sim.world.SimWorld` (made from its episode seed at its first data call, its
+clock set to the row's), through the scalar tool models and permission checks (``parse_action``,
+``authorize``) and the same ``_Rows``-level bookkeeping as ``MenuAdapter``; their money, clock, steps
+and limits go through the same arrays as the rest.
 
 Shared with the scalar env (parity by construction): the menu, mask and feature definitions
-(``wrappers/menu.py``), scenario loading, the episode seed (Gymnasium's ``np_random``, as
-``ResearchEnv.reset``), world draws and evaluation kernels and bills (``SimBatch``), harness version ids,
-the ledger's nano-dollar rounding, ``normalized_gain``, the run's ``MIN_USD``.
+(``wrappers/menu.py``: ``MENU``, ``FEATURES``, ``Dataset``, ``MenuAdapter._fit``), scenario loading,
+the episode seed (Gymnasium's ``np_random``, as ``ResearchEnv.reset``), world draws, evaluation kernels
+and bills (``SimBatch``), data generation, transforms and training (``SimWorld``), tool validation and
+permissions, harness version ids, the ledger's nano-dollar rounding and refusal message,
+``normalized_gain``, the run's ``MIN_USD``.
 
-Re-implemented in arrays (parity by test): the run's call sequence per macro (``ResearchRun.execute``:
-step count, refusals, limits in the run's order — steps, refusals, time, money), the ledger's
-reserve/settle arithmetic, the clock's ``wait``, the run's dev bookkeeping, the adapter's features and
-mask. ``tests/test_menu_vector.py`` plays seeded random action sequences (mostly masked ones, some
-refused on purpose) through this env and through ``DiscreteMenu`` on the scalar env, on every track and
-benchmark, and compares every row.
+Re-implemented (parity by test): the run's call sequence per macro (``ResearchRun.execute``: step count,
+refusals, limits in the run's order — steps, refusals, time, money), the ledger's reserve/settle
+arithmetic, the clock's ``wait``, the run's dev bookkeeping, the adapter's features, mask and macro
+plans. ``tests/test_menu_vector.py`` plays seeded random action sequences over the whole menu (mostly
+unmasked entries, some masked ones that the env refuses) and the shipped RL policy through this env
+and through ``DiscreteMenu`` on the scalar env, on every track and benchmark, and compares every row.
 
-Not here yet: data (``gen``, ``clean``), training (``train:lr``), autoreset modes other than
-``NEXT_STEP``, the ledger/audit record of finished episodes, the text of ``info`` (``result``,
-``message``, ``events``, ``metrics``).
+Not here yet (before it replaces the ``menu=True`` route): the ledger and audit chain of finished
+episodes (``rsigym audit verify``), the ``SAME_STEP``/``DISABLED`` autoreset modes, the rest of
+``info`` (``result``, ``message``, ``events``, ``calls``, ``macro``, ``metrics``, the reset keys),
+``blocking=False``, money arrays named as ``ResearchVectorEnv``'s (``budget_left_usd``, ``refusals``,
+``episodes``), and speed: ``gen``/``clean``/``train`` cost a Python loop per row, and the per-call
+bookkeeping is not yet trimmed to few NumPy calls.
 
 >>> env = MenuArrayEnv(2, track="harness", benchmark="aime", budget_usd=500)
 >>> obs, info = env.reset(seed=0)
@@ -66,6 +82,7 @@ Not here yet: data (``gen``, ``clean``), training (``train:lr``), autoreset mode
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -74,17 +91,24 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 from .catalog import DEFECTS, FAILURE_MODES
+from .errors import ActionError
 from .harness import HarnessStore
+from .platform.permissions import authorize
 from .platform.ledger import NANO, _nano_near, _nano_up
 from .run import MIN_USD
 from .scenario import load_scenario
 from .scoring import normalized_gain
+from .tools import Train, parse_action
 from .worlds.sim.batch import HarnessArrays, SimBatch
-from .wrappers.menu import FEATURES, FIXES, MENU, MENU_INDEX, TEACHERS, _option_line
+from .worlds.sim.clock import SimClock
+from .worlds.sim.world import SimWorld
+from .wrappers.menu import (DEFAULT_LR, FEATURES, FIXES, GEN_SIZES, MAX_CHUNKS,
+                            MAX_RESERVE, MENU, MENU_INDEX, MISSING, TEACHERS, Dataset, MenuAdapter, _option_line)
 
 __all__ = ["ARRAY_MACROS", "INFO_KEYS", "MenuArrayEnv"]
 
-ARRAY_MACROS: tuple[str, ...] = ("eval_latest", "eval_base", "fix", "wait", "submit_best", "submit_latest")
+ARRAY_MACROS: tuple[str, ...] = ("eval_latest", "eval_base", "fix", "wait", "submit_best", "submit_latest", "gen",
+                                 "clean", "train")
 INFO_KEYS: tuple[str, ...] = ("ok", "error", "cost_usd", "budget_left_usd", "spent_usd")
 END_KEYS: tuple[str, ...] = ("initial_score", "official_score", "normalized_gain", "best_dev_score",
                              "initial_dev_score", "dev_evaluations", "end_reason", "steps", "refusals",
@@ -123,6 +147,33 @@ def _nano(values: np.ndarray, convert: Any) -> np.ndarray:
     return np.array([convert(v) for v in values.tolist()], dtype=np.int64)
 
 
+class _Rows:
+    """The per-row memory of the rare macros (data and training), as the run and the adapter keep it.
+
+    ``world`` is the row's own :class:`~rsigym_env.worlds.sim.world.SimWorld` (made at the row's first
+    data call from its episode seed): generation, transforms and training run on it, so their results
+    are the scalar world's; evaluations stay in the batch."""
+
+    __slots__ = ("world", "datasets", "train_set", "pools", "ckpt_data", "counters", "pass_rates", "usd_per_example",
+                 "generations", "trainings", "pending")
+
+    def __init__(self) -> None:
+        self.world: SimWorld | None = None
+        self.datasets: dict[str, Dataset] = {}  # the adapter's view: id -> Dataset
+        self.train_set: str | None = None
+        self.pools: dict[str, str] = {}
+        self.ckpt_data: dict[int, str] = {}  # checkpoint index -> dataset it was trained on
+        self.counters: dict[str, int] = {}  # the run's id counters
+        self.pass_rates: dict[str, float] = {}
+        self.usd_per_example: dict[str, float] = {}
+        self.generations = self.trainings = 0
+        self.pending: tuple[str, str] | None = None  # the running train job's (checkpoint id, dataset)
+
+    def next(self, prefix: str) -> str:
+        self.counters[prefix] = self.counters.get(prefix, 0) + 1
+        return f"{prefix}-{self.counters[prefix]}"
+
+
 class MenuArrayEnv(VectorEnv):
     """``num_envs`` sim episodes of one scenario through the menu interface, as arrays (module docstring).
 
@@ -152,7 +203,9 @@ class MenuArrayEnv(VectorEnv):
         self.budget_n = _nano_near(s.budget_usd)
         self.time_limit_s = s.time_limit_h * 3600.0
         self.tools = set(s.tools())
-        self.batch = SimBatch.make(s.benchmark, [0] * n)
+        sandbox = s.permissions.sandbox
+        self.world_kwargs = dict(vcpus=sandbox.vcpus, memory_gib=sandbox.memory_gib, options=s.world_options)
+        self.batch = SimBatch.make(s.benchmark, [0] * n, **self.world_kwargs)  # what from_scenario builds
         self.version_ids, files = harness_versions(self.batch)
         self.harness_table = HarnessArrays.of(files)
         self.n_dev = self.batch.n_tasks
@@ -165,17 +218,25 @@ class MenuArrayEnv(VectorEnv):
         self.end_reason = np.full(n, "", dtype=object)
         self.fixed = np.zeros((n, len(DEFECTS)), bool)
         self.harness_read, self.last_error = z(bool), z(bool)
+        # checkpoints: index 0 is base; n_ckpt finished ones follow (skill and dev memory of each)
+        self.ckpt_skill, self.ckpt_memory, self.n_ckpt = np.zeros((n, 1)), np.zeros((n, 1)), z(np.int64)
+        # candidates: checkpoint index * N_VERSIONS + harness version
         self.score_lists: list[dict[int, list[float]]] = [{} for _ in range(n)]  # row -> candidate -> scores
         self.n_scores = np.zeros((n, N_VERSIONS), np.int64)
         self.means = np.zeros((n, N_VERSIONS))
         self.first_scored = np.zeros((n, N_VERSIONS), np.int64)  # 0: never; else the order (1, 2, ...)
         self.n_candidates = z(np.int64)
-        self.initial_dev, self.best_dev, self.last_dev, self.best_cand = z(), z(), z(), z(np.int64)
-        self.running, self.job_start, self.job_ready, self.job_usd = z(bool), z(), z(), z()
+        self.initial_dev, self.best_dev, self.last_dev = z(), z(), z()
+        # the running job (one at most: the menu's evaluations and trainings wait for theirs)
+        self.running, self.job_train, self.job_start, self.job_ready, self.job_usd = z(bool), z(bool), z(), z(), z()
         self.job_score, self.job_cand, self.job_k = z(), z(np.int64), z(np.int64)
         self.job_counts = np.zeros((n, 1 + len(FAILURE_MODES)), np.int64)
+        self.job_skill, self.job_memory = z(), z()
         self.fail_shares = np.zeros((n, len(FAILURE_MODES)))
         self.eval_cost, self.evaluations = z(), z(np.int64)
+        self.rows = [_Rows() for _ in range(n)]
+        self.data_features = np.tile(self._no_data_features(), (n, 1))  # features 8-15 and 31-36, 39 per row
+        self.can_clean, self.has_train_set = z(bool), z(bool)
         self._started = False
 
     # ------------------------------------------------------------------ gymnasium API
@@ -218,9 +279,9 @@ class MenuArrayEnv(VectorEnv):
                 raise NotImplementedError(f"menu entry kind {kind!r} is not in the array env yet")
             rows = np.flatnonzero(acting & (kinds == kind))
             getattr(self, "_macro_" + kind)(rows, actions[rows])
+        self.last_error[acting] = ~self._ok[acting]
         info: dict[str, Any] = {"action_mask": self._mask(), "n_calls": self._calls.copy(),
                                 "_action_mask": np.ones(n, bool), "_n_calls": acting.copy()}
-        self.last_error[acting] = ~self._ok[acting]
         balance = self._available_usd()
         spent = self.spent_n / NANO
         cost = np.array([round(a / NANO - b / NANO, 9) for a, b in zip(self.spent_n.tolist(), self._spent_before.tolist())])
@@ -235,9 +296,10 @@ class MenuArrayEnv(VectorEnv):
     # ------------------------------------------------------------------ macros (rows do one each)
 
     def _macro_eval_latest(self, rows: np.ndarray, actions: np.ndarray) -> None:
-        self._evaluate(rows, np.array([_ARG[a] for a in actions.tolist()], np.int64))
+        self._evaluate(rows, np.array([_ARG[a] for a in actions.tolist()], np.int64), self.n_ckpt[rows])
 
-    _macro_eval_base = _macro_eval_latest  # no checkpoints yet: the latest candidate is base + latest harness
+    def _macro_eval_base(self, rows: np.ndarray, actions: np.ndarray) -> None:
+        self._evaluate(rows, np.array([_ARG[a] for a in actions.tolist()], np.int64), np.zeros(rows.size, np.int64))
 
     def _macro_fix(self, rows: np.ndarray, actions: np.ndarray) -> None:
         defect = np.array([DEFECTS.index(_ARG[a]) for a in actions.tolist()], np.intp)
@@ -268,7 +330,7 @@ class MenuArrayEnv(VectorEnv):
         self._wait(rows)
 
     def _macro_submit_latest(self, rows: np.ndarray, actions: np.ndarray) -> None:
-        self._submit(rows, self._version(rows))
+        self._submit(rows, self.n_ckpt[rows] * N_VERSIONS + self._version(rows))
 
     def _macro_submit_best(self, rows: np.ndarray, actions: np.ndarray) -> None:
         """The adapter's best candidate: the highest mean dev score, the first scored on a tie (else latest)."""
@@ -277,12 +339,106 @@ class MenuArrayEnv(VectorEnv):
         top = scored & (mean == mean.max(axis=1, keepdims=True))
         order = np.where(top, self.first_scored[rows], np.iinfo(np.int64).max)
         best = order.argmin(axis=1)
-        self._submit(rows, np.where(scored.any(axis=1), best, self._version(rows)))
+        latest = self.n_ckpt[rows] * N_VERSIONS + self._version(rows)
+        self._submit(rows, np.where(scored.any(axis=1), best, latest))
+
+    def _macro_gen(self, rows: np.ndarray, actions: np.ndarray) -> None:
+        """``MenuAdapter._gen``, row by row (its calls run on the row's own world)."""
+        for i, a in zip(rows.tolist(), actions.tolist()):
+            teacher, n = _ARG[a]
+            if n < GEN_SIZES[-1]:
+                error, message = self._generate(i, teacher, n)
+                if error == "insufficient_budget" and not self.done[i]:
+                    fit = _fit(n, message, 0.0)
+                    if fit >= 1:
+                        self._generate(i, teacher, fit)
+                continue
+            reserve = MAX_RESERVE * self.scenario.budget_usd
+            for chunk in range(MAX_CHUNKS):
+                error, message = self._generate(i, teacher, n)
+                if error != "insufficient_budget" or self.done[i]:
+                    break
+                fit = _fit(n, message, reserve)
+                if fit < (1 if chunk == 0 else GEN_SIZES[0]):
+                    break
+                error, _ = self._generate(i, teacher, fit)
+                if error or self.done[i]:
+                    break
+
+    def _macro_clean(self, rows: np.ndarray, actions: np.ndarray) -> None:
+        """``MenuAdapter._clean``, row by row."""
+        for i in rows.tolist():
+            r = self.rows[i]
+            raws = _raws(r)
+            if not raws:
+                self._transform(i, "filter", [MISSING])
+                continue
+            teacher = raws[-1].teacher
+            cleaned = []
+            for raw in [d for d in raws if d.teacher == teacher]:
+                current = raw.id
+                for operation in ("filter", "dedupe"):
+                    made = self._transform(i, operation, [current])
+                    if self.done[i]:
+                        return
+                    if made is None or made.n == 0:
+                        current = ""
+                        break
+                    current = made.id
+                if current:
+                    cleaned.append(current)
+            parts = ([r.pools[teacher]] if teacher in r.pools else []) + cleaned
+            if len(parts) > 1:
+                made = self._transform(i, "mix", parts[:8])
+                if made is not None:
+                    parts = [made.id]
+            if parts:
+                r.pools[teacher] = parts[-1]
+
+    def _macro_train(self, rows: np.ndarray, actions: np.ndarray) -> None:
+        """``MenuAdapter._train``: start a training job on the row's world, then wait for it."""
+        waiting = []
+        for i, a in zip(rows.tolist(), actions.tolist()):
+            lr, r = _ARG[a], self.rows[i]
+            args: dict[str, Any] = {"dataset": r.train_set or MISSING}
+            if lr != DEFAULT_LR:
+                args["learning_rate"] = lr
+            self._call(np.array([i]))
+            try:
+                tool = authorize(self.scenario, parse_action({"tool": "train", "args": args}))
+                if tool.dataset not in r.datasets:
+                    raise ActionError("unknown_ref", f"no dataset {tool.dataset!r}")
+                world = self._world(i)
+                quote = world.train.quote(tool)
+                job_id, ckpt = r.next("job"), r.next("ckpt")
+                self._hold(i, quote.usd)
+            except ActionError as err:
+                self._refuse(np.array([i]), err.code)
+                self._after_call(np.array([i]))
+                continue
+            self._ran(np.array([i]))
+            job = world.train.start(tool, job_id, ckpt)
+            state = world.model_state(ckpt, require_ready=False)
+            self.running[i], self.job_train[i] = True, True
+            self.job_start[i], self.job_ready[i] = job.started_at, job.ready_at
+            self.job_usd[i] = job.future.result().cost_usd
+            self.job_skill[i], self.job_memory[i] = state.skill, state.dev_memory
+            r.pending = (ckpt, tool.dataset)
+            r.trainings += 1
+            self._update_data_features(i)
+            self._after_call(np.array([i]))
+            if not self.done[i]:
+                waiting.append(i)
+        waiting_rows = np.array(waiting, np.intp)
+        while waiting_rows.size:
+            self._call(waiting_rows)
+            self._wait(waiting_rows)
+            waiting_rows = waiting_rows[~self.done[waiting_rows] & self.running[waiting_rows]]
 
     # ------------------------------------------------------------------ calls (the run's execute)
 
     def _call(self, rows: np.ndarray) -> None:
-        """A call of a macro begins: counted in ``n_calls``, its cost is its own."""
+        """A call of a macro begins: counted in ``n_calls``; the step's ``cost_usd`` is the last call's."""
         self._calls[rows] += 1
         self._ok[rows], self._error[rows] = True, ""
         self._spent_before[rows] = self.spent_n[rows]
@@ -294,30 +450,130 @@ class MenuArrayEnv(VectorEnv):
         self.refusals[rows] += 1
         self._ok[rows], self._error[rows] = False, code
 
-    def _evaluate(self, rows: np.ndarray, k: np.ndarray) -> None:
+    def _hold(self, i: int, usd: float) -> int:
+        """Reserve ``usd`` on row ``i`` as the ledger does, or raise its ``insufficient_budget`` refusal."""
+        hold = _nano_up(usd)
+        available = self.budget_n - int(self.spent_n[i]) - int(self.reserved_n[i])
+        if hold > available:
+            raise ActionError("insufficient_budget", f"reserve needs ${hold / NANO:.4f} but only "
+                                                     f"${available / NANO:.4f} is available on this key")
+        self.reserved_n[i] += hold
+        return hold
+
+    def _world(self, i: int) -> SimWorld:
+        """Row i's own world (its episode seed's), its clock set to the row's."""
+        r = self.rows[i]
+        if r.world is None:
+            r.world = SimWorld(self.scenario.benchmark, int(self.episode_seeds[i]), **self.world_kwargs)
+        r.world.clock = SimClock(float(self.clock[i]))
+        return r.world
+
+    def _paid(self, i: int, tool: Any, quote_usd: float, run: Any) -> Any:
+        """``ResearchRun._paid``: reserve the quote, run the call, settle its cost, let its time pass."""
+        hold = self._hold(i, quote_usd)
+        billed = run()
+        self.reserved_n[i] -= hold
+        charge = min(_nano_near(billed.cost_usd), hold)
+        self.spent_n[i] += charge
+        self.clock[i] += billed.seconds
+        self.steps[i] += 1
+        return billed
+
+    def _generate(self, i: int, teacher: str, n: int) -> tuple[str, str]:
+        """One ``generate_data`` call on row i: ``("", "")`` if it ran, else the refusal's (code, message)."""
+        r = self.rows[i]
+        self._call(np.array([i]))
+        try:
+            tool = authorize(self.scenario, parse_action({"tool": "generate_data",
+                                                          "args": {"teacher": teacher, "n_examples": n}}))
+            world = self._world(i)
+            rollout = world.rollout
+            ds_id = [""]
+
+            def run() -> Any:
+                ds_id[0] = r.next("ds")
+                return rollout.generate(tool, ds_id[0])
+
+            spent_before = int(self.spent_n[i])
+            self._paid(i, tool, rollout.quote_generate(tool).usd, run)
+        except ActionError as err:
+            self._refuse(np.array([i]), err.code)
+            self._after_call(np.array([i]))
+            return err.code, err.message
+        data = world.datasets[ds_id[0]]
+        rate = float(data.stats().get("pass_rate", 0.0))
+        r.datasets[ds_id[0]] = Dataset(ds_id[0], teacher, data.n, rate, clean=False)
+        r.pass_rates[teacher] = max(rate, r.pass_rates.get(teacher, -1.0))
+        cost = round(int(self.spent_n[i]) / NANO - spent_before / NANO, 9)
+        r.usd_per_example[teacher] = cost / max(data.n, 1)
+        r.generations += 1
+        if data.n > 0:
+            r.train_set = ds_id[0]
+        self._update_data_features(i)
+        self._after_call(np.array([i]))
+        return "", ""
+
+    def _transform(self, i: int, operation: str, datasets: list[str]) -> Dataset | None:
+        """One ``transform_data`` call on row i: the adapter's record of the new dataset, or None if refused."""
+        r = self.rows[i]
+        self._call(np.array([i]))
+        try:
+            tool = authorize(self.scenario, parse_action({"tool": "transform_data",
+                                                          "args": {"operation": operation, "datasets": datasets}}))
+            for ref in tool.datasets:
+                if ref not in r.datasets:
+                    raise ActionError("unknown_ref", f"no dataset {ref!r}")
+            world = self._world(i)
+            rollout = world.rollout
+            ds_id = [""]
+
+            def run() -> Any:
+                ds_id[0] = r.next("ds")
+                return rollout.transform(tool, ds_id[0])
+
+            self._paid(i, tool, rollout.quote_transform(tool).usd, run)
+        except ActionError as err:
+            self._refuse(np.array([i]), err.code)
+            self._after_call(np.array([i]))
+            return None
+        data = world.datasets[ds_id[0]]
+        sources = [r.datasets[d] for d in datasets if d in r.datasets]
+        made = Dataset(ds_id[0], sources[0].teacher if sources else "", data.n,
+                       float(data.stats().get("pass_rate", 0.0)), clean=True)
+        r.datasets[made.id] = made
+        for src in sources:
+            src.cleaned = True
+        if made.n > 0:
+            r.train_set = made.id
+        self._update_data_features(i)
+        self._after_call(np.array([i]))
+        return made
+
+    def _evaluate(self, rows: np.ndarray, k: np.ndarray, ckpt: np.ndarray) -> None:
         """``evaluate`` (reserve the quote or refuse it; draw the result; a job), then ``wait`` for it."""
+        self._call(rows)
         if "evaluate" not in self.tools:  # every track has it; kept for other scenarios
-            self._call(rows)
             self._refuse(rows, "forbidden_tool")
             self._after_call(rows)
             return
-        self._call(rows)
+        for i in rows.tolist():  # the run takes a job id before it reserves
+            self.rows[i].next("job")
         version = self._version(rows)
         harness = self._harness(version)
         usd = self.batch.dev_bill(rows, harness, k)[0]
         hold = _nano(usd, _nano_up)
         fits = hold <= self.budget_n - self.spent_n[rows] - self.reserved_n[rows]
         self._refuse(rows[~fits], "insufficient_budget")
-        go = rows[fits]
+        go, ckpt = rows[fits], ckpt[fits]
         if go.size:
             self._ran(go)
-            out = self.batch.evaluate(self.batch.base_skill[go], np.zeros(go.size), self._harness(version[fits]),
-                                      k=k[fits], split="dev", rows=go)
+            out = self.batch.evaluate(self.ckpt_skill[go, ckpt], self.ckpt_memory[go, ckpt],
+                                      self._harness(version[fits]), k=k[fits], split="dev", rows=go)
             self.reserved_n[go] += hold[fits]
-            self.running[go] = True
+            self.running[go], self.job_train[go] = True, False
             self.job_start[go], self.job_ready[go] = self.clock[go], self.clock[go] + out.seconds
             self.job_usd[go], self.job_score[go], self.job_counts[go] = out.usd, out.score, out.counts
-            self.job_cand[go], self.job_k[go] = version[fits], k[fits]
+            self.job_cand[go], self.job_k[go] = ckpt * N_VERSIONS + version[fits], k[fits]
         self._after_call(rows)
         waiting = go[~self.done[go]]
         while waiting.size:  # DiscreteMenu's blocking evaluate: wait until the job is in
@@ -338,12 +594,27 @@ class MenuArrayEnv(VectorEnv):
         self._after_call(rows)
 
     def _collect(self, rows: np.ndarray) -> None:
-        """Finished evaluations: settle their bills, record their dev scores (run and adapter)."""
+        """Finished jobs: settle their bills; record dev scores (run and adapter) or the new checkpoint."""
         if not rows.size:
             return
         charge = np.minimum(_nano(self.job_usd[rows], _nano_near), self.reserved_n[rows])
         self._settle(rows, charge)
         self.running[rows] = False
+        trained = rows[self.job_train[rows]]
+        for i in trained.tolist():
+            r = self.rows[i]
+            index = int(self.n_ckpt[i]) + 1
+            if index >= self.ckpt_skill.shape[1]:
+                self._grow(index + 1)
+            self.ckpt_skill[i, index], self.ckpt_memory[i, index] = self.job_skill[i], self.job_memory[i]
+            self.n_ckpt[i] = index
+            assert r.pending is not None
+            r.ckpt_data[index] = r.pending[1]
+            r.pending = None
+            self._update_data_features(i)
+        rows = rows[~self.job_train[rows]]
+        if not rows.size:
+            return
         score, cand = self.job_score[rows], self.job_cand[rows]
         for i, c, value in zip(rows.tolist(), cand.tolist(), score.tolist()):  # one finished evaluation each
             scores = self.score_lists[i].setdefault(c, [])
@@ -356,25 +627,35 @@ class MenuArrayEnv(VectorEnv):
             if c == 0 and self.initial_dev[i] < 0:
                 self.initial_dev[i] = value
             if value > self.best_dev[i]:
-                self.best_dev[i], self.best_cand[i] = value, c
+                self.best_dev[i] = value
         self.last_dev[rows] = score
         attempts = np.maximum(1, self.n_dev * self.job_k[rows])
         self.fail_shares[rows] = self.job_counts[rows, 1:] / attempts[:, None]
         self.eval_cost[rows] = self.job_usd[rows]
         self.evaluations[rows] += 1
 
+    def _grow(self, checkpoints: int) -> None:
+        """Room for ``checkpoints`` checkpoint indices (base included) in the per-checkpoint arrays."""
+        extra = checkpoints - self.ckpt_skill.shape[1]
+        pad = ((0, 0), (0, extra))
+        self.ckpt_skill, self.ckpt_memory = np.pad(self.ckpt_skill, pad), np.pad(self.ckpt_memory, pad)
+        self.ckpt_skill[:, -extra:] = self.ckpt_memory[:, -extra:] = np.nan
+        pad = ((0, 0), (0, extra * N_VERSIONS))
+        self.n_scores, self.means, self.first_scored = (np.pad(a, pad) for a in
+                                                        (self.n_scores, self.means, self.first_scored))
+
     def _settle(self, rows: np.ndarray, charge: np.ndarray) -> None:
         self.spent_n[rows] += charge
         self.reserved_n[rows] = 0
 
-    def _submit(self, rows: np.ndarray, version: np.ndarray) -> None:
+    def _submit(self, rows: np.ndarray, cand: np.ndarray) -> None:
         self._call(rows)
         if "submit" not in self.tools:
             self._refuse(rows, "forbidden_tool")
             self._after_call(rows)
             return
         self._ran(rows)
-        final = self._official(rows, version)
+        final = self._official(rows, cand)
         self._end(rows, final, terminated=True, reason="submitted")
 
     def _after_call(self, rows: np.ndarray) -> None:
@@ -418,22 +699,25 @@ class MenuArrayEnv(VectorEnv):
             if seed is not None or self._rngs[i] is None:
                 self._rngs[i], _ = seeding.np_random(seed)
             episode.append(int(self._rngs[i].integers(2**31 - 1)))
+            self.score_lists[i] = {}
+            self.rows[i] = _Rows()
         self.episode_seeds[rows] = episode
         self.batch.reset(rows, episode)
         for name in ("clock", "spent_n", "reserved_n", "steps", "refusals", "fixed", "harness_read", "last_error",
-                     "n_scores", "means", "first_scored", "n_candidates", "running", "fail_shares",
-                     "eval_cost", "evaluations", "done"):
+                     "n_scores", "means", "first_scored", "n_candidates", "running", "fail_shares", "eval_cost",
+                     "evaluations", "done", "n_ckpt", "can_clean", "has_train_set"):
             getattr(self, name)[rows] = 0
+        self.ckpt_skill[rows] = self.ckpt_memory[rows] = np.nan
+        self.ckpt_skill[rows, 0], self.ckpt_memory[rows, 0] = self.batch.base_skill[rows], 0.0
+        self.data_features[rows] = self._no_data_features()
         self.end_reason[rows] = ""
-        for i in rows.tolist():
-            self.score_lists[i] = {}
         self.initial_dev[rows] = self.best_dev[rows] = self.last_dev[rows] = -1.0
-        self.best_cand[rows] = -1
         self.initial_official[rows] = self._official(rows, np.zeros(rows.size, np.int64))
 
-    def _official(self, rows: np.ndarray, version: np.ndarray) -> np.ndarray:
-        """The official avg@k of base + ``version`` (the world's fixed draw)."""
-        return self.batch.evaluate(self.batch.base_skill[rows], np.zeros(rows.size), self._harness(version),
+    def _official(self, rows: np.ndarray, cand: np.ndarray) -> np.ndarray:
+        """The official avg@k of a candidate (checkpoint and harness version; the world's fixed draw)."""
+        ckpt, version = np.divmod(cand, N_VERSIONS)
+        return self.batch.evaluate(self.ckpt_skill[rows, ckpt], np.zeros(rows.size), self._harness(version),
                                    k=self.scenario.official_k, split="official", rows=rows).score
 
     def _version(self, rows: np.ndarray) -> np.ndarray:
@@ -448,7 +732,7 @@ class MenuArrayEnv(VectorEnv):
         return (self.budget_n - self.spent_n[rows] - self.reserved_n[rows]) / NANO
 
     def _mask_constants(self) -> np.ndarray:
-        """The mask entries that depend only on the scenario (tools, teachers, locks)."""
+        """The mask entries that depend only on the scenario (tools, teachers, locks); ``MenuAdapter.mask``."""
         s, tools = self.scenario, self.tools
         out = np.zeros(len(MENU), bool)
         for i, m in enumerate(MENU):
@@ -458,37 +742,75 @@ class MenuArrayEnv(VectorEnv):
                 out[i] = "edit_harness" in tools
             elif m.kind == "gen":
                 out[i] = "generate_data" in tools and m.arg[0] in s.permissions.teachers
+            elif m.kind == "clean":
+                out[i] = "transform_data" in tools
+            elif m.kind == "train":
+                try:
+                    authorize(s, Train(dataset="x", **({} if m.arg == DEFAULT_LR else {"learning_rate": m.arg})))
+                    out[i] = "train" in tools
+                except ActionError:
+                    out[i] = False
             elif m.kind in ("submit_best", "submit_latest"):
                 out[i] = "submit" in tools
         return out
 
     def _mask(self) -> np.ndarray:
-        """``MenuAdapter.mask`` per row (no data or checkpoints yet: clean and train are masked)."""
+        """``MenuAdapter.mask`` per row."""
         mask = np.tile(self._static_mask, (self.num_envs, 1))
         fix = slice(MENU_INDEX[f"fix:{DEFECTS[0]}"], MENU_INDEX[f"fix:{DEFECTS[-1]}"] + 1)
         mask[:, fix] &= ~(self.fixed & self.harness_read[:, None])
+        mask[:, MENU_INDEX["clean"]] &= self.can_clean
+        train = slice(MENU_INDEX[MENU[_KIND.tolist().index("train")].name], MENU_INDEX["wait"])
+        mask[:, train] &= self.has_train_set[:, None]
         mask[:, MENU_INDEX["wait"]] = ("wait" in self.tools) & self.running & ~self.done
         return mask
+
+    @staticmethod
+    def _no_data_features() -> np.ndarray:
+        out = np.zeros(len(FEATURES))
+        out[_F["train_set_pass_rate"]] = -1.0
+        out[_F[f"pass_rate:{TEACHERS[0]}"]:_F[f"usd_per_100:{TEACHERS[-1]}"] + 1] = -1.0
+        return out
+
+    def _update_data_features(self, i: int) -> None:
+        """Row i's data and training features and mask bits (``MenuAdapter.features``), after a data call."""
+        r, f, budget = self.rows[i], self.data_features[i], max(self.scenario.budget_usd, 1e-9)
+        raws = bool(_raws(r))
+        ts = r.datasets.get(r.train_set) if r.train_set else None
+        f[_F["has_raw_data"]], f[_F["has_train_set"]] = float(raws), float(ts is not None)
+        f[_F["train_set_size"]] = math.log1p(ts.n) / math.log1p(20_000) if ts else 0.0
+        f[_F["train_set_pass_rate"]] = ts.pass_rate if ts else -1.0
+        f[_F["train_set_clean"]] = float(ts.clean) if ts else 0.0
+        newest = int(self.n_ckpt[i])
+        f[_F["has_checkpoint"]] = float(newest > 0)
+        f[_F["checkpoint_current"]] = float(newest > 0 and r.ckpt_data.get(newest) == r.train_set)
+        f[_F["trainings"]] = min(r.trainings, 3) / 3
+        for t in TEACHERS:
+            f[_F[f"pass_rate:{t}"]] = r.pass_rates.get(t, -1.0)
+            f[_F[f"usd_per_100:{t}"]] = min(1.0, 100 * r.usd_per_example[t] / budget) if t in r.usd_per_example else -1.0
+        f[_F["generations"]] = min(r.generations, 5) / 5
+        self.can_clean[i], self.has_train_set[i] = raws, r.train_set is not None
 
     def _features(self) -> np.ndarray:
         """``MenuAdapter.features`` per row (float64, then float32 and clipped as there)."""
         n, s = self.num_envs, self.scenario
-        f = np.zeros((n, len(FEATURES)))
+        f = self.data_features.copy()
         f[:, 0] = np.minimum(self._available_usd(), s.budget_usd) / max(s.budget_usd, 1e-9)
         time_h = self.time_limit_s / 3600.0
         f[:, 1] = (np.maximum(0.0, self.time_limit_s - self.clock) / 3600.0) / max(time_h, 1e-9)
         f[:, 2] = np.minimum(self.steps, s.max_steps) / max(s.max_steps, 1)
         f[:, 3], f[:, 4], f[:, 5] = self.initial_dev, self.best_dev, self.last_dev
-        latest = self._version(np.arange(n))
-        scored = self.n_scores[np.arange(n), latest] > 0
-        f[:, 6] = f[:, 7] = np.where(scored, self.means[np.arange(n), latest], -1.0)
-        f[:, _F["train_set_pass_rate"]] = -1.0
+        every = np.arange(n)
+        version = self._version(every)
+        for column, cand in ((6, self.n_ckpt * N_VERSIONS + version), (7, version)):
+            scored = self.n_scores[every, cand] > 0
+            f[:, column] = np.where(scored, self.means[every, cand], -1.0)
         running = self.running & ~self.done
         f[:, _F["jobs_running"]] = running / 2
-        f[:, _F["eval_running"]] = running
+        f[:, _F["train_running"]] = running & self.job_train
+        f[:, _F["eval_running"]] = running & ~self.job_train
         f[:, _F[f"unfixed:{DEFECTS[0]}"]:_F[f"unfixed:{DEFECTS[-1]}"] + 1] = ~(self.fixed & self.harness_read[:, None])
         f[:, _F[f"fail_share:{FAILURE_MODES[0]}"]:_F[f"fail_share:{FAILURE_MODES[-1]}"] + 1] = self.fail_shares
-        f[:, _F[f"pass_rate:{TEACHERS[0]}"]:_F[f"usd_per_100:{TEACHERS[-1]}"] + 1] = -1.0
         f[:, _F["eval_cost"]] = np.minimum(1.0, self.eval_cost / max(s.budget_usd, 1e-9))
         f[:, _F["evaluations"]] = np.minimum(self.evaluations, 5) / 5
         f[:, _F[f"benchmark:{s.benchmark}"]] = 1.0
@@ -513,3 +835,13 @@ class MenuArrayEnv(VectorEnv):
         present[rows] = True
         for key in END_KEYS:
             info[key], info[f"_{key}"] = np.array(values[key], copy=True), present.copy()
+
+
+def _raws(r: _Rows) -> list[Dataset]:
+    """``MenuAdapter._raws``: generated datasets not cleaned yet, oldest first."""
+    return [d for d in r.datasets.values() if not d.clean and not d.cleaned and d.n > 0]
+
+
+def _fit(n: int, message: str, reserve: float) -> int:
+    """``MenuAdapter._fit`` of a refusal's message."""
+    return MenuAdapter._fit(n, {"message": message}, reserve)
