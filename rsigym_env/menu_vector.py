@@ -1,16 +1,16 @@
 """``MenuArrayEnv``: N sim episodes behind the menu interface, stepped as arrays (issue 27 item 1).
 
-NOT REGISTERED YET: ``gym.make_vec(..., menu=True)`` still builds
-:class:`~rsigym_env.vector.ResearchVectorEnv` over ``DiscreteMenu`` sub-envs. Every menu entry is stepped
-(``ARRAY_MACROS``) with parity against the scalar env (``tests/test_menu_vector.py``); what is missing
-before it can replace that route is listed at the end of the design.
+What ``gym.make_vec("RSIGym/Joint-v0", num_envs=N, vectorization_mode="vector_entry_point", menu=True)`` (and
+the Data and Harness ids) builds on the sim world (:func:`rsigym_env.vector.make_vector_env`; ``array=False``
+gives the per-env route, ``ResearchVectorEnv`` over ``DiscreteMenu``). Every menu entry is stepped
+(``ARRAY_MACROS``) with parity against the scalar env (``tests/test_menu_vector.py``).
 
 What it is: every sub-env is ``DiscreteMenu(gym.make(env_id, scenario/track, benchmark, budget_usd, ...))``
 on the sim world (one benchmark and one scenario for the N envs), without the text log: the action is a
 menu index per env, the observation an ``(N, len(FEATURES))`` float32 matrix, ``info["action_mask"]`` an
 ``(N, len(MENU))`` bool matrix. For the same seeds and menu actions, row i's features, mask, reward,
 termination, truncation and the info keys it keeps (``INFO_KEYS``, ``n_calls``, and ``END_KEYS`` when an
-episode ends; ``None`` there is NaN) equal the scalar env's. Autoreset is Gymnasium's ``NEXT_STEP``.
+episode ends; ``None`` there is NaN) equal the scalar env's.
 
 Design
 ------
@@ -63,12 +63,22 @@ plans. ``tests/test_menu_vector.py`` plays seeded random action sequences over t
 unmasked entries, some masked ones that the env refuses) and the shipped RL policy through this env
 and through ``DiscreteMenu`` on the scalar env, on every track and benchmark, and compares every row.
 
-Not here yet (before it replaces the ``menu=True`` route): the ledger and audit chain of finished
-episodes (``rsigym audit verify``), the ``SAME_STEP``/``DISABLED`` autoreset modes, the rest of
-``info`` (``result``, ``message``, ``events``, ``calls``, ``macro``, ``metrics``, the reset keys),
-``blocking=False``, money arrays named as ``ResearchVectorEnv``'s (``budget_left_usd``, ``refusals``,
-``episodes``), and speed: ``gen``/``clean``/``train`` cost a Python loop per row, and the per-call
-bookkeeping is not yet trimmed to few NumPy calls.
+Money and audit: the money lives in the arrays above (:attr:`MenuArrayEnv.budget_left_usd`,
+:attr:`~MenuArrayEnv.spent_usd`, :attr:`~MenuArrayEnv.refusals`, :attr:`~MenuArrayEnv.episodes`, as
+``ResearchVectorEnv`` names them). Each finished episode (and one a ``reset`` or ``close`` cuts short) is
+written to a ledger at the end of the step it ends in: an account of its own (a fresh platform key with the
+scenario's budget), its whole spend reserved and settled in one audited entry (its seed, steps, refusals,
+end) and its official result as a record, on a hash-chained audit log that ``rsigym audit verify`` accepts
+(``ledger_path=``: a file; default: in memory). That is batched per episode, not per tool call: the
+per-call trail (each reserve, settle and refusal) is the scalar env's and the per-env route's.
+
+Autoreset: ``NEXT_STEP`` (default), ``SAME_STEP`` (``final_obs``/``final_info``) and ``DISABLED``
+(``reset(options={"reset_mask": mask})``), as ``ResearchVectorEnv``.
+
+Not here (use ``array=False``): the text log and the rest of the scalar ``info`` (``result``, ``message``,
+``events``, ``calls``, ``macro``, ``metrics``, the reset keys but ``seed``), ``blocking=False``, non-sim
+worlds. Speed: ``gen``/``clean``/``train`` cost a Python loop per row on the row's own ``SimWorld``
+(``bench/README.md``).
 
 >>> env = MenuArrayEnv(2, track="harness", benchmark="aime", budget_usd=500)
 >>> obs, info = env.reset(seed=0)
@@ -83,7 +93,10 @@ bookkeeping is not yet trimmed to few NumPy calls.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Sequence
+
+import gymnasium as gym
 
 import numpy as np
 from gymnasium import spaces
@@ -96,7 +109,10 @@ from .harness import HarnessStore
 from .platform.permissions import authorize
 from .platform.ledger import NANO, _nano_near, _nano_up
 from .run import MIN_USD
-from .scenario import load_scenario
+from .env import resolve_scenario
+from .platform.core import Platform
+from .platform.ledger import Ledger
+from .scenario import Scenario
 from .scoring import normalized_gain
 from .tools import Train, parse_action
 from .worlds.sim.batch import HarnessArrays, SimBatch
@@ -179,22 +195,34 @@ class MenuArrayEnv(VectorEnv):
 
     Args:
         num_envs: episodes side by side.
-        scenario, track, benchmark, budget_usd, max_steps, time_limit_h: as for ``ResearchEnv`` (sim world).
+        scenario, track, world, benchmark, budget_usd, max_steps, time_limit_h, world_options: as for
+            ``ResearchEnv`` (the world must be ``"sim"``).
+        ledger_path: an SQLite file for the ledger and audit chain the finished episodes are written to
+            (default: in memory); ``rsigym audit verify`` accepts it.
+        autoreset_mode: ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED`` (enum or its value), as
+            ``ResearchVectorEnv``.
+
+    Money per env, in arrays (as ``ResearchVectorEnv``'s): :attr:`budget_left_usd`, :attr:`spent_usd`,
+    :attr:`refusals` (the current episode's) and :attr:`episodes` (finished ones).
     """
 
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_modes": []}
 
-    def __init__(self, num_envs: int = 1, *, scenario: str | None = None, track: str | None = None,
-                 benchmark: str | None = None, budget_usd: float | None = None, max_steps: int | None = None,
-                 time_limit_h: float | None = None):
+    def __init__(self, num_envs: int = 1, *, scenario: str | Path | Scenario | None = None, track: str | None = None,
+                 world: str | None = None, benchmark: str | None = None, budget_usd: float | None = None,
+                 max_steps: int | None = None, time_limit_h: float | None = None,
+                 world_options: dict[str, Any] | None = None, ledger_path: str | Path | None = None,
+                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP):
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
-        overrides = dict(track=track, benchmark=benchmark, budget_usd=budget_usd, max_steps=max_steps,
-                         time_limit_h=time_limit_h)
-        base = load_scenario(scenario, **{**overrides, "track": None if scenario is not None else track})
-        s = self.scenario = base.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+        s = self.scenario = resolve_scenario(scenario, track=track, world=world, benchmark=benchmark,
+                                             budget_usd=budget_usd, max_steps=max_steps, time_limit_h=time_limit_h,
+                                             world_options=world_options)
         if s.world != "sim":
             raise ValueError(f"the array env runs the sim world only, not {s.world!r}")
+        self.autoreset_mode = AutoresetMode(autoreset_mode)
+        self.metadata = {**self.metadata, "autoreset_mode": self.autoreset_mode}
+        self.platform = Platform(Ledger(ledger_path))
         n = self.num_envs = int(num_envs)
         self.single_action_space = spaces.Discrete(len(MENU))
         self.action_space = spaces.MultiDiscrete(np.full(n, len(MENU)))
@@ -237,13 +265,16 @@ class MenuArrayEnv(VectorEnv):
         self.rows = [_Rows() for _ in range(n)]
         self.data_features = np.tile(self._no_data_features(), (n, 1))  # features 8-15 and 31-36, 39 per row
         self.can_clean, self.has_train_set = z(bool), z(bool)
+        self.episodes = z(np.int64)
+        self._open = z(bool)  # an episode is under way and not yet written to the ledger
         self._started = False
 
     # ------------------------------------------------------------------ gymnasium API
 
-    def reset(self, *, seed: int | Sequence[int] | None = None,
+    def reset(self, *, seed: int | Sequence[int | None] | None = None,
               options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
-        """Reset every env; ``seed``: an int (env i gets ``seed + i``) or one seed per env."""
+        """Reset every env (or those in ``options["reset_mask"]``); ``seed``: an int (env i gets ``seed + i``)
+        or one seed per env. An episode cut short here is written to the ledger as ended by ``"reset"``."""
         n = self.num_envs
         if seed is None or isinstance(seed, (int, np.integer)):
             seeds: list[int | None] = [None if seed is None else int(seed) + i for i in range(n)]
@@ -251,20 +282,39 @@ class MenuArrayEnv(VectorEnv):
             seeds = list(seed)
             if len(seeds) != n:
                 raise ValueError(f"give one seed per env ({n}), got {len(seeds)}")
-        self._reset_rows(np.arange(n), seeds)
+        options = dict(options or {})
+        mask = np.asarray(options.pop("reset_mask", np.ones(n, dtype=bool)))
+        if mask.shape != (n,) or mask.dtype != bool:
+            raise ValueError(f"reset_mask must be a bool array of shape ({n},)")
+        if options:
+            raise ValueError(f"unknown reset options {sorted(options)} (the array env takes reset_mask only)")
+        if not self._started and not mask.all():
+            raise ValueError("the first reset must reset every env")
+        rows = np.flatnonzero(mask)
+        self._abandon(rows, "reset")
+        self._reset_rows(rows, [seeds[i] for i in rows.tolist()])
         self._started = True
-        return self._features(), {"action_mask": self._mask()}
+        return self._features(), {"action_mask": self._mask(), "_action_mask": mask.copy(),
+                                  "seed": self.episode_seeds.copy(), "_seed": mask.copy()}
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        """One menu index per env; an env that ended is reset instead (its action ignored)."""
+        """One menu index per env. With ``NEXT_STEP`` an env that ended is reset instead (its action
+        ignored); with ``SAME_STEP`` it is reset in the step it ends (``final_obs``, ``final_info``); with
+        ``DISABLED`` stepping an ended env is ``gym.error.ResetNeeded``."""
         if not self._started:
-            raise ValueError("call reset() before step()")
-        actions = np.asarray(actions, dtype=np.int64)
+            raise gym.error.ResetNeeded("call reset() before step()")
         n = self.num_envs
+        try:
+            actions = np.asarray(actions, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"give one menu index (0..{len(MENU) - 1}) per env ({n}), got {actions!r}") from None
         if actions.shape != (n,) or ((actions < 0) | (actions >= len(MENU))).any():
             raise ValueError(f"give one menu index (0..{len(MENU) - 1}) per env ({n}), got {actions!r}")
         resetting = np.flatnonzero(self.done)
         if resetting.size:
+            if self.autoreset_mode == AutoresetMode.DISABLED:
+                raise gym.error.ResetNeeded(f"envs {resetting.tolist()} have ended: reset them "
+                                            "(options={'reset_mask': ...})")
             self._reset_rows(resetting, [None] * resetting.size)
         self._reward = np.zeros(n)
         self._terminated, self._truncated = np.zeros(n, bool), np.zeros(n, bool)
@@ -275,8 +325,6 @@ class MenuArrayEnv(VectorEnv):
         acting[resetting] = False
         kinds = _KIND[actions]
         for kind in np.unique(kinds[acting]).tolist():
-            if kind not in ARRAY_MACROS:
-                raise NotImplementedError(f"menu entry kind {kind!r} is not in the array env yet")
             rows = np.flatnonzero(acting & (kinds == kind))
             getattr(self, "_macro_" + kind)(rows, actions[rows])
         self.last_error[acting] = ~self._ok[acting]
@@ -289,9 +337,54 @@ class MenuArrayEnv(VectorEnv):
                            ("budget_left_usd", balance), ("spent_usd", spent)):
             info[key], info[f"_{key}"] = value, acting.copy()
         ended = np.flatnonzero(acting & self.done)
+        obs = self._features()
         if ended.size:
             self._end_info(info, ended)
-        return self._features(), self._reward, self._terminated, self._truncated, info
+            self.episodes[ended] += 1
+            self._write(ended)
+            if self.autoreset_mode == AutoresetMode.SAME_STEP:
+                obs, info = self._reset_same_step(ended, obs, info)
+        return obs, self._reward, self._terminated, self._truncated, info
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Episodes still running are written to the ledger as ended by ``"closed"``; the ledger closes."""
+        if self._started:
+            self._abandon(np.arange(self.num_envs), "closed")
+        self.platform.ledger.close()
+
+    @property
+    def budget_left_usd(self) -> np.ndarray:
+        """What each env's episode may still spend (budget - spent - reserved), in dollars."""
+        return self._available_usd()
+
+    @property
+    def spent_usd(self) -> np.ndarray:
+        """What each env's episode has spent, in dollars."""
+        return self.spent_n / NANO
+
+    def _reset_same_step(self, ended: np.ndarray, obs: np.ndarray, info: dict[str, Any]) -> tuple[np.ndarray, dict]:
+        """``SAME_STEP``: the ended rows start their next episode now; their step's observation and info
+        move to ``final_obs`` and ``final_info`` (Gymnasium's layout: a ``_key`` mask per key)."""
+        n = self.num_envs
+        gone = np.zeros(n, bool)
+        gone[ended] = True
+        final_obs = np.full(n, None, dtype=object)
+        for i in ended.tolist():
+            final_obs[i] = obs[i]
+        final_info: dict[str, Any] = {}
+        for key, value in list(info.items()):
+            if key.startswith("_"):
+                continue
+            final_info[key], final_info[f"_{key}"] = value.copy(), info[f"_{key}"] & gone
+            if key in END_KEYS:
+                del info[key], info[f"_{key}"]
+            elif key != "action_mask":
+                info[f"_{key}"] = info[f"_{key}"] & ~gone
+        self._reset_rows(ended, [None] * ended.size)
+        info["action_mask"] = self._mask()
+        info["final_obs"], info["_final_obs"] = final_obs, gone.copy()
+        info["final_info"], info["_final_info"] = final_info, gone.copy()
+        return self._features(), info
 
     # ------------------------------------------------------------------ macros (rows do one each)
 
@@ -675,6 +768,17 @@ class MenuArrayEnv(VectorEnv):
 
     def _end(self, rows: np.ndarray, final: np.ndarray, *, terminated: bool, reason: Any) -> None:
         """The episode's result: running jobs billed for the share that ran, the normalized gain."""
+        self._bill_running(rows)
+        self.done[rows] = True
+        self.end_reason[rows] = reason
+        self._final[rows] = final
+        self._reward[rows] = [normalized_gain(i, f) for i, f in zip(self.initial_official[rows].tolist(),
+                                                                   np.asarray(final, float).tolist())]
+        (self._terminated if terminated else self._truncated)[rows] = True
+
+    def _bill_running(self, rows: np.ndarray) -> None:
+        """Cancel the running jobs of ``rows``, billed for the share of their duration that ran
+        (``ResearchRun._settle_running``)."""
         busy = rows[self.running[rows]]
         if busy.size:
             span = self.job_ready[busy] - self.job_start[busy]
@@ -683,12 +787,37 @@ class MenuArrayEnv(VectorEnv):
             charge = np.minimum(_nano(self.job_usd[busy] * fraction, _nano_near), self.reserved_n[busy])
             self._settle(busy, charge)
             self.running[busy] = False
-        self.done[rows] = True
-        self.end_reason[rows] = reason
-        self._final[rows] = final
-        self._reward[rows] = [normalized_gain(i, f) for i, f in zip(self.initial_official[rows].tolist(),
-                                                                   np.asarray(final, float).tolist())]
-        (self._terminated if terminated else self._truncated)[rows] = True
+
+    def _abandon(self, rows: np.ndarray, reason: str) -> None:
+        """Episodes of ``rows`` cut short (a reset or ``close``): running jobs billed for the share that
+        ran, as the scalar env's ``abandon``, and the episode written to the ledger."""
+        rows = rows[self._open[rows]]
+        if rows.size:
+            self._bill_running(rows)
+            self.end_reason[rows] = reason
+            self._write(rows, result=False)
+
+    def _write(self, rows: np.ndarray, *, result: bool = True) -> None:
+        """Write the episodes of ``rows`` (ended) to the ledger, one account (a fresh platform key, the
+        scenario's budget) each: the episode's whole spend reserved and settled in one entry (audited with
+        its steps, refusals and end), then, for an episode that ended here, a record of its official
+        result as the run's ``official_evaluation`` record. The chain is ``rsigym audit verify``'s; the
+        ledger's own guards check again that no episode spent more than its budget."""
+        ledger = self.platform.ledger
+        for i in rows.tolist():
+            key = self.platform.issue_key(self.scenario).id
+            event = {"tool": "episode", "decision": "allowed", "seed": int(self.episode_seeds[i]),
+                     "steps": int(self.steps[i]), "refusals": int(self.refusals[i]),
+                     "end_reason": str(self.end_reason[i]), "elapsed_h": float(self.clock[i]) / 3600.0}
+            spent = int(self.spent_n[i]) / NANO
+            hold = ledger.reserve(key, spent, audit=event, label="episode")
+            ledger.settle(hold, spent, audit=event)
+            if result:
+                initial, final = float(self.initial_official[i]), float(self._final[i])
+                ledger.record({"key": key, "tool": "official_evaluation", "decision": "allowed",
+                               "billed": "outside budget", "initial_score": initial, "official_score": final,
+                               "normalized_gain": normalized_gain(initial, final)})
+        self._open[rows] = False
 
     # ------------------------------------------------------------------ state
 
@@ -711,6 +840,7 @@ class MenuArrayEnv(VectorEnv):
         self.ckpt_skill[rows, 0], self.ckpt_memory[rows, 0] = self.batch.base_skill[rows], 0.0
         self.data_features[rows] = self._no_data_features()
         self.end_reason[rows] = ""
+        self._open[rows] = True
         self.initial_dev[rows] = self.best_dev[rows] = self.last_dev[rows] = -1.0
         self.initial_official[rows] = self._official(rows, np.zeros(rows.size, np.int64))
 
