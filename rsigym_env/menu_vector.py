@@ -93,6 +93,7 @@ worlds. Speed: ``gen``/``clean``/``train`` cost a Python loop per row on the row
 from __future__ import annotations
 
 import math
+import secrets
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -110,7 +111,7 @@ from .platform.permissions import authorize
 from .platform.ledger import NANO, _nano_near, _nano_up
 from .run import MIN_USD
 from .env import resolve_scenario
-from .platform.core import Platform
+from .platform.core import Platform, PlatformKey
 from .platform.ledger import Ledger
 from .scenario import Scenario
 from .scoring import normalized_gain
@@ -201,6 +202,9 @@ class MenuArrayEnv(VectorEnv):
             (default: in memory); ``rsigym audit verify`` accepts it.
         autoreset_mode: ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED`` (enum or its value), as
             ``ResearchVectorEnv``.
+        write_episodes: write each finished episode to the ledger (default). False skips it (a training
+            run nobody audits: ~1/3 of a step's time on the harness track at N = 256); the money is
+            reserved, refused and settled in the arrays all the same.
 
     Money per env, in arrays (as ``ResearchVectorEnv``'s): :attr:`budget_left_usd`, :attr:`spent_usd`,
     :attr:`refusals` (the current episode's) and :attr:`episodes` (finished ones).
@@ -212,7 +216,7 @@ class MenuArrayEnv(VectorEnv):
                  world: str | None = None, benchmark: str | None = None, budget_usd: float | None = None,
                  max_steps: int | None = None, time_limit_h: float | None = None,
                  world_options: dict[str, Any] | None = None, ledger_path: str | Path | None = None,
-                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP):
+                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP, write_episodes: bool = True):
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
         s = self.scenario = resolve_scenario(scenario, track=track, world=world, benchmark=benchmark,
@@ -267,6 +271,9 @@ class MenuArrayEnv(VectorEnv):
         self.can_clean, self.has_train_set = z(bool), z(bool)
         self.episodes = z(np.int64)
         self._open = z(bool)  # an episode is under way and not yet written to the ledger
+        self.write_episodes = write_episodes
+        self._key_secret, self._keys = secrets.token_hex(16), 0  # episode i's account: key_id(f"{secret}-{i}")
+        self._tools: dict[tuple, Any] = {}  # a data call's arguments -> its authorized tool (or refusal)
         self._started = False
 
     # ------------------------------------------------------------------ gymnasium API
@@ -496,9 +503,9 @@ class MenuArrayEnv(VectorEnv):
             args: dict[str, Any] = {"dataset": r.train_set or MISSING}
             if lr != DEFAULT_LR:
                 args["learning_rate"] = lr
-            self._call(np.array([i]))
+            self._call_row(i)
             try:
-                tool = authorize(self.scenario, parse_action({"tool": "train", "args": args}))
+                tool = self._tool("train", args)
                 if tool.dataset not in r.datasets:
                     raise ActionError("unknown_ref", f"no dataset {tool.dataset!r}")
                 world = self._world(i)
@@ -506,10 +513,10 @@ class MenuArrayEnv(VectorEnv):
                 job_id, ckpt = r.next("job"), r.next("ckpt")
                 self._hold(i, quote.usd)
             except ActionError as err:
-                self._refuse(np.array([i]), err.code)
-                self._after_call(np.array([i]))
+                self._refuse_row(i, err.code)
+                self._after_row(i)
                 continue
-            self._ran(np.array([i]))
+            self.steps[i] += 1
             job = world.train.start(tool, job_id, ckpt)
             state = world.model_state(ckpt, require_ready=False)
             self.running[i], self.job_train[i] = True, True
@@ -519,7 +526,7 @@ class MenuArrayEnv(VectorEnv):
             r.pending = (ckpt, tool.dataset)
             r.trainings += 1
             self._update_data_features(i)
-            self._after_call(np.array([i]))
+            self._after_row(i)
             if not self.done[i]:
                 waiting.append(i)
         waiting_rows = np.array(waiting, np.intp)
@@ -543,6 +550,50 @@ class MenuArrayEnv(VectorEnv):
         self.refusals[rows] += 1
         self._ok[rows], self._error[rows] = False, code
 
+    # one row at a time (the data macros' calls): the same bookkeeping as the array forms, in plain Python
+
+    def _call_row(self, i: int) -> None:
+        self._calls[i] += 1
+        self._ok[i], self._error[i] = True, ""
+        self._spent_before[i] = self.spent_n[i]
+
+    def _refuse_row(self, i: int, code: str) -> None:
+        self.refusals[i] += 1
+        self._ok[i], self._error[i] = False, code
+
+    def _after_row(self, i: int) -> None:
+        """:meth:`_after_call` for one row."""
+        if self.done[i]:
+            return
+        s = self.scenario
+        if self.steps[i] >= s.max_steps:
+            reason = "step limit"
+        elif self.refusals[i] >= s.refusal_limit:
+            reason = "refusal limit"
+        elif self.clock[i] >= self.time_limit_s:
+            reason = "time limit"
+        elif not self.running[i] and float(self.budget_n - self.spent_n[i] - self.reserved_n[i]) / NANO < MIN_USD:
+            reason = "budget exhausted"
+        else:
+            return
+        row = np.array([i])
+        self._end(row, self.initial_official[row], terminated=False, reason=reason)
+
+    def _tool(self, name: str, args: dict[str, Any]) -> Any:
+        """``authorize(scenario, parse_action(...))`` of a data call, remembered per arguments (the same
+        tool object, or the same ``ActionError`` raised again)."""
+        key = (name, *((k, tuple(v) if isinstance(v, list) else v) for k, v in args.items()))
+        tool = self._tools.get(key)
+        if tool is None:
+            try:
+                tool = authorize(self.scenario, parse_action({"tool": name, "args": args}))
+            except ActionError as err:
+                tool = err
+            self._tools[key] = tool
+        if isinstance(tool, ActionError):
+            raise ActionError(tool.code, tool.message)
+        return tool
+
     def _hold(self, i: int, usd: float) -> int:
         """Reserve ``usd`` on row ``i`` as the ledger does, or raise its ``insufficient_budget`` refusal."""
         hold = _nano_up(usd)
@@ -557,7 +608,7 @@ class MenuArrayEnv(VectorEnv):
         """Row i's own world (its episode seed's), its clock set to the row's."""
         r = self.rows[i]
         if r.world is None:
-            r.world = SimWorld(self.scenario.benchmark, int(self.episode_seeds[i]), **self.world_kwargs)
+            r.world = self.batch.world(i)  # SimWorld(benchmark, episode seed, ...) from the row's draw
         r.world.clock = SimClock(float(self.clock[i]))
         return r.world
 
@@ -575,10 +626,9 @@ class MenuArrayEnv(VectorEnv):
     def _generate(self, i: int, teacher: str, n: int) -> tuple[str, str]:
         """One ``generate_data`` call on row i: ``("", "")`` if it ran, else the refusal's (code, message)."""
         r = self.rows[i]
-        self._call(np.array([i]))
+        self._call_row(i)
         try:
-            tool = authorize(self.scenario, parse_action({"tool": "generate_data",
-                                                          "args": {"teacher": teacher, "n_examples": n}}))
+            tool = self._tool("generate_data", {"teacher": teacher, "n_examples": n})
             world = self._world(i)
             rollout = world.rollout
             ds_id = [""]
@@ -590,8 +640,8 @@ class MenuArrayEnv(VectorEnv):
             spent_before = int(self.spent_n[i])
             self._paid(i, tool, rollout.quote_generate(tool).usd, run)
         except ActionError as err:
-            self._refuse(np.array([i]), err.code)
-            self._after_call(np.array([i]))
+            self._refuse_row(i, err.code)
+            self._after_row(i)
             return err.code, err.message
         data = world.datasets[ds_id[0]]
         rate = float(data.stats().get("pass_rate", 0.0))
@@ -603,16 +653,15 @@ class MenuArrayEnv(VectorEnv):
         if data.n > 0:
             r.train_set = ds_id[0]
         self._update_data_features(i)
-        self._after_call(np.array([i]))
+        self._after_row(i)
         return "", ""
 
     def _transform(self, i: int, operation: str, datasets: list[str]) -> Dataset | None:
         """One ``transform_data`` call on row i: the adapter's record of the new dataset, or None if refused."""
         r = self.rows[i]
-        self._call(np.array([i]))
+        self._call_row(i)
         try:
-            tool = authorize(self.scenario, parse_action({"tool": "transform_data",
-                                                          "args": {"operation": operation, "datasets": datasets}}))
+            tool = self._tool("transform_data", {"operation": operation, "datasets": datasets})
             for ref in tool.datasets:
                 if ref not in r.datasets:
                     raise ActionError("unknown_ref", f"no dataset {ref!r}")
@@ -626,8 +675,8 @@ class MenuArrayEnv(VectorEnv):
 
             self._paid(i, tool, rollout.quote_transform(tool).usd, run)
         except ActionError as err:
-            self._refuse(np.array([i]), err.code)
-            self._after_call(np.array([i]))
+            self._refuse_row(i, err.code)
+            self._after_row(i)
             return None
         data = world.datasets[ds_id[0]]
         sources = [r.datasets[d] for d in datasets if d in r.datasets]
@@ -639,7 +688,7 @@ class MenuArrayEnv(VectorEnv):
         if made.n > 0:
             r.train_set = made.id
         self._update_data_features(i)
-        self._after_call(np.array([i]))
+        self._after_row(i)
         return made
 
     def _evaluate(self, rows: np.ndarray, k: np.ndarray, ckpt: np.ndarray) -> None:
@@ -798,25 +847,31 @@ class MenuArrayEnv(VectorEnv):
             self._write(rows, result=False)
 
     def _write(self, rows: np.ndarray, *, result: bool = True) -> None:
-        """Write the episodes of ``rows`` (ended) to the ledger, one account (a fresh platform key, the
-        scenario's budget) each: the episode's whole spend reserved and settled in one entry (audited with
-        its steps, refusals and end), then, for an episode that ended here, a record of its official
-        result as the run's ``official_evaluation`` record. The chain is ``rsigym audit verify``'s; the
-        ledger's own guards check again that no episode spent more than its budget."""
-        ledger = self.platform.ledger
+        """Write the episodes of ``rows`` (ended) to the ledger, one account each (the scenario's budget, a
+        key id of its own): the episode's whole spend reserved and settled in one entry, audited with its
+        seed, steps, refusals, end and (for an episode that ended here, not one cut short) its official
+        result; an episode that spent nothing is one audit record. The chain is ``rsigym audit verify``'s;
+        the ledger's own guards check again that no episode spent more than its budget."""
+        if not self.write_episodes:
+            self._open[rows] = False
+            return
+        ledger, budget = self.platform.ledger, self.scenario.budget_usd
         for i in rows.tolist():
-            key = self.platform.issue_key(self.scenario).id
-            event = {"tool": "episode", "decision": "allowed", "seed": int(self.episode_seeds[i]),
-                     "steps": int(self.steps[i]), "refusals": int(self.refusals[i]),
-                     "end_reason": str(self.end_reason[i]), "elapsed_h": float(self.clock[i]) / 3600.0}
-            spent = int(self.spent_n[i]) / NANO
-            hold = ledger.reserve(key, spent, audit=event, label="episode")
-            ledger.settle(hold, spent, audit=event)
+            self._keys += 1
+            key = PlatformKey.key_id(f"{self._key_secret}-{self._keys}")
+            ledger.open_account(key, budget)
+            event: dict[str, Any] = {
+                "key": key, "tool": "episode", "decision": "allowed", "seed": int(self.episode_seeds[i]),
+                "steps": int(self.steps[i]), "refusals": int(self.refusals[i]), "end_reason": str(self.end_reason[i]),
+                "elapsed_h": float(self.clock[i]) / 3600.0}
             if result:
                 initial, final = float(self.initial_official[i]), float(self._final[i])
-                ledger.record({"key": key, "tool": "official_evaluation", "decision": "allowed",
-                               "billed": "outside budget", "initial_score": initial, "official_score": final,
-                               "normalized_gain": normalized_gain(initial, final)})
+                event.update(initial_score=initial, official_score=final, normalized_gain=normalized_gain(initial, final))
+            spent = int(self.spent_n[i]) / NANO
+            if spent:
+                ledger.settle(ledger.reserve(key, spent, audit=event, label="episode"), spent, audit=event)
+            else:
+                ledger.record(event)
         self._open[rows] = False
 
     # ------------------------------------------------------------------ state

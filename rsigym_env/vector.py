@@ -77,7 +77,7 @@ def sub_info(infos: dict[str, Any], i: int) -> dict[str, Any]:
 
 
 ARRAY_ARGS = frozenset({"scenario", "track", "world", "benchmark", "budget_usd", "max_steps", "time_limit_h",
-                        "world_options", "ledger_path", "autoreset_mode"})
+                        "world_options", "ledger_path", "autoreset_mode", "write_episodes"})
 """The arguments :class:`~rsigym_env.menu_vector.MenuArrayEnv` takes; any other one needs the per-env route."""
 
 
@@ -126,7 +126,8 @@ def _not_array(include_log: bool | None, kwargs: dict[str, Any]) -> str | None:
     other = sorted(k for k, v in kwargs.items() if k not in ARRAY_ARGS and v is not None)
     if other:
         return f"argument(s) {other} (it takes {sorted(ARRAY_ARGS)})"
-    scenario = resolve_scenario(**{k: kwargs.get(k) for k in ARRAY_ARGS - {"ledger_path", "autoreset_mode"}})
+    scenario = resolve_scenario(**{k: kwargs.get(k) for k in ARRAY_ARGS - {"ledger_path", "autoreset_mode",
+                                                                          "write_episodes"}})
     if scenario.world != "sim":
         return f"the {scenario.world!r} world (it runs the sim world)"
     return None

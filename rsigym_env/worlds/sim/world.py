@@ -78,6 +78,7 @@ from .model import (
     render_attempts,
     sigmoid,
     train_model,
+    Worlds,
 )
 
 MINIMAL_HARNESS_TOML = """\
@@ -147,6 +148,8 @@ class SimWorld(WorldLifecycle):
         prices: the price list calls are billed at.
         vcpus, memory_gib: sandbox size (sandbox seconds are billed at these).
         options: :class:`SimOptions` or a dict of its fields (concurrency and training throughput).
+        drawn: the seed's world if it is drawn already (:meth:`~.batch.SimBatch.world` passes its row):
+            the :func:`~.model.draw_worlds` of ``[seed]``, not drawn again.
     """
 
     name = "sim"
@@ -160,6 +163,7 @@ class SimWorld(WorldLifecycle):
         vcpus: float = 2,
         memory_gib: float = 2.0,
         options: SimOptions | dict[str, Any] | None = None,
+        drawn: Worlds | None = None,
     ):
         if benchmark not in BENCHMARKS:
             raise ValueError(f"unknown benchmark {benchmark!r}; benchmarks are {', '.join(BENCHMARKS)}")
@@ -173,7 +177,10 @@ class SimWorld(WorldLifecycle):
         self.memory_gib = memory_gib
         self.clock = SimClock()
         self.streams = Streams(seed, benchmark_key(benchmark))
-        drawn = draw_worlds(self.benchmark, [seed])  # the array core with N = 1: parity by construction
+        if drawn is None:  # the array core with N = 1: parity by construction
+            drawn = draw_worlds(self.benchmark, [seed])
+        elif len(drawn) != 1:
+            raise ValueError(f"drawn must be the one world of this seed, got {len(drawn)}")
         self.worlds = drawn
         self.profile = drawn.profile(0, self.domain)
         self.severity, self.harm = self.profile.severity, self.profile.harm
