@@ -97,8 +97,9 @@ class Args:
     workers: int = 2
     """rollout processes (1 = in this process)"""
     vector: bool = False
-    """roll out through the vector sim (``ResearchVectorEnv(menu=True)``, one per scenario) instead of
-    ``DiscreteMenu`` envs; the same episodes for the same actions (``tests/baselines/test_rl_vector.py``)"""
+    """roll out through the vector sim (``make_vec(..., menu=True)``: the array env ``MenuArrayEnv``, one per
+    scenario; behaviour cloning's expert through the per-env route) instead of ``DiscreteMenu`` envs; the
+    same episodes for the same actions (``tests/baselines/test_rl_vector.py``)"""
     learning_rate: float = 1e-3
     anneal_lr: bool = True
     gamma: float = 1.0
@@ -399,13 +400,15 @@ def collect(params: dict[str, np.ndarray] | None, jobs: list[tuple[str, str, flo
 
 def collect_vector(params: dict[str, np.ndarray] | None, jobs: list[tuple[str, str, float, int]], num_envs: int,
                    rng: np.random.Generator | None) -> list[dict[str, Any]]:
-    """:func:`collect` through the vector sim: a :class:`~rsigym_env.vector.ResearchVectorEnv` with
-    ``menu=True`` per (track, benchmark, budget) of ``jobs``, up to ``num_envs`` episodes each at once,
-    all of them in one batched forward pass per step. A finished env is reset (``reset_mask``) with the
-    next seed of its scenario; one with none left plays idle (``wait``, refused) until its group ends."""
+    """:func:`collect` through the vector sim: ``make_vec(..., menu=True)``'s env per (track, benchmark,
+    budget) of ``jobs`` (the array env, :class:`~rsigym_env.menu_vector.MenuArrayEnv`; for the expert, which
+    reads each env's :class:`~rsigym_env.wrappers.menu.MenuAdapter`, the per-env route), up to ``num_envs``
+    episodes each at once, all of them in one batched forward pass per step. A finished env is reset
+    (``reset_mask``) with the next seed of its scenario; one with none left plays idle (``wait``, refused)
+    until its group ends."""
     from gymnasium.vector import AutoresetMode
 
-    from rsigym_env.vector import ResearchVectorEnv
+    from rsigym_env.vector import make_vector_env
 
     queues: dict[tuple[str, str, float], list[int]] = {}
     for track, bench, budget, seed in jobs:
@@ -417,8 +420,8 @@ def collect_vector(params: dict[str, np.ndarray] | None, jobs: list[tuple[str, s
     groups = []
     for key, seeds in queues.items():
         n = min(num_envs, len(seeds))
-        vec = ResearchVectorEnv(n, menu=True, track=key[0], benchmark=key[1], budget_usd=key[2],
-                                autoreset_mode=AutoresetMode.DISABLED)
+        vec = make_vector_env(n, menu=True, array=params is not None, track=key[0], benchmark=key[1],
+                              budget_usd=key[2], autoreset_mode=AutoresetMode.DISABLED)
         obs, info = vec.reset(seed=seeds[:n])
         groups.append({"key": key, "vec": vec, "queue": seeds[n:], "obs": obs, "mask": info["action_mask"],
                        "slots": [slot(seed) for seed in seeds[:n]]})
@@ -452,7 +455,7 @@ def collect_vector(params: dict[str, np.ndarray] | None, jobs: list[tuple[str, s
                     continue
                 s["R"] += float(r[i])
                 s["W"].append(float(r[i]))
-                s["calls"] += len(info["calls"][i])
+                s["calls"] += int(info["n_calls"][i]) if "n_calls" in info else len(info["calls"][i])
                 if ended[i]:
                     spend = float(info["spend_usd"][i]) if info.get("_spend_usd", ended)[i] else 0.0
                     done_eps.append({"benchmark": g["key"][1], "track": g["key"][0], "budget": g["key"][2],
