@@ -97,9 +97,10 @@ class Args:
     workers: int = 2
     """rollout processes (1 = in this process)"""
     vector: bool = False
-    """roll out through the vector sim (``make_vec(..., menu=True)``: the array env ``MenuArrayEnv``, one per
-    scenario; behaviour cloning's expert through the per-env route) instead of ``DiscreteMenu`` envs; the
-    same episodes for the same actions (``tests/baselines/test_rl_vector.py``)"""
+    """roll out the policy through the vector sim (``make_vec(..., menu=True)``: the array env ``MenuArrayEnv``,
+    one per scenario) instead of ``DiscreteMenu`` envs (behaviour cloning's expert, which reads each env's
+    adapter, plays ``DiscreteMenu`` envs either way); the same episodes for the same actions
+    (``tests/baselines/test_rl_vector.py``)"""
     learning_rate: float = 1e-3
     anneal_lr: bool = True
     gamma: float = 1.0
@@ -476,7 +477,7 @@ def collect_vector(params: dict[str, np.ndarray] | None, jobs: list[tuple[str, s
 
 def _collect_worker(payload: tuple) -> list[dict[str, Any]]:
     params, jobs, num_envs, seed, vector = payload
-    play = collect_vector if vector else collect
+    play = collect_vector if vector and params is not None else collect  # the expert reads DiscreteMenu's adapters
     return play(params, jobs, num_envs, None if seed is None else np.random.default_rng(seed))
 
 

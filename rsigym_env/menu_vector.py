@@ -93,7 +93,9 @@ worlds. Speed: ``gen``/``clean``/``train`` cost a Python loop per row on the row
 from __future__ import annotations
 
 import math
+import operator
 import secrets
+from functools import reduce
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -339,7 +341,10 @@ class MenuArrayEnv(VectorEnv):
                                 "_action_mask": np.ones(n, bool), "_n_calls": acting.copy()}
         balance = self._available_usd()
         spent = self.spent_n / NANO
-        cost = np.array([round(a / NANO - b / NANO, 9) for a, b in zip(self.spent_n.tolist(), self._spent_before.tolist())])
+        cost = np.zeros(n)  # the run's round(after - before, 9), where the last call spent anything
+        paid = np.flatnonzero(self.spent_n != self._spent_before)
+        cost[paid] = [round(a / NANO - b / NANO, 9) for a, b in zip(self.spent_n[paid].tolist(),
+                                                                     self._spent_before[paid].tolist())]
         for key, value in (("ok", self._ok), ("error", self._error), ("cost_usd", cost),
                            ("budget_left_usd", balance), ("spent_usd", spent)):
             info[key], info[f"_{key}"] = value, acting.copy()
@@ -765,7 +770,10 @@ class MenuArrayEnv(VectorEnv):
                 self.first_scored[i, c] = self.n_candidates[i]
             scores.append(value)
             self.n_scores[i, c] = len(scores)
-            self.means[i, c] = float(np.mean(scores))  # the adapter's mean, summed as NumPy sums
+            # the adapter's np.mean: below 8 values NumPy adds one by one, as reduce(add) does (not sum(),
+            # which compensates since Python 3.12)
+            self.means[i, c] = (reduce(operator.add, scores) / len(scores) if len(scores) < 8
+                                else float(np.mean(scores)))
             if c == 0 and self.initial_dev[i] < 0:
                 self.initial_dev[i] = value
             if value > self.best_dev[i]:
