@@ -16,7 +16,7 @@ benchmark). What the vector env adds:
   :attr:`budget_left_usd`, :attr:`spent_usd`, :attr:`refusals` and :attr:`episodes`.
 * **batched observations**: the numeric entries are ``(N, ...)`` arrays; ``log`` is a tuple of N
   strings, or absent with ``include_log=False`` (nothing is rendered then).
-* **a menu**: ``menu=True`` steps :class:`~rsigym_env.wrappers.menu.DiscreteMenu` sub-envs: the action
+* **a menu**: ``menu=True, array=False`` steps :class:`~rsigym_env.wrappers.menu.DiscreteMenu` sub-envs: the action
   is one menu index per env (``MultiDiscrete``), the observation an ``(N, len(FEATURES))`` float32
   matrix and ``info["action_mask"]`` an ``(N, len(MENU))`` bool matrix (what the RL researcher reads).
 * **autoreset**: ``AutoresetMode.NEXT_STEP`` (Gymnasium's default: a finished env is reset by the next
