@@ -313,12 +313,11 @@ class MenuArrayEnv(VectorEnv):
         if not self._started:
             raise gym.error.ResetNeeded("call reset() before step()")
         n = self.num_envs
-        try:
-            actions = np.asarray(actions, dtype=np.int64)
-        except (TypeError, ValueError, OverflowError):
-            raise ValueError(f"give one menu index (0..{len(MENU) - 1}) per env ({n}), got {actions!r}") from None
-        if actions.shape != (n,) or ((actions < 0) | (actions >= len(MENU))).any():
-            raise ValueError(f"give one menu index (0..{len(MENU) - 1}) per env ({n}), got {actions!r}")
+        given = np.asarray(actions)
+        if (given.shape != (n,) or not np.issubdtype(given.dtype, np.integer)
+                or ((given < 0) | (given >= len(MENU))).any()):  # no silent cast: 1.5 is not entry 1
+            raise ValueError(f"give one menu index (an integer 0..{len(MENU) - 1}) per env ({n}), got {actions!r}")
+        actions = given.astype(np.int64)
         resetting = np.flatnonzero(self.done)
         if resetting.size:
             if self.autoreset_mode == AutoresetMode.DISABLED:

@@ -76,7 +76,8 @@ def test_the_vector_env_checks():
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
     before = (vec.spent_usd.copy(), vec.refusals.copy(), vec.steps.copy())
-    for bad in (np.zeros(4, np.int64), np.full(5, len(MENU)), np.full(5, -1), ["submit"] * 5, None):
+    for bad in (np.zeros(4, np.int64), np.full(5, len(MENU)), np.full(5, -1), ["submit"] * 5, None, np.full(5, 1.5),
+                [0, 1, 2, 3, 4.0], np.zeros((5, 1), np.int64), [True] * 5):
         with pytest.raises(ValueError, match="menu index"):
             vec.step(bad)
     for now, then in zip((vec.spent_usd, vec.refusals, vec.steps), before):
