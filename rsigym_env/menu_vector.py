@@ -120,7 +120,7 @@ from .scoring import normalized_gain
 from .tools import Train, parse_action
 from .worlds.sim.batch import HarnessArrays, SimBatch
 from .worlds.sim.clock import SimClock
-from .worlds.sim.world import SimWorld
+from .worlds.sim.world import SimWorld, generate_batch, transform_batch
 from .wrappers.menu import (DEFAULT_LR, FEATURES, FIXES, GEN_SIZES, MAX_CHUNKS,
                             MAX_RESERVE, MENU, MENU_INDEX, MISSING, TEACHERS, Dataset, MenuAdapter, _option_line)
 
@@ -447,57 +447,83 @@ class MenuArrayEnv(VectorEnv):
         self._submit(rows, np.where(scored.any(axis=1), best, latest))
 
     def _macro_gen(self, rows: np.ndarray, actions: np.ndarray) -> None:
-        """``MenuAdapter._gen``, row by row (its calls run on the row's own world)."""
-        for i, a in zip(rows.tolist(), actions.tolist()):
-            teacher, n = _ARG[a]
-            if n < GEN_SIZES[-1]:
-                error, message = self._generate(i, teacher, n)
-                if error == "insufficient_budget" and not self.done[i]:
-                    fit = _fit(n, message, 0.0)
-                    if fit >= 1:
-                        self._generate(i, teacher, fit)
-                continue
-            reserve = MAX_RESERVE * self.scenario.budget_usd
-            for chunk in range(MAX_CHUNKS):
-                error, message = self._generate(i, teacher, n)
-                if error != "insufficient_budget" or self.done[i]:
-                    break
-                fit = _fit(n, message, reserve)
-                if fit < (1 if chunk == 0 else GEN_SIZES[0]):
-                    break
-                error, _ = self._generate(i, teacher, fit)
-                if error or self.done[i]:
-                    break
+        """``MenuAdapter._gen``: each row's plan (:meth:`_gen_plan`) asks for its calls one at a time; the
+        calls all rows ask for at once run as one batch per (teacher, size) (:meth:`_generate_rows`)."""
+        plans = {i: self._gen_plan(i, *_ARG[a]) for i, a in zip(rows.tolist(), actions.tolist())}
+        asks = {i: next(plan) for i, plan in plans.items()}
+        while asks:
+            answers = self._generate_rows(asks)
+            asks = {}
+            for i, answer in answers.items():
+                try:
+                    asks[i] = plans[i].send(answer)
+                except StopIteration:
+                    pass
+
+    def _gen_plan(self, i: int, teacher: str, n: int) -> Any:
+        """Row i's ``MenuAdapter._gen``: yields ``(teacher, n_examples)`` per call, is sent its ``(code, message)``."""
+        if n < GEN_SIZES[-1]:
+            error, message = yield teacher, n
+            if error == "insufficient_budget" and not self.done[i]:
+                fit = _fit(n, message, 0.0)
+                if fit >= 1:
+                    yield teacher, fit
+            return
+        reserve = MAX_RESERVE * self.scenario.budget_usd
+        for chunk in range(MAX_CHUNKS):
+            error, message = yield teacher, n
+            if error != "insufficient_budget" or self.done[i]:
+                break
+            fit = _fit(n, message, reserve)
+            if fit < (1 if chunk == 0 else GEN_SIZES[0]):
+                break
+            error, _ = yield teacher, fit
+            if error or self.done[i]:
+                break
 
     def _macro_clean(self, rows: np.ndarray, actions: np.ndarray) -> None:
-        """``MenuAdapter._clean``, row by row."""
-        for i in rows.tolist():
-            r = self.rows[i]
-            raws = _raws(r)
-            if not raws:
-                self._transform(i, "filter", [MISSING])
-                continue
-            teacher = raws[-1].teacher
-            cleaned = []
-            for raw in [d for d in raws if d.teacher == teacher]:
-                current = raw.id
-                for operation in ("filter", "dedupe"):
-                    made = self._transform(i, operation, [current])
-                    if self.done[i]:
-                        return
-                    if made is None or made.n == 0:
-                        current = ""
-                        break
-                    current = made.id
-                if current:
-                    cleaned.append(current)
-            parts = ([r.pools[teacher]] if teacher in r.pools else []) + cleaned
-            if len(parts) > 1:
-                made = self._transform(i, "mix", parts[:8])
-                if made is not None:
-                    parts = [made.id]
-            if parts:
-                r.pools[teacher] = parts[-1]
+        """``MenuAdapter._clean``: each row's plan (:meth:`_clean_plan`) asks for its calls one at a time;
+        the calls all rows ask for at once run as one batch per operation (:meth:`_transform_rows`)."""
+        plans = {i: self._clean_plan(i) for i in rows.tolist()}
+        asks = {i: next(plan) for i, plan in plans.items()}
+        while asks:
+            answers = self._transform_rows(asks)
+            asks = {}
+            for i, answer in answers.items():
+                try:
+                    asks[i] = plans[i].send(answer)
+                except StopIteration:
+                    pass
+
+    def _clean_plan(self, i: int) -> Any:
+        """Row i's ``MenuAdapter._clean``: yields ``(operation, datasets)`` per call, is sent the adapter's
+        record of the new dataset (None if refused); it stops when the row's episode ends."""
+        r = self.rows[i]
+        raws = _raws(r)
+        if not raws:
+            yield "filter", [MISSING]
+            return
+        teacher = raws[-1].teacher
+        cleaned = []
+        for raw in [d for d in raws if d.teacher == teacher]:
+            current = raw.id
+            for operation in ("filter", "dedupe"):
+                made = yield operation, [current]
+                if self.done[i]:
+                    return
+                if made is None or made.n == 0:
+                    current = ""
+                    break
+                current = made.id
+            if current:
+                cleaned.append(current)
+        parts = ([r.pools[teacher]] if teacher in r.pools else []) + cleaned
+        if len(parts) > 1:
+            made = yield "mix", parts[:8]
+            if made is not None:
+                parts = [made.id]
+        if parts:
+            r.pools[teacher] = parts[-1]
 
     def _macro_train(self, rows: np.ndarray, actions: np.ndarray) -> None:
         """``MenuAdapter._train``: start a training job on the row's world, then wait for it."""
@@ -616,84 +642,105 @@ class MenuArrayEnv(VectorEnv):
         r.world.clock = SimClock(float(self.clock[i]))
         return r.world
 
-    def _paid(self, i: int, tool: Any, quote_usd: float, run: Any) -> Any:
-        """``ResearchRun._paid``: reserve the quote, run the call, settle its cost, let its time pass."""
-        hold = self._hold(i, quote_usd)
-        billed = run()
-        self.reserved_n[i] -= hold
-        charge = min(_nano_near(billed.cost_usd), hold)
-        self.spent_n[i] += charge
-        self.clock[i] += billed.seconds
-        self.steps[i] += 1
-        return billed
+    def _generate_rows(self, asks: dict[int, tuple[str, int]]) -> dict[int, tuple[str, str]]:
+        """One ``generate_data`` call per row of ``asks`` (row -> (teacher, n_examples)), batched per
+        (teacher, n_examples) (``generate_batch`` on the rows' worlds); each row's ``("", "")`` if its call ran,
+        else the refusal's (code, message). The run's sequence per call: parse and authorize, quote, reserve
+        (or refuse), run, settle, let its time pass; then the adapter's record of the new dataset."""
+        out: dict[int, tuple[str, str]] = {}
+        groups: dict[tuple[str, int], list[int]] = {}
+        for i, ask in asks.items():
+            groups.setdefault(ask, []).append(i)
+        for (teacher, n), members in groups.items():
+            rows = np.array(members, np.intp)
+            self._call(rows)
+            try:
+                tool = self._tool("generate_data", {"teacher": teacher, "n_examples": n})
+                worlds = [self._world(i) for i in members]
+                hold = _nano_up(worlds[0].rollout.quote_generate(tool).usd)
+            except ActionError as err:
+                self._refuse(rows, err.code)
+                self._after_call(rows)
+                out.update(dict.fromkeys(members, (err.code, err.message)))
+                continue
+            available = self.budget_n - self.spent_n[rows] - self.reserved_n[rows]
+            fits = hold <= available
+            for i, left in zip(rows[~fits].tolist(), available[~fits].tolist()):
+                out[i] = ("insufficient_budget", f"reserve needs ${hold / NANO:.4f} but only ${left / NANO:.4f} "
+                                                 "is available on this key")
+            self._refuse(rows[~fits], "insufficient_budget")
+            go = rows[fits]
+            if go.size:
+                ids = [self.rows[i].next("ds") for i in go.tolist()]
+                cost, seconds = generate_batch([worlds[j] for j in np.flatnonzero(fits).tolist()], tool, ids)
+                spent_before = self.spent_n[go].copy()
+                self.spent_n[go] += min(_nano_near(cost), hold)
+                self.clock[go] += seconds
+                self.steps[go] += 1
+                for i, ds_id, before in zip(go.tolist(), ids, spent_before.tolist()):
+                    r = self.rows[i]
+                    data = r.world.datasets[ds_id]
+                    rate = float(data.stats().get("pass_rate", 0.0))
+                    r.datasets[ds_id] = Dataset(ds_id, teacher, data.n, rate, clean=False)
+                    r.pass_rates[teacher] = max(rate, r.pass_rates.get(teacher, -1.0))
+                    r.usd_per_example[teacher] = round(int(self.spent_n[i]) / NANO - before / NANO, 9) / max(data.n, 1)
+                    r.generations += 1
+                    if data.n > 0:
+                        r.train_set = ds_id
+                    self._update_data_features(i)
+                    out[i] = ("", "")
+            self._after_call(rows)
+        return out
 
-    def _generate(self, i: int, teacher: str, n: int) -> tuple[str, str]:
-        """One ``generate_data`` call on row i: ``("", "")`` if it ran, else the refusal's (code, message)."""
-        r = self.rows[i]
-        self._call_row(i)
-        try:
-            tool = self._tool("generate_data", {"teacher": teacher, "n_examples": n})
-            world = self._world(i)
-            rollout = world.rollout
-            ds_id = [""]
-
-            def run() -> Any:
-                ds_id[0] = r.next("ds")
-                return rollout.generate(tool, ds_id[0])
-
-            spent_before = int(self.spent_n[i])
-            self._paid(i, tool, rollout.quote_generate(tool).usd, run)
-        except ActionError as err:
-            self._refuse_row(i, err.code)
-            self._after_row(i)
-            return err.code, err.message
-        data = world.datasets[ds_id[0]]
-        rate = float(data.stats().get("pass_rate", 0.0))
-        r.datasets[ds_id[0]] = Dataset(ds_id[0], teacher, data.n, rate, clean=False)
-        r.pass_rates[teacher] = max(rate, r.pass_rates.get(teacher, -1.0))
-        cost = round(int(self.spent_n[i]) / NANO - spent_before / NANO, 9)
-        r.usd_per_example[teacher] = cost / max(data.n, 1)
-        r.generations += 1
-        if data.n > 0:
-            r.train_set = ds_id[0]
-        self._update_data_features(i)
-        self._after_row(i)
-        return "", ""
-
-    def _transform(self, i: int, operation: str, datasets: list[str]) -> Dataset | None:
-        """One ``transform_data`` call on row i: the adapter's record of the new dataset, or None if refused."""
-        r = self.rows[i]
-        self._call_row(i)
-        try:
-            tool = self._tool("transform_data", {"operation": operation, "datasets": datasets})
-            for ref in tool.datasets:
-                if ref not in r.datasets:
-                    raise ActionError("unknown_ref", f"no dataset {ref!r}")
-            world = self._world(i)
-            rollout = world.rollout
-            ds_id = [""]
-
-            def run() -> Any:
-                ds_id[0] = r.next("ds")
-                return rollout.transform(tool, ds_id[0])
-
-            self._paid(i, tool, rollout.quote_transform(tool).usd, run)
-        except ActionError as err:
-            self._refuse_row(i, err.code)
-            self._after_row(i)
-            return None
-        data = world.datasets[ds_id[0]]
-        sources = [r.datasets[d] for d in datasets if d in r.datasets]
-        made = Dataset(ds_id[0], sources[0].teacher if sources else "", data.n,
-                       float(data.stats().get("pass_rate", 0.0)), clean=True)
-        r.datasets[made.id] = made
-        for src in sources:
-            src.cleaned = True
-        if made.n > 0:
-            r.train_set = made.id
-        self._update_data_features(i)
-        self._after_row(i)
-        return made
+    def _transform_rows(self, asks: dict[int, tuple[str, list[str]]]) -> dict[int, Dataset | None]:
+        """One ``transform_data`` call per row of ``asks`` (row -> (operation, datasets)), batched per operation
+        (``transform_batch`` on the rows' worlds); each row's adapter record of the new dataset, or None if
+        refused. The run's sequence per call as :meth:`_generate_rows`."""
+        out: dict[int, Dataset | None] = {}
+        groups: dict[str, list[int]] = {}
+        for i, (operation, _) in asks.items():
+            groups.setdefault(operation, []).append(i)
+        for operation, members in groups.items():
+            rows = np.array(members, np.intp)
+            self._call(rows)
+            go, tools, holds = [], [], []
+            for i in members:
+                r = self.rows[i]
+                try:
+                    tool = self._tool("transform_data", {"operation": operation, "datasets": asks[i][1]})
+                    for ref in tool.datasets:
+                        if ref not in r.datasets:
+                            raise ActionError("unknown_ref", f"no dataset {ref!r}")
+                    hold = self._hold(i, self._world(i).rollout.quote_transform(tool).usd)
+                except ActionError as err:
+                    self._refuse_row(i, err.code)
+                    out[i] = None
+                    continue
+                go.append(i)
+                tools.append(tool)
+                holds.append(hold)
+            if go:
+                ids = [self.rows[i].next("ds") for i in go]
+                bills = transform_batch([self.rows[i].world for i in go], tools, ids)
+                for i, ds_id, hold, (cost, seconds) in zip(go, ids, holds, bills):
+                    self.reserved_n[i] -= hold
+                    self.spent_n[i] += min(_nano_near(cost), hold)
+                    self.clock[i] += seconds
+                    self.steps[i] += 1
+                    r = self.rows[i]
+                    data = r.world.datasets[ds_id]
+                    sources = [r.datasets[d] for d in asks[i][1] if d in r.datasets]
+                    made = Dataset(ds_id, sources[0].teacher if sources else "", data.n,
+                                   float(data.stats().get("pass_rate", 0.0)), clean=True)
+                    r.datasets[made.id] = made
+                    for src in sources:
+                        src.cleaned = True
+                    if made.n > 0:
+                        r.train_set = made.id
+                    self._update_data_features(i)
+                    out[i] = made
+            self._after_call(rows)
+        return out
 
     def _evaluate(self, rows: np.ndarray, k: np.ndarray, ckpt: np.ndarray) -> None:
         """``evaluate`` (reserve the quote or refuse it; draw the result; a job), then ``wait`` for it."""

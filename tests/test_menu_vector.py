@@ -163,3 +163,12 @@ def test_the_shipped_policy_plays_the_same(track):
                 s_rows[i] = (s_obs, s_info)
                 assert (reward[i], terminated[i], truncated[i]) == (s_reward, s_term, s_trunc), f"{benchmark} t={t}"
             done = terminated | truncated
+
+
+def test_many_rows_cleaning_at_once():
+    """Twelve rows generating twice, then cleaning with a step limit that falls inside the clean: each row's
+    episode ends in the middle of its ``clean`` (and stops there), and every other row's cleaning in that
+    step goes on as in its own scalar env."""
+    gen = MENU_INDEX["gen:gpt-6-astra:50"]
+    seen = play("data", "gpqa-diamond", (500.0, 6, None), seed=21, n=12, steps=6, script=(gen, gen, MENU_INDEX["clean"]))
+    assert seen.count("step limit") >= 6, seen
