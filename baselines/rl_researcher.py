@@ -17,8 +17,9 @@ returns; 97.6% greedy agreement), then runs 150 PPO iterations (18,000 episodes)
 sim's best choices depend on what evaluations reveal, and PPO from scratch collapsed to submitting at
 once; from the cloned start it improves on the expert. It took 1,248 s of wall time on this 2-core
 machine under a load of 10-16 from other jobs. It runs two rollout workers (``--workers``), each
-stepping ``num_envs`` sim envs in lockstep (``--vector``: through the vector sim,
-:func:`collect_vector`, the same episodes for the same actions); episodes cycle over the five benchmarks
+stepping ``num_envs`` sim envs in lockstep (``--vector``: through the vector sim, ``MenuArrayEnv``,
+:func:`collect_vector`, the same episodes for the same actions; no faster here, as a worker's episodes fall
+into 15 scenarios of ~4 envs each: ``bench/README.md``, "The vector sim"); episodes cycle over the five benchmarks
 x three tracks, $500, env seeds from 1,000,000 up. With the same ``--seed`` and worker count the weights are
 bit-identical. Greedy validation return at training time (20 seeds per benchmark, env seeds 10,000 and up): +0.217
 (swe +0.259, terminal +0.134, aime +0.426, gpqa +0.197, skills +0.067). Training subtracts

@@ -43,11 +43,14 @@ State arrays (row i = env i; see ``MenuArrayEnv.__init__``):
   and mask bits (``can_clean``, ``has_train_set``), written when a data or training call changes them.
 
 The frequent macros (evaluate, fix, wait, submit) run as array operations over the rows that chose them.
-The rare, heavier ones (``gen``, ``clean``, ``train``) run row by row (``_Rows``): on the row's own
-:class:`~rsigym_env.worlds.sim.world.SimWorld` (made from its episode seed at its first data call, its
-clock set to the row's), through the scalar tool models and permission checks (``parse_action``,
-``authorize``) and the same ``_Rows``-level bookkeeping as ``MenuAdapter``; their money, clock, steps
-and limits go through the same arrays as the rest.
+The data and training macros (``gen``, ``clean``, ``train``) keep per-row state (``_Rows``) and run on the
+row's own :class:`~rsigym_env.worlds.sim.world.SimWorld` (made from the batch's draw of its episode seed
+at its first data call, its clock set to the row's), through the scalar tool models and permission checks
+(``parse_action``, ``authorize``, once per argument set) and the same bookkeeping as ``MenuAdapter``; their
+money, clock, steps and limits go through the same arrays as the rest. ``gen`` and ``clean`` are a plan
+per row (the adapter's, as a generator that asks for one call at a time); the calls all rows ask for at
+once run as one batch (``generate_batch``, ``transform_batch``: each world's own stream draws, element-wise,
+so a row's result is what its world alone gives). ``train`` runs row by row.
 
 Shared with the scalar env (parity by construction): the menu, mask and feature definitions
 (``wrappers/menu.py``: ``MENU``, ``FEATURES``, ``Dataset``, ``MenuAdapter._fit``), scenario loading,
@@ -77,8 +80,8 @@ Autoreset: ``NEXT_STEP`` (default), ``SAME_STEP`` (``final_obs``/``final_info``)
 
 Not here (use ``array=False``): the text log and the rest of the scalar ``info`` (``result``, ``message``,
 ``events``, ``calls``, ``macro``, ``metrics``, the reset keys but ``seed``), ``blocking=False``, non-sim
-worlds. Speed: ``gen``/``clean``/``train`` cost a Python loop per row on the row's own ``SimWorld``
-(``bench/README.md``).
+worlds. Speed: ``bench/README.md`` ("The vector sim"); the per-row Python of the data macros
+(``Dataset`` records, features) and ``train`` is what is left of a Python loop per row.
 
 >>> env = MenuArrayEnv(2, track="harness", benchmark="aime", budget_usd=500)
 >>> obs, info = env.reset(seed=0)
