@@ -105,6 +105,8 @@ def make_vector_env(num_envs: int = 1, *, menu: bool = False, array: bool | None
     >>> fast.close(); per_env.close()
     """
     kwargs.pop("max_episode_steps", None)  # make_vec passes the spec's (None here); the env has its own limits
+    if array not in (None, True, False) or menu not in (True, False):
+        raise TypeError(f"menu is True or False and array is None, True or False, got menu={menu!r}, array={array!r}")
     if array and not menu:
         raise ValueError("the array env steps the menu: give menu=True with array=True")
     if menu and array is not False:

@@ -50,6 +50,8 @@ def test_make_vec_builds_the_array_env_for_the_menu_on_the_sim_world(env_id):
         gym.make_vec(env_id, num_envs=2, menu=True, array=True, include_log=True, **KWARGS)
     with pytest.raises(ValueError, match="menu=True"):
         gym.make_vec(env_id, num_envs=2, array=True, **KWARGS)
+    with pytest.raises(TypeError, match="array is None, True or False"):
+        gym.make_vec(env_id, num_envs=2, menu=True, array="fast", **KWARGS)
     with pytest.raises(ValueError, match="track"):  # a scenario of another track, as the scalar env says
         gym.make_vec(env_id, num_envs=2, menu=True, scenario="sim-data-aime-500" if track != "data"
                      else "sim-joint-aime-500")
