@@ -17,8 +17,9 @@ returns; 97.6% greedy agreement), then runs 150 PPO iterations (18,000 episodes)
 sim's best choices depend on what evaluations reveal, and PPO from scratch collapsed to submitting at
 once; from the cloned start it improves on the expert. It took 1,248 s of wall time on this 2-core
 machine under a load of 10-16 from other jobs. It runs two rollout workers (``--workers``), each
-stepping ``num_envs`` sim envs in lockstep (``--vector``: through the vector sim,
-:func:`collect_vector`, the same episodes for the same actions); episodes cycle over the five benchmarks
+stepping ``num_envs`` sim envs in lockstep (``--vector``: through the vector sim, ``MenuArrayEnv``,
+:func:`collect_vector`, the same episodes for the same actions; no faster here, as a worker's episodes fall
+into 15 scenarios of ~4 envs each: ``bench/README.md``, "The vector sim"); episodes cycle over the five benchmarks
 x three tracks, $500, env seeds from 1,000,000 up. With the same ``--seed`` and worker count the weights are
 bit-identical. Greedy validation return at training time (20 seeds per benchmark, env seeds 10,000 and up): +0.217
 (swe +0.259, terminal +0.134, aime +0.426, gpqa +0.197, skills +0.067). Training subtracts
@@ -97,8 +98,10 @@ class Args:
     workers: int = 2
     """rollout processes (1 = in this process)"""
     vector: bool = False
-    """roll out through the vector sim (``ResearchVectorEnv(menu=True)``, one per scenario) instead of
-    ``DiscreteMenu`` envs; the same episodes for the same actions (``tests/baselines/test_rl_vector.py``)"""
+    """roll out the policy through the vector sim (``make_vec(..., menu=True)``: the array env ``MenuArrayEnv``,
+    one per scenario) instead of ``DiscreteMenu`` envs (behaviour cloning's expert, which reads each env's
+    adapter, plays ``DiscreteMenu`` envs either way); the same episodes for the same actions
+    (``tests/baselines/test_rl_vector.py``)"""
     learning_rate: float = 1e-3
     anneal_lr: bool = True
     gamma: float = 1.0
@@ -399,13 +402,15 @@ def collect(params: dict[str, np.ndarray] | None, jobs: list[tuple[str, str, flo
 
 def collect_vector(params: dict[str, np.ndarray] | None, jobs: list[tuple[str, str, float, int]], num_envs: int,
                    rng: np.random.Generator | None) -> list[dict[str, Any]]:
-    """:func:`collect` through the vector sim: a :class:`~rsigym_env.vector.ResearchVectorEnv` with
-    ``menu=True`` per (track, benchmark, budget) of ``jobs``, up to ``num_envs`` episodes each at once,
-    all of them in one batched forward pass per step. A finished env is reset (``reset_mask``) with the
-    next seed of its scenario; one with none left plays idle (``wait``, refused) until its group ends."""
+    """:func:`collect` through the vector sim: ``make_vec(..., menu=True)``'s env per (track, benchmark,
+    budget) of ``jobs`` (the array env, :class:`~rsigym_env.menu_vector.MenuArrayEnv`; for the expert, which
+    reads each env's :class:`~rsigym_env.wrappers.menu.MenuAdapter`, the per-env route), up to ``num_envs``
+    episodes each at once, all of them in one batched forward pass per step. A finished env is reset
+    (``reset_mask``) with the next seed of its scenario; one with none left plays idle (``wait``, refused)
+    until its group ends."""
     from gymnasium.vector import AutoresetMode
 
-    from rsigym_env.vector import ResearchVectorEnv
+    from rsigym_env.vector import make_vector_env
 
     queues: dict[tuple[str, str, float], list[int]] = {}
     for track, bench, budget, seed in jobs:
@@ -417,8 +422,8 @@ def collect_vector(params: dict[str, np.ndarray] | None, jobs: list[tuple[str, s
     groups = []
     for key, seeds in queues.items():
         n = min(num_envs, len(seeds))
-        vec = ResearchVectorEnv(n, menu=True, track=key[0], benchmark=key[1], budget_usd=key[2],
-                                autoreset_mode=AutoresetMode.DISABLED)
+        vec = make_vector_env(n, menu=True, array=params is not None, track=key[0], benchmark=key[1],
+                              budget_usd=key[2], autoreset_mode=AutoresetMode.DISABLED)
         obs, info = vec.reset(seed=seeds[:n])
         groups.append({"key": key, "vec": vec, "queue": seeds[n:], "obs": obs, "mask": info["action_mask"],
                        "slots": [slot(seed) for seed in seeds[:n]]})
@@ -452,7 +457,7 @@ def collect_vector(params: dict[str, np.ndarray] | None, jobs: list[tuple[str, s
                     continue
                 s["R"] += float(r[i])
                 s["W"].append(float(r[i]))
-                s["calls"] += len(info["calls"][i])
+                s["calls"] += int(info["n_calls"][i]) if "n_calls" in info else len(info["calls"][i])
                 if ended[i]:
                     spend = float(info["spend_usd"][i]) if info.get("_spend_usd", ended)[i] else 0.0
                     done_eps.append({"benchmark": g["key"][1], "track": g["key"][0], "budget": g["key"][2],
@@ -473,7 +478,7 @@ def collect_vector(params: dict[str, np.ndarray] | None, jobs: list[tuple[str, s
 
 def _collect_worker(payload: tuple) -> list[dict[str, Any]]:
     params, jobs, num_envs, seed, vector = payload
-    play = collect_vector if vector else collect
+    play = collect_vector if vector and params is not None else collect  # the expert reads DiscreteMenu's adapters
     return play(params, jobs, num_envs, None if seed is None else np.random.default_rng(seed))
 
 

@@ -8,7 +8,8 @@ rate is N x vector steps per second. Workloads:
 * ``scripted``: a :class:`~rsigym_env.baselines.ScriptedResearcher` per env choosing from its row of the
   batch (its own time included), whole episodes with next-step autoreset: the realistic mix.
 * ``menu``: ``menu=True`` with the shipped RL policy, greedy, one batched forward pass per step
-  (a step is a menu entry: one or more tool calls).
+  (a step is a menu entry: one or more tool calls). Since issue 27 item 1 that builds the array env
+  (``MenuArrayEnv``; ``bench_menu_array.py`` compares it with the per-env route, ``array=False``).
 
 ``same_result``: env 0's finished episodes (rewards) equal those of a scalar env given the same seed and
 actions (the scalar env is replayed after the timing).

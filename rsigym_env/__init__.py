@@ -39,7 +39,7 @@ for _track, _env_id in TRACK_ENV_IDS.items():
         # The env enforces its own step, time and money limits (the initial system then counts as
         # submitted), so no TimeLimit wrapper is added here.
         register(id=_env_id, entry_point="rsigym_env.env:ResearchEnv",
-                 vector_entry_point="rsigym_env.vector:ResearchVectorEnv", kwargs={"track": _track})
+                 vector_entry_point="rsigym_env.vector:make_vector_env", kwargs={"track": _track})
 
 _use_researchers(_Researchers())  # what the recursive world needs from the researcher layer (it may not import it)
 _use_identity(_spec_id)  # archive nodes are identified by their spec's id (the archive may not import agents either)

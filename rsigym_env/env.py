@@ -104,6 +104,33 @@ def _action_mask(allowed: tuple[str, ...]) -> np.ndarray:
     return mask
 
 
+def resolve_scenario(scenario: str | Path | Scenario | None = None, *, track: str | None = None,
+                     world: str | None = None, benchmark: str | None = None, budget_usd: float | None = None,
+                     max_steps: int | None = None, time_limit_h: float | None = None,
+                     world_options: dict[str, Any] | None = None) -> Scenario:
+    """The scenario :class:`ResearchEnv` runs for these arguments (a name, file or ``Scenario``, then the
+    overrides; a scenario of another track than ``track`` is a ``ValueError``). The array env resolves
+    its scenario here too, so both run the same one.
+
+    >>> s = resolve_scenario(track="data", benchmark="aime", budget_usd=50)
+    >>> s.track, s.world, s.benchmark, s.budget_usd == 50
+    ('data', 'sim', 'aime', True)
+    """
+    overrides = dict(track=track, world=world, benchmark=benchmark, budget_usd=budget_usd,
+                     max_steps=max_steps, time_limit_h=time_limit_h)
+    if isinstance(scenario, Scenario):
+        base = scenario
+    else:
+        base = load_scenario(scenario, **{**overrides, "track": None if scenario is not None else track})
+    if track is not None and base.track != track:
+        raise ValueError(f"scenario {base.name!r} is a {base.track}-track scenario; use "
+                         f"{env_id(base.track)} (or ResearchEnv) for it")
+    out = base.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+    if world_options:
+        out = out.model_copy(update={"world_options": {**out.world_options, **world_options}})
+    return out
+
+
 class ResearchEnv(gym.Env[dict[str, Any], Any]):
     """A research run as a Gymnasium environment (see the module docstring for the spaces).
 
@@ -151,19 +178,9 @@ class ResearchEnv(gym.Env[dict[str, Any], Any]):
         key: PlatformKey | None = None,
         include_log: bool = True,
     ):
-        overrides = dict(track=track, world=world, benchmark=benchmark, budget_usd=budget_usd,
-                         max_steps=max_steps, time_limit_h=time_limit_h)
-        if isinstance(scenario, Scenario):
-            base = scenario
-        else:
-            base = load_scenario(scenario, **{**overrides, "track": None if scenario is not None else track})
-        if track is not None and base.track != track:
-            raise ValueError(f"scenario {base.name!r} is a {base.track}-track scenario; use "
-                             f"{env_id(base.track)} (or ResearchEnv) for it")
-        self.scenario = base.model_copy(update={k: v for k, v in overrides.items() if v is not None})
-        if world_options:
-            self.scenario = self.scenario.model_copy(
-                update={"world_options": {**self.scenario.world_options, **world_options}})
+        self.scenario = resolve_scenario(scenario, track=track, world=world, benchmark=benchmark,
+                                         budget_usd=budget_usd, max_steps=max_steps, time_limit_h=time_limit_h,
+                                         world_options=world_options)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}")
         self.render_mode = render_mode

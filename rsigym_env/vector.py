@@ -1,7 +1,9 @@
 """``ResearchVectorEnv``: N research episodes behind one Gymnasium 1.x ``VectorEnv``.
 
 What ``gym.make_vec(id, num_envs=N, vectorization_mode="vector_entry_point")`` builds for the three
-ids (and what ``make_vec`` builds by default, without a mode). Every sub-env is a
+ids (and what ``make_vec`` builds by default, without a mode), through :func:`make_vector_env`; with
+``menu=True`` on the sim world that builds the array env instead
+(:class:`~rsigym_env.menu_vector.MenuArrayEnv`), and this one with ``array=False``. Every sub-env is a
 :class:`~rsigym_env.env.ResearchEnv`, the scalar env itself, so the dynamics are the scalar env's by
 construction: for the same seeds and actions every row of the batch equals the scalar env's
 observation, reward, termination and info (``tests/test_vector_sim.py`` checks it on every track and
@@ -14,7 +16,7 @@ benchmark). What the vector env adds:
   :attr:`budget_left_usd`, :attr:`spent_usd`, :attr:`refusals` and :attr:`episodes`.
 * **batched observations**: the numeric entries are ``(N, ...)`` arrays; ``log`` is a tuple of N
   strings, or absent with ``include_log=False`` (nothing is rendered then).
-* **a menu**: ``menu=True`` steps :class:`~rsigym_env.wrappers.menu.DiscreteMenu` sub-envs: the action
+* **a menu**: ``menu=True, array=False`` steps :class:`~rsigym_env.wrappers.menu.DiscreteMenu` sub-envs: the action
   is one menu index per env (``MultiDiscrete``), the observation an ``(N, len(FEATURES))`` float32
   matrix and ``info["action_mask"]`` an ``(N, len(MENU))`` bool matrix (what the RL researcher reads).
 * **autoreset**: ``AutoresetMode.NEXT_STEP`` (Gymnasium's default: a finished env is reset by the next
@@ -48,11 +50,11 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from .env import ResearchEnv
+from .env import ResearchEnv, resolve_scenario
 from .platform.core import Platform
 from .platform.ledger import Ledger
 
-__all__ = ["ResearchVectorEnv", "sub_info"]
+__all__ = ["ARRAY_ARGS", "ResearchVectorEnv", "make_vector_env", "sub_info"]
 
 
 def sub_info(infos: dict[str, Any], i: int) -> dict[str, Any]:
@@ -72,6 +74,65 @@ def sub_info(infos: dict[str, Any], i: int) -> dict[str, Any]:
             item = value[i]
             out[key] = item.item() if isinstance(item, np.generic) else item
     return out
+
+
+ARRAY_ARGS = frozenset({"scenario", "track", "world", "benchmark", "budget_usd", "max_steps", "time_limit_h",
+                        "world_options", "ledger_path", "autoreset_mode", "write_episodes"})
+"""The arguments :class:`~rsigym_env.menu_vector.MenuArrayEnv` takes; any other one needs the per-env route."""
+
+
+def make_vector_env(num_envs: int = 1, *, menu: bool = False, array: bool | None = None,
+                    include_log: bool | None = None, **kwargs: Any) -> VectorEnv:
+    """What ``gym.make_vec(id, num_envs=N, vectorization_mode="vector_entry_point", ...)`` builds (the ids'
+    vector entry point).
+
+    * ``menu=True`` on the sim world: :class:`~rsigym_env.menu_vector.MenuArrayEnv`, the N episodes
+      stepped as arrays (the fast path; no text is rendered, ``info`` keeps the numeric keys).
+    * ``array=False`` (or anything the array env cannot do: another world, ``include_log=True``, an
+      argument outside :data:`ARRAY_ARGS`): :class:`ResearchVectorEnv` over ``DiscreteMenu`` sub-envs, the
+      scalar env itself per row, with its whole ``info`` (``result``, ``message``, ``events``, ``calls``
+      ...). ``array=True`` insists on the array env and says why when it cannot be built.
+    * ``menu=False``: :class:`ResearchVectorEnv` (tool calls; ``include_log`` defaults to True).
+
+    >>> import gymnasium as gym, rsigym_env
+    >>> fast = gym.make_vec("RSIGym/Joint-v0", num_envs=4, vectorization_mode="vector_entry_point", menu=True,
+    ...                     benchmark="aime", budget_usd=100)
+    >>> type(fast.unwrapped).__name__, fast.observation_space.shape
+    ('MenuArrayEnv', (4, 50))
+    >>> per_env = gym.make_vec("RSIGym/Joint-v0", num_envs=4, menu=True, array=False, benchmark="aime")
+    >>> type(per_env.unwrapped).__name__
+    'ResearchVectorEnv'
+    >>> fast.close(); per_env.close()
+    """
+    kwargs.pop("max_episode_steps", None)  # make_vec passes the spec's (None here); the env has its own limits
+    if array not in (None, True, False) or menu not in (True, False):
+        raise TypeError(f"menu is True or False and array is None, True or False, got menu={menu!r}, array={array!r}")
+    if array and not menu:
+        raise ValueError("the array env steps the menu: give menu=True with array=True")
+    if menu and array is not False:
+        why = _not_array(include_log, kwargs)
+        if why is None:
+            from .menu_vector import MenuArrayEnv  # the policy layer, only when asked for
+
+            return MenuArrayEnv(num_envs, **kwargs)
+        if array:
+            raise ValueError(f"the array env (array=True) cannot run this: {why}; use array=False for the "
+                             "per-env route (ResearchVectorEnv over DiscreteMenu)")
+    return ResearchVectorEnv(num_envs, include_log=True if include_log is None else include_log, menu=menu, **kwargs)
+
+
+def _not_array(include_log: bool | None, kwargs: dict[str, Any]) -> str | None:
+    """Why the array env cannot run these arguments, or None if it can."""
+    if include_log:
+        return "include_log=True (the array env renders no text)"
+    other = sorted(k for k, v in kwargs.items() if k not in ARRAY_ARGS and v is not None)
+    if other:
+        return f"argument(s) {other} (it takes {sorted(ARRAY_ARGS)})"
+    scenario = resolve_scenario(**{k: kwargs.get(k) for k in ARRAY_ARGS - {"ledger_path", "autoreset_mode",
+                                                                          "write_episodes"}})
+    if scenario.world != "sim":
+        return f"the {scenario.world!r} world (it runs the sim world)"
+    return None
 
 
 class ResearchVectorEnv(VectorEnv):

@@ -2,8 +2,8 @@
 
 Every row of the batch must equal what the scalar env gives for the same seed and actions: observations,
 rewards, terminations, truncations and infos, over all three tracks and five benchmarks, with the
-scripted, the RL and a sampling researcher choosing the actions, through an autoreset. Then the menu
-mode against ``DiscreteMenu``, the money arrays, the shared ledger's audit chain, and the autoreset modes.
+scripted, the RL and a sampling researcher choosing the actions, through an autoreset. Then the per-env menu
+route (``menu=True, array=False``) against ``DiscreteMenu``, the money arrays, the shared ledger's audit chain, and the autoreset modes.
 """
 
 from __future__ import annotations
@@ -131,12 +131,13 @@ def test_without_the_log_the_numbers_are_the_same():
 
 @pytest.mark.parametrize("track", sorted(TRACK_ENV_IDS))
 def test_menu_mode_plays_the_shipped_policy_as_the_scalar_env(track):
-    """The shipped RL policy, greedy, over ``menu=True`` and over ``DiscreteMenu`` on the scalar env: the same
-    features, masks, rewards and returns on every benchmark."""
+    """The shipped RL policy, greedy, over the per-env menu route (``menu=True, array=False``) and over
+    ``DiscreteMenu`` on the scalar env: the same features, masks, rewards, returns and whole infos on every
+    benchmark. (``menu=True`` alone builds the array env: ``tests/test_menu_vector.py``.)"""
     params = shared_policy(default_policy_path())
     env_id = TRACK_ENV_IDS[track]
     n = len(BENCHMARKS)
-    vecs = [gym.make_vec(env_id, num_envs=1, menu=True, benchmark=b, budget_usd=500) for b in BENCHMARKS]
+    vecs = [gym.make_vec(env_id, num_envs=1, menu=True, array=False, benchmark=b, budget_usd=500) for b in BENCHMARKS]
     singles = [DiscreteMenu(gym.make(env_id, benchmark=b, budget_usd=500)) for b in BENCHMARKS]
     for seed in (1, 2):  # at sim result version 5, seed 0's five systems leave the harness track nothing to fix
         returns = np.zeros((2, n))

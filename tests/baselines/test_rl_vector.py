@@ -1,5 +1,6 @@
-"""The RL researcher's rollouts through the vector sim (``Args.vector``) give the episodes of its
-``DiscreteMenu`` rollouts: the expert's and the greedy shipped policy's are the same step for step."""
+"""The RL researcher's rollouts through the vector sim (``Args.vector``: the array env for the policy, the
+per-env route for the expert) give the episodes of its ``DiscreteMenu`` rollouts: the expert's and the greedy
+shipped policy's are the same step for step."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 from rsigym_env.baselines.rl_researcher import Args, Trainer, collect, collect_vector, default_policy_path, load_policy
+from rsigym_env.menu_vector import MenuArrayEnv
 
 KEYS = ("return", "calls", "spend")
 ARRAYS = ("obs", "mask", "actions", "rewards")
@@ -17,12 +19,17 @@ def by_job(episodes: list[dict]) -> dict[tuple, dict]:
 
 
 @pytest.mark.parametrize("player", ["expert", "shipped"])
-def test_vector_rollouts_equal_the_menu_rollouts(player):
+def test_vector_rollouts_equal_the_menu_rollouts(player, monkeypatch):
+    """The policy's rollouts go through the array env (``MenuArrayEnv``), the expert's through the per-env route."""
     params = None if player == "expert" else load_policy(default_policy_path())
     jobs = [(t, b, 500.0, 1_000_000 + k) for k, (t, b) in enumerate(
         [("joint", "aime"), ("data", "gpqa-diamond"), ("harness", "skillsbench"), ("joint", "swe-bench-verified"),
          ("joint", "aime"), ("joint", "aime"), ("data", "terminal-bench-2")])]
+    array_steps = []
+    step = MenuArrayEnv.step
+    monkeypatch.setattr(MenuArrayEnv, "step", lambda self, actions: array_steps.append(1) or step(self, actions))
     scalar, vector = by_job(collect(params, jobs, 3, None)), by_job(collect_vector(params, jobs, 2, None))
+    assert bool(array_steps) == (player == "shipped")
     assert set(scalar) == set(vector) and len(scalar) == len(jobs)
     for job, a in scalar.items():
         b = vector[job]

@@ -36,6 +36,7 @@ from .model import (
     HarnessError,
     TaskSet,
     draw_outcomes,
+    Worlds,
     draw_worlds,
     evaluation_stats,
     exposed_mask,
@@ -189,6 +190,20 @@ class SimBatch:
         self.eval_keys[rows] = stream_keys(seeds, key, "eval")
         self.official_keys[rows] = stream_keys(seeds, key, "official")
         self.eval_counters[rows] = 0
+
+    def world(self, row: int) -> SimWorld:
+        """Row ``row``'s world as a :class:`~.world.SimWorld` (``SimWorld(benchmark, seed, ...)``, from the row's
+        draw: a row is the world its seed gives alone), for the services the batch does not run.
+
+        >>> batch = SimBatch.make("aime", [0, 3])
+        >>> bool(batch.world(1).base_skill == SimWorld("aime", 3).base_skill == batch.base_skill[1])
+        True
+        """
+        one = Worlds(table=self.worlds.table, **{name: getattr(self.worlds, name)[row:row + 1].copy()
+                                                 for name in _WORLD_ARRAYS})
+        m = self.model
+        return SimWorld(m.benchmark.id, int(self.seeds[row]), prices=m.prices, vcpus=m.vcpus, memory_gib=m.memory_gib,
+                        options=m.options, drawn=one)
 
     def take(self, rows: Sequence[int] | np.ndarray, source: SimBatch, source_rows: Sequence[int] | np.ndarray
              ) -> None:

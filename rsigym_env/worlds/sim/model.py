@@ -866,6 +866,53 @@ def generate_dataset(
     return Generation(dataset, input_tokens, output_tokens)
 
 
+def generate_datasets(
+    u: np.ndarray,
+    domain: Domain,
+    teacher: str,
+    teacher_skill: np.ndarray,
+    n: int,
+    source: Literal["synthetic", "dev"],
+    max_tokens: int,
+    dataset_ids: Sequence[str],
+    n_dev_tasks: int,
+    accuracy: np.ndarray,
+) -> list[Generation]:
+    """:func:`generate_dataset` for M worlds at once: row j is ``generate_dataset(u[j], ..., teacher_skill[j],
+    ..., dataset_ids[j], accuracy=accuracy[j])`` (its draws are element-wise, so a row never depends on the
+    others); ``u`` is (M, ``GENERATE_DRAWS``).
+
+    >>> from rsigym_env.worlds.sim.benchmarks import BENCHMARKS
+    >>> d, u = BENCHMARKS["aime"].domain, np.array([[0.3, 0.6, 0.9], [0.5, 0.1, 0.2]])
+    >>> many = generate_datasets(u, d, "claude-opus-5", np.array([1.0, 2.0]), 200, "synthetic", 4096, ["a", "b"], 30,
+    ...                          np.array([0.7, 0.8]))
+    >>> [many[j] == generate_dataset(u[j], d, "claude-opus-5", s, 200, "synthetic", 4096, i, 30, a)
+    ...  for j, (s, i, a) in enumerate([(1.0, "a", 0.7), (2.0, "b", 0.8)])]
+    [True, True]
+    """
+    mean_tokens, over = truncated_mean_tokens(domain.example_completion_median, domain.example_completion_sigma,
+                                              max_tokens)
+    size = np.full(len(dataset_ids), float(n))
+    cut = binomial(size, over, u[:, 0])
+    n_correct = binomial(n - cut, np.asarray(accuracy, dtype=np.float64), u[:, 1])
+    duplicate_rate = TEACHER_DUPLICATES[teacher]
+    if source == "dev":
+        repeated = max(0.0, 1.0 - n_dev_tasks / n)
+        duplicate_rate += (1.0 - duplicate_rate) * DEV_PROMPT_DUPLICATION * repeated
+    n_duplicate = binomial(size, duplicate_rate, u[:, 2])
+    output_tokens = round(n * mean_tokens)
+    input_tokens = round(n * domain.example_prompt_tokens * domain.teacher_input_factor)
+    return [
+        Generation(Dataset(origin=f"{teacher} x {n} ({source})", n=n, n_correct=correct, n_duplicate=duplicate,
+                           n_dev=n if source == "dev" else 0, tokens=n * domain.example_prompt_tokens + output_tokens,
+                           teacher_skill=skill, teacher=teacher, roots=frozenset({dataset_id})),
+                   input_tokens, output_tokens)
+        for correct, duplicate, skill, dataset_id in zip(n_correct.tolist(), n_duplicate.tolist(),
+                                                         np.asarray(teacher_skill, dtype=np.float64).tolist(),
+                                                         dataset_ids)
+    ]
+
+
 def mix_datasets(datasets: Iterable[Dataset], origin: str) -> Dataset:
     """Concatenation: counts add up, the teacher level is example-weighted."""
     parts = list(datasets)
@@ -916,6 +963,45 @@ def dedupe_dataset(u: np.ndarray, data: Dataset, origin: str) -> Dataset:
     n_correct = data.n_correct - removed_correct
     n_incorrect = data.n - data.n_correct - (removed - removed_correct)
     return _kept(data, n_correct, n_incorrect, data.n_duplicate - removed, origin)
+
+
+def filter_datasets(u: np.ndarray, datasets: Sequence[Dataset], origins: Sequence[str]) -> list[Dataset]:
+    """:func:`filter_dataset` of M datasets at once (row j: ``filter_dataset(u[j], datasets[j], origins[j])``;
+    ``u`` is (M, 2)).
+
+    >>> d = mix_datasets([Dataset("x", 100, 60, 10, 0, 5000, 1.0, "t", frozenset({"x"}))], "x")
+    >>> u = np.array([[0.2, 0.7], [0.9, 0.1]])
+    >>> filter_datasets(u, [d, d], ["f", "g"]) == [filter_dataset(u[0], d, "f"), filter_dataset(u[1], d, "g")]
+    True
+    """
+    correct = np.array([d.n_correct for d in datasets], dtype=np.float64)
+    incorrect = np.array([d.n - d.n_correct for d in datasets], dtype=np.float64)
+    kept_correct = binomial(correct, FILTER_RECALL, u[:, 0]).tolist()
+    kept_incorrect = binomial(incorrect, FILTER_FALSE_PASS, u[:, 1]).tolist()
+    out = []
+    for data, c, i, origin in zip(datasets, kept_correct, kept_incorrect, origins):
+        share = (c + i) / data.n if data.n else 0.0
+        out.append(_kept(data, c, i, round(data.n_duplicate * share), origin))
+    return out
+
+
+def dedupe_datasets(u: np.ndarray, datasets: Sequence[Dataset], origins: Sequence[str]) -> list[Dataset]:
+    """:func:`dedupe_dataset` of M datasets at once (row j: ``dedupe_dataset(u[j], datasets[j], origins[j])``;
+    ``u`` is (M, 1)).
+
+    >>> d = mix_datasets([Dataset("x", 100, 60, 10, 0, 5000, 1.0, "t", frozenset({"x"}))], "x")
+    >>> u = np.array([[0.2], [0.9]])
+    >>> dedupe_datasets(u, [d, d], ["f", "g"]) == [dedupe_dataset(u[0], d, "f"), dedupe_dataset(u[1], d, "g")]
+    True
+    """
+    duplicates = np.array([d.n_duplicate for d in datasets], dtype=np.float64)
+    out = []
+    for data, removed, origin in zip(datasets, binomial(duplicates, DEDUPE_RECALL, u[:, 0]).tolist(), origins):
+        removed_correct = round(removed * data.pass_rate)
+        n_correct = data.n_correct - removed_correct
+        n_incorrect = data.n - data.n_correct - (removed - removed_correct)
+        out.append(_kept(data, n_correct, n_incorrect, data.n_duplicate - removed, origin))
+    return out
 
 
 # --------------------------------------------------------------------------------------------

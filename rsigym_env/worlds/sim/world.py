@@ -24,7 +24,7 @@ import json
 import math
 import re
 import shlex
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -49,7 +49,7 @@ from rsigym_env.tools import GenerateData, Infer, SandboxExec, Train, TransformD
 from ..lifecycle import WorldLifecycle
 from .benchmarks import BENCHMARKS
 from .clock import SimClock
-from .draws import Streams, benchmark_key
+from .draws import Streams, benchmark_key, uniforms
 from .model import (
     EVAL_DRAWS,
     FAILURE_MODES,
@@ -70,6 +70,9 @@ from .model import (
     evaluation_stats,
     filter_dataset,
     generate_dataset,
+    generate_datasets,
+    filter_datasets,
+    dedupe_datasets,
     GENERATE_DRAWS,
     loss_curve,
     mix_datasets,
@@ -78,6 +81,7 @@ from .model import (
     render_attempts,
     sigmoid,
     train_model,
+    Worlds,
 )
 
 MINIMAL_HARNESS_TOML = """\
@@ -147,6 +151,8 @@ class SimWorld(WorldLifecycle):
         prices: the price list calls are billed at.
         vcpus, memory_gib: sandbox size (sandbox seconds are billed at these).
         options: :class:`SimOptions` or a dict of its fields (concurrency and training throughput).
+        drawn: the seed's world if it is drawn already (:meth:`~.batch.SimBatch.world` passes its row):
+            the :func:`~.model.draw_worlds` of ``[seed]``, not drawn again.
     """
 
     name = "sim"
@@ -160,6 +166,7 @@ class SimWorld(WorldLifecycle):
         vcpus: float = 2,
         memory_gib: float = 2.0,
         options: SimOptions | dict[str, Any] | None = None,
+        drawn: Worlds | None = None,
     ):
         if benchmark not in BENCHMARKS:
             raise ValueError(f"unknown benchmark {benchmark!r}; benchmarks are {', '.join(BENCHMARKS)}")
@@ -173,7 +180,10 @@ class SimWorld(WorldLifecycle):
         self.memory_gib = memory_gib
         self.clock = SimClock()
         self.streams = Streams(seed, benchmark_key(benchmark))
-        drawn = draw_worlds(self.benchmark, [seed])  # the array core with N = 1: parity by construction
+        if drawn is None:  # the array core with N = 1: parity by construction
+            drawn = draw_worlds(self.benchmark, [seed])
+        elif len(drawn) != 1:
+            raise ValueError(f"drawn must be the one world of this seed, got {len(drawn)}")
         self.worlds = drawn
         self.profile = drawn.profile(0, self.domain)
         self.severity, self.harm = self.profile.severity, self.profile.harm
@@ -381,6 +391,93 @@ class SimRollout:
             merged = dedupe_dataset(w.uniforms("data", 1), merged, origin)
         w.datasets[dataset_id] = merged
         return Billed[DatasetInfo](value=w.dataset_info(dataset_id), cost_usd=w.sandbox_usd(compute), seconds=wall)
+
+
+def teacher_skills(worlds: Sequence[SimWorld], teacher: str) -> np.ndarray:
+    """Each world's :meth:`SimWorld.teacher_skill` of ``teacher``, those not calibrated yet in one
+    :func:`~.model.calibrate_skill` call (its rows stop on their own: the same values as one by one)."""
+    todo = [w for w in worlds if teacher not in w._teacher_skill]
+    if todo:
+        difficulty = np.stack([np.concatenate([w.official_tasks.difficulty, w.dev_tasks.difficulty]) for w in todo])
+        accuracy = np.array([w.teacher_accuracy(teacher) for w in todo])
+        for w, skill in zip(todo, calibrate_skill(difficulty, 1.0, accuracy).tolist()):
+            w._teacher_skill[teacher] = float(skill)
+    return np.array([w._teacher_skill[teacher] for w in worlds])
+
+
+def generate_batch(worlds: Sequence[SimWorld], call: GenerateData, dataset_ids: Sequence[str]) -> tuple[float, float]:
+    """``world.rollout.generate(call, dataset_ids[j])`` on every world j at once (worlds of one benchmark, price
+    list and options, as a :class:`~.batch.SimBatch`'s rows): the same draws from each world's ``data``
+    stream, the same datasets stored in each world; returns the bill ``(cost_usd, seconds)``, which is the
+    same for every world. ``ActionError`` as :meth:`SimRollout.quote_generate` (before anything is drawn).
+
+    >>> a, b, twin_a, twin_b = (SimWorld("aime", seed) for seed in (1, 2, 1, 2))
+    >>> call = GenerateData(teacher="claude-opus-5", n_examples=100)
+    >>> usd, seconds = generate_batch([a, b], call, ["ds-1", "ds-1"])
+    >>> bills = [twin.rollout.generate(call, "ds-1") for twin in (twin_a, twin_b)]
+    >>> [w.datasets["ds-1"] == t.datasets["ds-1"] for w, t in ((a, twin_a), (b, twin_b))], [
+    ...     (bill.cost_usd, bill.seconds) == (usd, seconds) for bill in bills]
+    ([True, True], [True, True])
+    """
+    first = worlds[0]
+    for w in worlds[1:]:
+        if (w.benchmark is not first.benchmark or w.prices != first.prices or w.options != first.options
+                or w.vcpus != first.vcpus or w.memory_gib != first.memory_gib):
+            raise ValueError("generate_batch takes worlds of one benchmark, price list and options")
+    if len(dataset_ids) != len(worlds):
+        raise ValueError("give one dataset id per world")
+    first.rollout.quote_generate(call)
+    keys = np.concatenate([w.streams.key("data") for w in worlds])
+    counters = np.array([w.streams.counters["data"] for w in worlds], dtype=np.uint64)
+    for w in worlds:
+        w.streams.counters["data"] += 1
+    made = generate_datasets(uniforms(keys, counters, GENERATE_DRAWS), first.domain, call.teacher,
+                             teacher_skills(worlds, call.teacher), call.n_examples, call.source,
+                             call.max_tokens_per_example, dataset_ids, first.benchmark.n_tasks,
+                             np.array([w.teacher_accuracy(call.teacher) for w in worlds]))
+    for w, dataset_id, generation in zip(worlds, dataset_ids, made):
+        w.datasets[dataset_id] = generation.dataset
+    cost = first.prices.teacher_usd(call.teacher, made[0].input_tokens, made[0].output_tokens)
+    return cost, first.rollout._generate_seconds(call.n_examples)
+
+
+def transform_batch(worlds: Sequence[SimWorld], calls: Sequence[TransformData], dataset_ids: Sequence[str]
+                    ) -> list[tuple[float, float]]:
+    """``worlds[j].rollout.transform(calls[j], dataset_ids[j])`` for every j at once (one operation, worlds as
+    :func:`generate_batch`'s): the same draws from each world's ``data`` stream and the same datasets stored;
+    returns each call's bill ``(cost_usd, seconds)``. Quote each call first (``quote_transform``): a call it
+    refuses is an ``ActionError`` here too, after nothing is drawn.
+
+    >>> a, b, twin_a, twin_b = (SimWorld("aime", seed) for seed in (1, 2, 1, 2))
+    >>> gen = GenerateData(teacher="claude-opus-5", n_examples=100)
+    >>> for w in (a, b, twin_a, twin_b):
+    ...     _ = w.rollout.generate(gen, "ds-1")
+    >>> call = TransformData(operation="filter", datasets=["ds-1"])
+    >>> bills = transform_batch([a, b], [call, call], ["ds-2", "ds-2"])
+    >>> [(t.rollout.transform(call, "ds-2").cost_usd, w.datasets["ds-2"] == t.datasets["ds-2"])
+    ...  == (bill[0], True) for w, t, bill in ((a, twin_a, bills[0]), (b, twin_b, bills[1]))]
+    [True, True]
+    """
+    operations = {call.operation for call in calls}
+    if len(operations) != 1 or len(calls) != len(worlds) or len(dataset_ids) != len(worlds):
+        raise ValueError("transform_batch takes one call of one operation and one dataset id per world")
+    operation = operations.pop()
+    computes = [w.rollout._transform_compute(call) for w, call in zip(worlds, calls)]
+    origins = [f"{call.operation}({', '.join(call.datasets)})" for call in calls]
+    merged = [mix_datasets((w.dataset(ref) for ref in call.datasets), origin)
+              for w, call, origin in zip(worlds, calls, origins)]
+    if operation in ("filter", "dedupe"):
+        keys = np.concatenate([w.streams.key("data") for w in worlds])
+        counters = np.array([w.streams.counters["data"] for w in worlds], dtype=np.uint64)
+        for w in worlds:
+            w.streams.counters["data"] += 1
+        if operation == "filter":
+            merged = filter_datasets(uniforms(keys, counters, 2), merged, origins)
+        else:
+            merged = dedupe_datasets(uniforms(keys, counters, 1), merged, origins)
+    for w, dataset_id, data in zip(worlds, dataset_ids, merged):
+        w.datasets[dataset_id] = data
+    return [(w.sandbox_usd(compute), wall) for w, (compute, wall) in zip(worlds, computes)]
 
 
 class SimTrain:

@@ -1,0 +1,94 @@
+"""The vector sim of the menu interface (``gym.make_vec(id, num_envs=N, vectorization_mode="vector_entry_point",
+menu=True)``: ``MenuArrayEnv``) against the per-env route and one CartPole-v1, in the same run (issue 27 item 1).
+
+A step is one menu entry per env (one or more tool calls); the aggregate rate is N x vector steps per second.
+Policies: ``masked`` (a seeded uniform draw over each env's unmasked entries: data macros are most of them)
+and ``policy`` (the shipped RL policy, greedy: one batched forward pass per step, its time included; the
+scripted-like mix: evaluate, fix, probe the teachers, buy data, clean, train, evaluate, submit); each row
+also gives the rate in the env's own time (``reset`` and ``step``, without the policy's). Rows:
+the joint track (every macro) at each N; the harness track at the largest N (evaluate, fix, wait and
+submit only: the macros that are array code end to end); ``route``: the same id with ``array=False``
+(``ResearchVectorEnv`` over ``DiscreteMenu`` sub-envs). CartPole-v1 (``gym.make``, sampled) runs at the
+start, the end, and for 1 s right before each row (the ``[x]`` ratio).
+
+    python bench/bench_menu_array.py [--seconds 3] [--sizes 1,16,256] [--route-sizes 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import rsigym_env  # noqa: F401  (first: it pins NumPy's code; registers the ids)
+
+import gymnasium as gym
+import numpy as np
+
+from rsigym_env.baselines.rl_researcher import default_policy_path, policy_actions, shared_policy
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_env import cartpole  # noqa: E402  (the same reference as bench_env.py)
+
+KWARGS = {"benchmark": "swe-bench-verified", "budget_usd": 500}
+IDS = {"joint": "RSIGym/Joint-v0", "harness": "RSIGym/Harness-v0"}
+
+
+def measure(env, n: int, seconds: float, policy: str) -> tuple[float, float, float, int]:
+    """(aggregate steps/s with the policy's time, the same in the env's time alone (reset and steps), mean
+    steps of the episodes that ended, episodes ended)."""
+    params = shared_policy(default_policy_path())
+    rng = np.random.default_rng(0)
+    start = time.perf_counter()
+    obs, info = env.reset(seed=0)
+    in_env = time.perf_counter() - start
+    steps, lengths, running = 0, [], np.zeros(n, np.int64)
+    while time.perf_counter() - start < seconds:
+        mask = info["action_mask"]
+        if policy == "masked":
+            actions = np.argmax(np.where(mask, rng.random(mask.shape), -1.0), axis=1)
+        else:
+            actions, _ = policy_actions(params, np.asarray(obs, np.float64), mask, None)
+        t = time.perf_counter()
+        obs, _, terminated, truncated, info = env.step(actions)
+        in_env += time.perf_counter() - t
+        steps += n
+        running += 1
+        ended = terminated | truncated
+        lengths += running[ended].tolist()
+        running[ended] = -1  # the next step is the autoreset (NEXT_STEP): not an episode step
+    mean = float(np.mean(lengths)) if lengths else float("nan")
+    return steps / (time.perf_counter() - start), steps / in_env, mean, len(lengths)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--sizes", default="1,16,256")
+    parser.add_argument("--route-sizes", default="16")
+    args = parser.parse_args()
+    sizes = [int(n) for n in args.sizes.split(",")]
+    print(f"load before {os.getloadavg()}")
+    ref = cartpole(args.seconds)
+    print(f"cartpole-v1 (gym.make, sampled): {ref:,.0f} steps/s", flush=True)
+    rows = ([("array", "joint", n) for n in sizes] + [("array", "harness", sizes[-1])]
+            + [("route", "joint", int(n)) for n in args.route_sizes.split(",")])
+    for policy in ("masked", "policy"):
+        for kind, track, n in rows:
+            near = cartpole(1.0)
+            env = gym.make_vec(IDS[track], num_envs=n, vectorization_mode="vector_entry_point", menu=True,
+                               array=kind == "array", **KWARGS)
+            assert type(env.unwrapped).__name__ == ("MenuArrayEnv" if kind == "array" else "ResearchVectorEnv")
+            rate, env_rate, per_episode, episodes = measure(env, n, args.seconds, policy)
+            env.close()
+            print(f"{policy:6s} {kind:5s} {track:7s} N={n:4d}: {rate:9,.0f} steps/s ({rate / ref:6.3f}x cartpole "
+                  f"[{rate / near:6.3f}x]); env alone {env_rate:9,.0f} ({env_rate / ref:6.3f}x); "
+                  f"{per_episode:5.1f} steps/episode over {episodes} episodes, load {os.getloadavg()[0]:.2f}",
+                  flush=True)
+    print(f"cartpole-v1 again: {cartpole(args.seconds):,.0f} steps/s; load after {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
