@@ -251,7 +251,7 @@ def small(**world: Any) -> Any:
 
 def test_a_params_target_is_improved_and_its_best_version_submitted():
     env = gym.make("RSIGym/Harness-v0", scenario=small())
-    improver = IMP.make_improver({"candidates": 4})
+    improver = IMP.make_improver({"candidates": 4, "proposal": "random"})
     result = run_episode(env, improver, seed=3)
     run = env.unwrapped.run
     assert result.terminated and improver.log[0]["op"] == "target" and len(improver.log) <= 5
@@ -280,7 +280,7 @@ def test_the_seed_program_improves_itself_in_the_recursive_world():
 
     spec = seed_program()
     env = gym.make("RSIGym/Harness-v0", scenario=small(target_spec=spec.model_dump(mode="json")))
-    improver = load(spec.code, "improver").make_improver({"candidates": 3, "full_k": 1})
+    improver = load(spec.code, "improver").make_improver({"candidates": 3, "full_k": 1, "proposal": "random"})
     result = run_episode(env, improver, seed=5)
     run = env.unwrapped.run
     assert result.terminated and improver.log[0]["op"] == "target" and improver.log[0]["full"] > 0
@@ -293,4 +293,71 @@ def test_the_seed_program_improves_itself_in_the_recursive_world():
     ast.parse(source)
     assert source != spec.code["researcher.py"] and source.startswith(f"# lineage: {best['lineage']}\n")
     load(submitted.code, "researcher").make_researcher({})
+    env.close()
+
+
+# ---------------------------------------------------------------------------------- coverage and memory
+
+
+def test_cover_enumerates_every_single_move_of_the_parent_in_a_fixed_order():
+    """No randomness: the same list every time; each move changes one read gene (to a neighbouring value or
+    another allele) or the plan, and every gene the plan reads is moved."""
+    p = program()
+    moves = IMP.single_moves(p, 1.5)
+    assert moves == IMP.single_moves(program(), 1.5) and len({key for key, _, _ in moves}) == len(moves)
+    base = p.genome["STRATEGY"]
+    moved_genes = set()
+    for key, genome, lineage in moves:
+        changed = [g for g in base if not IMP._same(base[g], genome["STRATEGY"][g])]
+        plan_changed = genome["PHASES"] != p.genome["PHASES"]
+        assert len(changed) + plan_changed == 1, key
+        if changed:
+            (gene,) = changed
+            moved_genes.add(gene)
+            assert key == f"{gene}={IMP.inline(genome['STRATEGY'][gene])}" and lineage.startswith("point ")
+        else:
+            assert key.startswith("phase ") and genome["PHASES"][-1] == "submit" and len(set(genome["PHASES"])) == len(genome["PHASES"])
+        within_space(genome["STRATEGY"], p.space)
+    assert moved_genes == p.reads()                                                     # every gene the plan reads
+    assert {"second_fraction", "followup_lr_scale"}.isdisjoint(moved_genes)            # never read by the default plan
+    assert [m[1] for m in IMP.gene_moves("lora_rank", 16, {}, p.space["RANGES"], 1.5)] == ["lora_rank 16 -> 8", "lora_rank 16 -> 32"]
+    keys = [key for key, _, _ in moves]
+    assert keys.index("phase -compare") < keys.index("phase +verify_harness@4") < keys.index("phase +verify_harness@0")
+
+
+def test_cover_order_measures_untried_moves_first_then_the_near_passes():
+    moves = IMP.single_moves(program(), 1.5)
+    keys = [key for key, _, _ in moves]
+    memory = {keys[0]: [{"on": "a", "screen": -0.01, "full": None}],
+              keys[1]: [{"on": "a", "screen": 0.02, "full": 0.004}],
+              keys[2]: [{"on": "a", "screen": 0.0, "full": None}, {"on": "b", "screen": 0.03, "full": 0.01}]}
+    order = [key for key, _, _ in IMP.cover_order(moves, memory)]
+    assert order[:len(keys) - 3] == keys[3:]                          # the untried, in their fixed order
+    assert order[len(keys) - 3:] == [keys[1], keys[2], keys[0]]       # then positive train gains (fewest trials first)
+    assert [k for k, _, _ in IMP.cover_order(moves, memory, retry=False)] == keys[3:]
+    assert IMP.read_memory(IMP.write_memory(memory)) == memory
+    assert IMP.write_memory(memory) == IMP.write_memory(dict(reversed(list(memory.items()))))  # same memory, same bytes
+
+
+def test_the_cover_improver_screens_moves_in_order_and_writes_its_memory_into_what_it_submits():
+    """One episode in the recursive world: the moves are measured in cover order, every trial lands in
+    memory/moves.md, and the submitted version (and every fully evaluated one) carries that memory."""
+    from rsigym_env.agents import AgentSpec, seed_program
+
+    spec = seed_program()
+    env = gym.make("RSIGym/Harness-v0", scenario=small(target_spec=spec.model_dump(mode="json")))
+    improver = load(spec.code, "improver").make_improver({"candidates": 5})
+    result = run_episode(env, improver, seed=5)
+    run = env.unwrapped.run
+    assert result.terminated and improver.log[0]["op"] == "target"
+    expected = [lineage for _, _, lineage in IMP.single_moves(IMP.Program({p: t for p, t in harness_files(spec.code).items()
+                                                                              if p in (IMP.RESEARCHER, IMP.SELF)}), 1.5)]
+    tried = [r["lineage"] for r in improver.log[1:]]
+    assert tried and tried == expected[:len(tried)] and all(r["op"] == "cover" for r in improver.log[1:])
+    submitted = run.harness.files(result.info["submitted"]["harness"])
+    memory = IMP.read_memory(submitted[IMP.MEMORY])
+    assert memory == improver.memory and len(memory) == len(tried)
+    tag = IMP.base_tag(IMP.Program({p: t for p, t in harness_files(spec.code).items() if p in (IMP.RESEARCHER, IMP.SELF)}).genome)
+    assert all(len(v) == 1 and v[0]["on"] == tag and set(v[0]) == {"on", "screen", "full"} for v in memory.values())
+    assert AgentSpec.from_files(submitted).memory["moves"] == submitted[IMP.MEMORY]
     env.close()
