@@ -328,13 +328,22 @@ def test_cover_enumerates_every_single_move_of_the_parent_in_a_fixed_order():
 def test_cover_order_measures_untried_moves_first_then_the_near_passes():
     moves = IMP.single_moves(program(), 1.5)
     keys = [key for key, _, _ in moves]
+    assert keys[:4] == ["diagnose_k=2", 'fix_harness="top1"', 'fix_harness="all"', 'fix_harness="none"']
     memory = {keys[0]: [{"on": "a", "screen": -0.01, "full": None}],
               keys[1]: [{"on": "a", "screen": 0.02, "full": 0.004}],
-              keys[2]: [{"on": "a", "screen": 0.0, "full": None}, {"on": "b", "screen": 0.03, "full": 0.01}]}
+              keys[2]: [{"on": "a", "screen": 0.0, "full": None}, {"on": "b", "screen": 0.03, "full": 0.01}],
+              "lora_rank=32": [{"on": "a", "screen": 0.05, "full": 0.02, "undo": "lora_rank=16"}]}
     order = [key for key, _, _ in IMP.cover_order(moves, memory)]
-    assert order[:len(keys) - 3] == keys[3:]                          # the untried, in their fixed order
-    assert order[len(keys) - 3:] == [keys[1], keys[2], keys[0]]       # then positive train gains (fewest trials first)
-    assert [k for k, _, _ in IMP.cover_order(moves, memory, retry=False)] == keys[3:]
+    untouched = [k for k in keys[3:] if IMP.move_gene(k) not in ("fix_harness", "lora_rank")]
+    assert order[:len(untouched)] == untouched                        # genes never tried, in their fixed order
+    assert order[len(untouched):len(untouched) + 2] == ["lora_rank=8", keys[3]]   # then tried genes, least tried first
+    assert order[-4:] == ["lora_rank=32", keys[1], keys[2], keys[0]]  # then positive train gains (fewest trials first)
+    assert "lora_rank=16" not in keys                                 # (the seed has 16: undoing is no move here)
+    on_32 = IMP.single_moves(IMP.Program({IMP.RESEARCHER: IMP.replace_literals(FILES["researcher.py"], {
+        "STRATEGY": dict(program().genome["STRATEGY"], lora_rank=32)})}), 1.5)
+    back = [key for key, _, _ in IMP.cover_order(on_32, memory)]
+    assert back.index("lora_rank=16") > back.index("lora_rank=64")   # undoing a move that gained counts as tried
+    assert [k for k, _, _ in IMP.cover_order(moves, memory, retry=False)] == order[:-4]
     assert IMP.read_memory(IMP.write_memory(memory)) == memory
     assert IMP.write_memory(memory) == IMP.write_memory(dict(reversed(list(memory.items()))))  # same memory, same bytes
 
@@ -358,6 +367,7 @@ def test_the_cover_improver_screens_moves_in_order_and_writes_its_memory_into_wh
     memory = IMP.read_memory(submitted[IMP.MEMORY])
     assert memory == improver.memory and len(memory) == len(tried)
     tag = IMP.base_tag(IMP.Program({p: t for p, t in harness_files(spec.code).items() if p in (IMP.RESEARCHER, IMP.SELF)}).genome)
-    assert all(len(v) == 1 and v[0]["on"] == tag and set(v[0]) == {"on", "screen", "full"} for v in memory.values())
+    assert all(len(v) == 1 and v[0]["on"] == tag and set(v[0]) == {"on", "screen", "full", "undo"} for v in memory.values())
+    assert memory["diagnose_k=2"][0]["undo"] == "diagnose_k=1"
     assert AgentSpec.from_files(submitted).memory["moves"] == submitted[IMP.MEMORY]
     env.close()

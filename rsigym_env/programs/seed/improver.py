@@ -784,7 +784,8 @@ def base_tag(genome: Genome) -> str:
 
 def read_memory(text: str | None) -> dict[str, list[dict[str, Any]]]:
     """The moves memory (``memory/moves.md``: JSON ``{"moves": {key: [trial, ...]}}``, a trial
-    ``{"on": base_tag, "screen": gain, "full": gain or null}``); empty when absent or unreadable.
+    ``{"on": base_tag, "screen": gain, "full": gain or null, "undo": the move back or null}``, gains on
+    train over the base); empty when absent or unreadable.
 
     >>> read_memory('{"moves": {"k=4": [{"on": "ab", "screen": 0.01, "full": null}]}}')["k=4"][0]["screen"]
     0.01
@@ -817,23 +818,44 @@ def trial_gain(trial: dict[str, Any]) -> float:
     return 0.0
 
 
+def move_gene(key: str) -> str:
+    """What a move changes: the gene of ``gene=value``, the phase and the kind of ``phase +x@i``.
+
+    >>> move_gene("lora_rank=32"), move_gene("phase +verify_harness@2"), move_gene("phase -compare")
+    ('lora_rank', 'phase +verify_harness', 'phase -compare')
+    """
+    return key.split("=", 1)[0] if not key.startswith("phase ") else key.split("@", 1)[0]
+
+
 def cover_order(moves: list[tuple[str, Genome, str]], memory: dict[str, list[dict[str, Any]]],
                 retry: bool = True) -> list[tuple[str, Genome, str]]:
-    """The order in which an outer episode measures ``moves``: every move memory has never seen first
-    (in their own fixed order), then -- with ``retry`` -- the tried ones, best train gain first (a move
-    that nearly passed on an earlier parent may pay on this one: a move's value depends on what it is
-    stacked on), those already tried the most times last. Deterministic.
+    """The order in which an outer episode measures ``moves``: first every move memory has never seen,
+    genes tried least first (breadth before depth: a gene memory has never moved before a new value of
+    one it has), then in their own fixed order; then -- with ``retry`` -- the tried ones, positive train
+    gains first (a move that nearly passed on an earlier parent may pay on this one: a move's value
+    depends on what it is stacked on), the fewest trials and the best gain first. A move that undoes a
+    tried one (a trial's ``undo``: the value it replaced) counts as tried, with the opposite gain.
+    Deterministic.
 
-    >>> ms = [("a", {}, ""), ("b", {}, ""), ("c", {}, ""), ("d", {}, "")]
-    >>> mem = {"a": [{"screen": -0.1}], "c": [{"screen": 0.2, "full": 0.05}]}
+    >>> ms = [("a=1", {}, ""), ("b=1", {}, ""), ("c=1", {}, ""), ("d=1", {}, ""), ("a=2", {}, "")]
+    >>> mem = {"a=0": [{"screen": -0.1}], "c=1": [{"screen": 0.2, "full": 0.05, "undo": "c=0"}],
+    ...        "d=0": [{"screen": -0.03, "undo": "d=1"}]}
     >>> [m[0] for m in cover_order(ms, mem)], [m[0] for m in cover_order(ms, mem, retry=False)]
-    (['b', 'd', 'c', 'a'], ['b', 'd'])
+    (['b=1', 'a=1', 'a=2', 'c=1', 'd=1'], ['b=1', 'a=1', 'a=2'])
     """
-    fresh = [m for m in moves if not memory.get(m[0])]
-    tried = [m for m in moves if memory.get(m[0])]
-    best = {m[0]: max(trial_gain(t) for t in memory[m[0]]) for m in tried}
-    tried.sort(key=lambda m: (best[m[0]] <= 0, len(memory[m[0]]), -best[m[0]]))
-    return fresh + (tried if retry else [])
+    seen: dict[str, list[dict[str, Any]]] = {k: list(v) for k, v in memory.items()}
+    for trials in memory.values():
+        for t in trials:
+            if isinstance(t.get("undo"), str):
+                seen.setdefault(t["undo"], []).append({"screen": -trial_gain(t)})
+    per_gene: dict[str, int] = {}
+    for key, trials in seen.items():
+        per_gene[move_gene(key)] = per_gene.get(move_gene(key), 0) + len(trials)
+    fresh = [(per_gene.get(move_gene(m[0]), 0), i, m) for i, m in enumerate(moves) if not seen.get(m[0])]
+    tried = [m for m in moves if seen.get(m[0])]
+    best = {m[0]: max(trial_gain(t) for t in seen[m[0]]) for m in tried}
+    tried.sort(key=lambda m: (best[m[0]] <= 0, len(seen[m[0]]), -best[m[0]]))
+    return [m for _, _, m in sorted(fresh, key=lambda f: f[:2])] + (tried if retry else [])
 
 
 # ---------------------------------------------------------------------------------- the researcher
@@ -1065,6 +1087,7 @@ class ProgramImprover(PlanResearcher):
         the train tasks."""
         c = self.config
         tag, memory = base_tag(parent.program.genome), self.memory
+        genes = parent.program.genome.get("STRATEGY") or parent.program.genome.get("params") or {}
         order = cover_order(single_moves(parent.program, float(c["step"])), memory, bool(c.get("retry", True)))
         full_top, sk, st = max(0, int(c.get("full_top", 4))), c["screen_k"], c["screen_tasks"]
         whole = not c.get("cover_screen") or (self.tasks is not None and st >= self.tasks and sk == c["full_k"])
@@ -1084,8 +1107,10 @@ class ProgramImprover(PlanResearcher):
             candidate.screen = yield from self.evaluate(version, sk, st)
             if candidate.screen is None:
                 continue
+            gene = key.split("=", 1)[0]
+            undo = f"{gene}={inline(genes[gene])}" if "=" in key and gene in genes else None
             memory.setdefault(key, []).append({"on": tag, "screen": round(candidate.screen - parent.screen, 6),
-                                               "full": None})
+                                               "full": None, "undo": undo})
             screened.append((key, candidate))
         passing = [(k, x) for k, x in screened if x.screen > parent.screen
                    or (x.screen == parent.screen and c["screen_ties"])]

@@ -413,7 +413,7 @@ def test_the_cover_improvers_memory_travels_through_the_archive_and_steers_the_n
     before any re-try; a parent whose round found nothing better is replaced by its successor (the same
     behaviour, the new memory), never selected again."""
     from rsigym_env.archive import Archive
-    from rsigym_env.programs.seed.improver import MEMORY, read_memory, single_moves, Program
+    from rsigym_env.programs.seed.improver import MEMORY, Program, cover_order, read_memory, single_moves
 
     result = recurse(tiny_scenario(target="program"), rounds=2, seeds=[0], mode="improver",
                      archive=Archive(tmp_path / "a", "m"), settings=Settings(imp_k=0, transfer_tracks=()))
@@ -430,9 +430,10 @@ def test_the_cover_improvers_memory_travels_through_the_archive_and_steers_the_n
     final = max((n for n in nodes.values() if n.produced_by.get("round") == 2), key=lambda n: len(memories[n.id]))
     parent_files = archive.rebuild(second["target"])
     program = Program({p: t for p, t in parent_files.items() if p in ("code/researcher.py", "code/improver.py")})
-    untried = [key for key, _, _ in single_moves(program, 1.5) if key not in tried_first]
+    untried = [key for key, _, _ in cover_order(single_moves(program, 1.5), memories[second["target"]], retry=False)]
+    assert untried and not set(untried) & tried_first
     tried_second = [key for key, trials in memories[final.id].items() if len(trials) > len(memories[second["target"]].get(key, []))]
-    assert tried_second and set(tried_second) <= set(untried[:len(tried_second)])   # the untried ones, in cover order
+    assert tried_second and set(tried_second) == set(untried[:len(tried_second)])   # the untried ones, in cover order
     for node in nodes.values():
         if node.produced_by.get("operator") == "memory":                        # a successor: same episodes as its parent
             assert node.scores["validation"].values == nodes[node.parent].scores["validation"].values
