@@ -40,7 +40,6 @@ researcher it gets accepted, and compounding is imp@k(g) - imp@k(0), with 95 % i
 from __future__ import annotations
 
 import ast
-import json
 import math
 import random
 import time
