@@ -10,7 +10,8 @@ among the candidates a validation would accept (lower bound > 0) and the same un
 looking at test.
 
     python scripts/improver_rounds.py --seeds 7001,7002,7003,7004,7005,7006
-    python scripts/improver_rounds.py --seeds 7001,7002 --set screen_ties=false --set select=root
+    python scripts/improver_rounds.py --seeds 7001,7002,7003 --set cover_screen=true   # cover, 4-task screens first
+    python scripts/improver_rounds.py --seeds 7001,7002 --set proposal=random --set select=root
 
 Outer seeds 7001.. are used by no chain of ``rsigym recurse`` (chains use seed*1000 + round) and no
 imp@k run (9000..). Prints one JSON line per round and a summary line.
