@@ -344,6 +344,8 @@ def test_cover_order_measures_untried_moves_first_then_the_near_passes():
     back = [key for key, _, _ in IMP.cover_order(on_32, memory)]
     assert back.index("lora_rank=16") > back.index("lora_rank=64")   # undoing a move that gained counts as tried
     assert [k for k, _, _ in IMP.cover_order(moves, memory, retry=False)] == order[:-4]
+    same_base = [k for k, _, _ in IMP.cover_order(moves, memory, on="a")]   # trials on this very base are no depth
+    assert same_base.index("lora_rank=8") < same_base.index("phase -diagnose") < order.index("lora_rank=8")
     assert IMP.read_memory(IMP.write_memory(memory)) == memory
     assert IMP.write_memory(memory) == IMP.write_memory(dict(reversed(list(memory.items()))))  # same memory, same bytes
 

@@ -86,6 +86,9 @@ IMPROVER = {
                                # says nothing: most single moves change no action on most tasks)
     "full_top": 4,             # cover with cover_screen: how many of the best screens (that pass) get the full evaluation
     "retry": True,             # cover: after the untried moves, re-try the tried ones, the best train gains first
+    "behaviour_novelty": False,  # `rsigym recurse` drops a candidate whose train results equal an archived one's (True),
+                               # or validates it like any other (False: a single move that changes nothing on the few
+                               # train tasks may still pay on validation)
 }
 
 # How the "self" operator may move IMPROVER's numeric genes: [low, high, how]; how = "mul" (x*step or
@@ -117,6 +120,7 @@ IMPROVER_ALLELES = {
     "recombine_memory": [True, False],
     "proposal": ["cover", "random"],
     "cover_screen": [True, False],
+    "behaviour_novelty": [True, False],
     "retry": [True, False],
 }
 
@@ -828,30 +832,31 @@ def move_gene(key: str) -> str:
 
 
 def cover_order(moves: list[tuple[str, Genome, str]], memory: dict[str, list[dict[str, Any]]],
-                retry: bool = True) -> list[tuple[str, Genome, str]]:
-    """The order in which an outer episode measures ``moves``: first every move memory has never seen,
-    genes tried least first (breadth before depth: a gene memory has never moved before a new value of
-    one it has), then in their own fixed order; then -- with ``retry`` -- the tried ones, positive train
-    gains first (a move that nearly passed on an earlier parent may pay on this one: a move's value
-    depends on what it is stacked on), the fewest trials and the best gain first. A move that undoes a
-    tried one (a trial's ``undo``: the value it replaced) counts as tried, with the opposite gain.
-    Deterministic.
+                retry: bool = True, on: str | None = None) -> list[tuple[str, Genome, str]]:
+    """The order in which an outer episode measures ``moves`` of the base ``on`` (its :func:`base_tag`):
+    first every move memory has never seen, genes moved on an earlier base least often first (breadth
+    before depth: a gene the lineage has never moved before a new value of one it has; trials on this
+    same base do not count, so both directions of a gene are first-level moves), then in their own fixed
+    order; then -- with ``retry`` -- the tried ones, positive train gains first (a move that nearly passed
+    on an earlier parent may pay on this one: a move's value depends on what it is stacked on), the fewest
+    trials and the best gain first. A move that undoes a tried one (a trial's ``undo``: the value it
+    replaced) counts as tried, with the opposite gain. Deterministic.
 
-    >>> ms = [("a=1", {}, ""), ("b=1", {}, ""), ("c=1", {}, ""), ("d=1", {}, ""), ("a=2", {}, "")]
-    >>> mem = {"a=0": [{"screen": -0.1}], "c=1": [{"screen": 0.2, "full": 0.05, "undo": "c=0"}],
-    ...        "d=0": [{"screen": -0.03, "undo": "d=1"}]}
-    >>> [m[0] for m in cover_order(ms, mem)], [m[0] for m in cover_order(ms, mem, retry=False)]
-    (['b=1', 'a=1', 'a=2', 'c=1', 'd=1'], ['b=1', 'a=1', 'a=2'])
+    >>> ms = [("a=1", {}, ""), ("b=1", {}, ""), ("c=1", {}, ""), ("d=1", {}, ""), ("a=2", {}, ""), ("e=2", {}, "")]
+    >>> mem = {"a=0": [{"on": "x", "screen": -0.1}], "c=1": [{"on": "x", "screen": 0.2, "full": 0.05, "undo": "c=0"}],
+    ...        "d=0": [{"on": "x", "screen": -0.03, "undo": "d=1"}], "e=1": [{"on": "y", "screen": 0.0}]}
+    >>> [m[0] for m in cover_order(ms, mem, on="y")], [m[0] for m in cover_order(ms, mem, retry=False, on="y")]
+    (['b=1', 'e=2', 'a=1', 'a=2', 'c=1', 'd=1'], ['b=1', 'e=2', 'a=1', 'a=2'])
     """
     seen: dict[str, list[dict[str, Any]]] = {k: list(v) for k, v in memory.items()}
     for trials in memory.values():
         for t in trials:
             if isinstance(t.get("undo"), str):
-                seen.setdefault(t["undo"], []).append({"screen": -trial_gain(t)})
-    per_gene: dict[str, int] = {}
+                seen.setdefault(t["undo"], []).append({"on": t.get("on"), "screen": -trial_gain(t)})
+    depth: dict[str, int] = {}
     for key, trials in seen.items():
-        per_gene[move_gene(key)] = per_gene.get(move_gene(key), 0) + len(trials)
-    fresh = [(per_gene.get(move_gene(m[0]), 0), i, m) for i, m in enumerate(moves) if not seen.get(m[0])]
+        depth[move_gene(key)] = depth.get(move_gene(key), 0) + sum(1 for t in trials if on is None or t.get("on") != on)
+    fresh = [(depth.get(move_gene(m[0]), 0), i, m) for i, m in enumerate(moves) if not seen.get(m[0])]
     tried = [m for m in moves if seen.get(m[0])]
     best = {m[0]: max(trial_gain(t) for t in seen[m[0]]) for m in tried}
     tried.sort(key=lambda m: (best[m[0]] <= 0, len(seen[m[0]]), -best[m[0]]))
@@ -1088,7 +1093,7 @@ class ProgramImprover(PlanResearcher):
         c = self.config
         tag, memory = base_tag(parent.program.genome), self.memory
         genes = parent.program.genome.get("STRATEGY") or parent.program.genome.get("params") or {}
-        order = cover_order(single_moves(parent.program, float(c["step"])), memory, bool(c.get("retry", True)))
+        order = cover_order(single_moves(parent.program, float(c["step"])), memory, bool(c.get("retry", True)), tag)
         full_top, sk, st = max(0, int(c.get("full_top", 4))), c["screen_k"], c["screen_tasks"]
         whole = not c.get("cover_screen") or (self.tasks is not None and st >= self.tasks and sk == c["full_k"])
         if whole:  # one stage: every move is measured on all dev tasks

@@ -378,7 +378,8 @@ def _run_chain(ctx: _Context, archive: Any, seed: int, root: Any, fixed_improver
                 tampering += 1
             if spec.id in archive:  # proposed again (in an earlier round): its node keeps what it has
                 continue
-            behaviour = m.task_values() if m is not None else None
+            # the improver may ask that equal train results do not make a duplicate (IMPROVER["behaviour_novelty"])
+            behaviour = m.task_values() if m is not None and _improver_setting(imp, "behaviour_novelty") is not False else None
             reason = novelty(archive, spec.to_files(), behaviour, tasks=task_ids(m) if m is not None else None)
             archive.add(spec.to_files(), spec.id, parent=parent.id, generation=generation, chain=seed,
                         produced_by={"by": imp.id, "round": r, "operator": note})

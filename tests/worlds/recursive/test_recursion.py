@@ -365,6 +365,7 @@ def test_an_improver_program_says_how_many_of_its_candidates_recurse_validates()
         assert _improver_validate_top(edited) == read, value
     assert _improver_validate_top(seed.model_copy(update={"code": {}})) is None
     assert _improver_setting(seed, "validate_from") == "screened"      # any screened candidate, not only train winners
+    assert _improver_setting(seed, "behaviour_novelty") is False       # equal train results do not hide a move
     assert _improver_setting(seed.model_copy(update={"code": dict(seed.code, **{"improver.py": "IMPROVER = f()\n"})}),
                              "validate_from") is None                    # nothing of the program runs
 
@@ -413,7 +414,7 @@ def test_the_cover_improvers_memory_travels_through_the_archive_and_steers_the_n
     before any re-try; a parent whose round found nothing better is replaced by its successor (the same
     behaviour, the new memory), never selected again."""
     from rsigym_env.archive import Archive
-    from rsigym_env.programs.seed.improver import MEMORY, Program, cover_order, read_memory, single_moves
+    from rsigym_env.programs.seed.improver import MEMORY, Program, base_tag, cover_order, read_memory, single_moves
 
     result = recurse(tiny_scenario(target="program"), rounds=2, seeds=[0], mode="improver",
                      archive=Archive(tmp_path / "a", "m"), settings=Settings(imp_k=0, transfer_tracks=()))
@@ -430,7 +431,8 @@ def test_the_cover_improvers_memory_travels_through_the_archive_and_steers_the_n
     final = max((n for n in nodes.values() if n.produced_by.get("round") == 2), key=lambda n: len(memories[n.id]))
     parent_files = archive.rebuild(second["target"])
     program = Program({p: t for p, t in parent_files.items() if p in ("code/researcher.py", "code/improver.py")})
-    untried = [key for key, _, _ in cover_order(single_moves(program, 1.5), memories[second["target"]], retry=False)]
+    untried = [key for key, _, _ in cover_order(single_moves(program, 1.5), memories[second["target"]], retry=False,
+                                                on=base_tag(program.genome))]
     assert untried and not set(untried) & tried_first
     tried_second = [key for key, trials in memories[final.id].items() if len(trials) > len(memories[second["target"]].get(key, []))]
     assert tried_second and set(tried_second) == set(untried[:len(tried_second)])   # the untried ones, in cover order
