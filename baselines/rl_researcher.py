@@ -20,29 +20,30 @@ machine under a load of 10-16 from other jobs. It runs two rollout workers (``--
 stepping ``num_envs`` sim envs in lockstep (``--vector``: through the vector sim,
 :func:`collect_vector`, the same episodes for the same actions); episodes cycle over the five benchmarks
 x three tracks, $500, env seeds from 1,000,000 up. With the same ``--seed`` and worker count the weights are
-bit-identical. Greedy validation return (20 seeds per benchmark, env seeds 10,000 and up): +0.217
+bit-identical. Greedy validation return at training time (20 seeds per benchmark, env seeds 10,000 and up): +0.217
 (swe +0.259, terminal +0.134, aime +0.426, gpqa +0.197, skills +0.067). Training subtracts
 ``step_cost`` per menu step (shaping, so that it stops making useless calls); every number here is the
 env's own reward.
 
 ``--compare`` runs :func:`rsigym_env.episode.run_episode` for random, scripted and rl on seeds
 0..19 of each benchmark ($500; seeds never used in training or selection). Mean normalized gain ±
-standard error (mean spend), joint track:
+standard error (mean spend), joint track, at sim result version 6 (2026-12-05; the shipped policy was
+trained on an earlier version and kept: it still leads):
 
 =====================  ====================  =====================  =====================
 benchmark              random                scripted               rl
 =====================  ====================  =====================  =====================
-swe-bench-verified     -0.025 ± 0.015 ($66)  +0.207 ± 0.035 ($293)  +0.237 ± 0.039 ($478)
-terminal-bench-2       -0.014 ± 0.008 ($57)  +0.088 ± 0.010 ($271)  +0.111 ± 0.014 ($443)
-aime                   -0.064 ± 0.035 ($43)  +0.249 ± 0.057 ($210)  +0.344 ± 0.058 ($403)
-gpqa-diamond           -0.109 ± 0.067 ($18)  +0.164 ± 0.043 ($109)  +0.179 ± 0.044 ($254)
-skillsbench            -0.003 ± 0.001 ($58)  +0.075 ± 0.018 ($236)  +0.086 ± 0.018 ($416)
-RSI-Index              -0.043 ± 0.024        +0.156 ± 0.014         +0.191 ± 0.016
+swe-bench-verified     -0.018 ± 0.014 ($66)  +0.251 ± 0.032 ($298)  +0.304 ± 0.048 ($477)
+terminal-bench-2       -0.015 ± 0.009 ($57)  +0.073 ± 0.012 ($265)  +0.104 ± 0.015 ($444)
+aime                   -0.039 ± 0.030 ($43)  +0.303 ± 0.057 ($209)  +0.412 ± 0.050 ($402)
+gpqa-diamond           -0.132 ± 0.075 ($24)  +0.188 ± 0.048 ($106)  +0.229 ± 0.055 ($250)
+skillsbench            -0.002 ± 0.001 ($58)  +0.079 ± 0.020 ($229)  +0.092 ± 0.021 ($414)
+RSI-Index              -0.041 ± 0.025        +0.179 ± 0.016         +0.228 ± 0.016
 =====================  ====================  =====================  =====================
 
 RSI-Index on the other tracks (``--track Data`` / ``Harness``): data: random +0.000, scripted
-+0.078 ± 0.013, rl +0.092 ± 0.014; harness: random -0.137 ± 0.042, scripted +0.070 ± 0.012,
-rl +0.071 ± 0.010. The tables are also in ``rl_sim.json``.
++0.107 ± 0.013, rl +0.138 ± 0.014; harness: random -0.119 ± 0.039, scripted +0.058 ± 0.010,
+rl +0.057 ± 0.009. The tables are also in ``rl_sim.json``.
 
 What it learned (greedy; e.g. swe seed 0: ``eval_latest_k1 fix:lost_shell_state fix:action_loop
 gen:<each teacher>:50 gen:claude-opus-5:max clean eval_latest_k3 train:lr=0.0003 eval_latest_k3

@@ -5,7 +5,9 @@ N sim episodes of one benchmark as arrays with the sim's own array kernels (``Si
 at once, evaluations in one pass, official scores at submit) and the money and clock the scalar env
 keeps (an evaluation is quoted, refused and counted when the balance cannot cover it, else billed; the
 clock advances by the job's seconds; a step limit truncates), a feature matrix and an action mask per
-step, and autoreset (``NEXT_STEP``-like: finished envs get new worlds at the end of the step).
+step, and autoreset (Gymnasium's ``NEXT_STEP``: a finished env is reset by the next step, its action
+ignored, from worlds drawn ahead in batches with their initial official scores), so every evaluation of a
+step (dev ones and submits' official ones, mixed k) is one ``SimBatch.evaluate`` call (sim result version 6).
 
 Menu of the prototype: 0 ``eval k=1``, 1 ``eval k=3``, 2–6 ``fix:<defect>`` (switch the option on),
 7 ``submit`` (official avg@3 of the latest harness; reward = normalized gain over the initial system).
@@ -40,32 +42,41 @@ SUBMIT, FIX0 = 7, 2
 
 
 class ArrayCore:
-    """N prototype episodes as arrays (see the module docstring)."""
+    """N prototype episodes as arrays (see the module docstring). Autoreset is Gymnasium's ``NEXT_STEP``:
+    an env that finished is reset by the next step (its action ignored), so every evaluation of a step —
+    dev evaluations, submits' official ones and the reset envs' initial official ones — is one
+    ``SimBatch.evaluate`` call."""
 
     def __init__(self, benchmark: str, n: int, seed: int = 0):
         self.n, self.next_seed = n, seed + n
         self.batch = SimBatch.make(benchmark, list(range(seed, seed + n)))
-        self.minimal = HarnessArrays.of([self.batch.initial_harness()])
         self.steps_total = 0
-        self._reset_rows(np.arange(n))
+        self.budget, self.clock = np.full(n, BUDGET_USD), np.zeros(n)
+        self.steps, self.refusals = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        self.fixed = np.zeros((n, 5), bool)
+        self.shares = np.full((n, len(FAILURE_MODES)), -1.0)
+        self.best_dev, self.initial = np.full(n, -1.0), np.zeros(n)
+        self.done = np.zeros(n, bool)
+        rows = np.arange(n)
+        self.initial[:] = self.batch.evaluate(self.batch.base_skill, np.zeros(n), self._harness(rows), k=3,
+                                              split="official").score
+        self.ahead_size = max(4 * n, 64)
+        self._draw_ahead()
 
-    def _reset_rows(self, rows: np.ndarray) -> None:
-        if not hasattr(self, "budget"):
-            n = self.n
-            self.budget, self.clock = np.full(n, BUDGET_USD), np.zeros(n)
-            self.steps, self.refusals = np.zeros(n, np.int64), np.zeros(n, np.int64)
-            self.fixed = np.zeros((n, 5), bool)
-            self.shares = np.full((n, len(FAILURE_MODES)), -1.0)
-            self.best_dev, self.initial = np.full(n, -1.0), np.zeros(n)
+    def _draw_ahead(self) -> None:
+        """The next worlds of the autoresets, drawn (and their initial official score evaluated) in one
+        batch: the same worlds and scores as drawing each alone at its reset."""
+        seeds = list(range(self.next_seed, self.next_seed + self.ahead_size))
+        self.next_seed += self.ahead_size
+        if hasattr(self, "ahead"):
+            self.ahead.reset(np.arange(self.ahead_size), seeds)
         else:
-            seeds = np.arange(self.next_seed, self.next_seed + rows.size)
-            self.next_seed += rows.size
-            self.batch.reset(rows, seeds)
-            self.budget[rows], self.clock[rows], self.steps[rows], self.refusals[rows] = BUDGET_USD, 0.0, 0, 0
-            self.fixed[rows], self.shares[rows], self.best_dev[rows] = False, -1.0, -1.0
-        h = self._harness(rows)
-        self.initial[rows] = self.batch.evaluate(self.batch.base_skill[rows], np.zeros(rows.size), h, k=3,
-                                                 split="official", rows=rows).score
+            self.ahead = SimBatch.make(self.batch.model.benchmark.id, seeds)
+        m = self.ahead_size
+        minimal = HarnessArrays(np.full(m, 4096), *(np.zeros((5, m), bool)), np.ones(m, bool))
+        self.ahead_initial = self.ahead.evaluate(self.ahead.base_skill, np.zeros(m), minimal, k=3,
+                                                 split="official").score
+        self.ahead_next = 0
 
     def _harness(self, rows: np.ndarray) -> HarnessArrays:
         f = self.fixed[rows]
@@ -87,49 +98,51 @@ class ArrayCore:
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         reward = np.zeros(self.n)
-        done = np.zeros(self.n, bool)
-        fix = (actions >= FIX0) & (actions < SUBMIT)
-        rows = np.flatnonzero(fix)
-        self.fixed[rows, actions[rows] - FIX0] = True
-        for k, action in ((1, 0), (3, 1)):
-            rows = np.flatnonzero(actions == action)
-            if rows.size:
-                self._evaluate(rows, k)
-        rows = np.flatnonzero(actions == SUBMIT)
+        resetting = self.done
+        actions = np.where(resetting, -1, actions)
+        reset_rows = np.flatnonzero(resetting)
+        if reset_rows.size:
+            if self.ahead_next + reset_rows.size > self.ahead_size:
+                self._draw_ahead()
+            taken = np.arange(self.ahead_next, self.ahead_next + reset_rows.size)
+            self.ahead_next += reset_rows.size
+            self.batch.take(reset_rows, self.ahead, taken)
+            self.initial[reset_rows] = self.ahead_initial[taken]
+            self.budget[reset_rows], self.clock[reset_rows] = BUDGET_USD, 0.0
+            self.steps[reset_rows], self.refusals[reset_rows] = 0, 0
+            self.fixed[reset_rows], self.shares[reset_rows], self.best_dev[reset_rows] = False, -1.0, -1.0
+        fix = np.flatnonzero((actions >= FIX0) & (actions < SUBMIT))
+        self.fixed[fix, actions[fix] - FIX0] = True
+        dev = np.flatnonzero((actions >= 0) & (actions <= 1))
+        k_dev = np.where(actions[dev] == 0, 1, 3)
+        quote = self.batch.dev_bill(dev, self._harness(dev), k_dev)[0]
+        ok = quote <= self.budget[dev]
+        self.refusals[dev[~ok]] += 1  # refused: nothing billed, nothing drawn
+        dev, k_dev = dev[ok], k_dev[ok]
+        submit = np.flatnonzero(actions == SUBMIT)
+        rows = np.concatenate([dev, submit])
+        official = np.concatenate([np.zeros(dev.size, bool), np.ones(submit.size, bool)])
+        k = np.concatenate([k_dev, np.full(submit.size, 3)])
+        terminated = np.zeros(self.n, bool)
         if rows.size:
-            out = self.batch.evaluate(self.batch.base_skill[rows], np.zeros(rows.size), self._harness(rows), k=3,
-                                      split="official", rows=rows)
-            gain = out.score - self.initial[rows]
-            reward[rows] = np.where(gain >= 0, gain / np.maximum(1.0 - self.initial[rows], 1e-9),
-                                    gain / np.maximum(self.initial[rows], 1e-9))
-            done[rows] = True
-        self.steps += 1
-        truncated = (self.steps >= MAX_STEPS) & ~done
-        finished = np.flatnonzero(done | truncated)
+            out = self.batch.evaluate(self.batch.base_skill[rows], np.zeros(rows.size), self._harness(rows), k=k,
+                                      split=official, rows=rows)
+            d = slice(0, dev.size)
+            self.budget[dev] -= out.usd[d]
+            self.clock[dev] += out.seconds[d]
+            self.shares[dev] = out.failure_counts[d] / (self.batch.n_tasks * k_dev[:, None])
+            self.best_dev[dev] = np.maximum(self.best_dev[dev], out.score[d])
+            final = out.score[dev.size :]
+            start = self.initial[submit]
+            gain = final - start
+            reward[submit] = np.where(gain >= 0, gain / np.maximum(1.0 - start, 1e-9), gain / np.maximum(start, 1e-9))
+            terminated[submit] = True
+        self.steps += ~resetting
+        truncated = (self.steps >= MAX_STEPS) & ~terminated
+        self.done = terminated | truncated
         self.steps_total += self.n
-        if finished.size:
-            self._reset_rows(finished)
         obs, mask = self.observe()
-        return obs, reward, done, mask
-
-    def _evaluate(self, rows: np.ndarray, k: int) -> None:
-        h = self._harness(rows)
-        quote = self.batch._bill(self._tasks(rows), h, k)[0]
-        ok = quote <= self.budget[rows]
-        self.refusals[rows[~ok]] += 1  # refused: nothing billed, nothing drawn
-        rows, h = rows[ok], self._harness(rows[ok])
-        if not rows.size:
-            return
-        out = self.batch.evaluate(self.batch.base_skill[rows], np.zeros(rows.size), h, k=k, rows=rows)
-        self.budget[rows] -= out.usd
-        self.clock[rows] += out.seconds
-        self.shares[rows] = out.failure_counts / (self.batch.n_tasks * k)
-        self.best_dev[rows] = np.maximum(self.best_dev[rows], out.score)
-
-    def _tasks(self, rows: np.ndarray):  # noqa: ANN202
-        dev = self.batch.dev
-        return type(dev)(dev.difficulty[rows], dev.reply_tokens[rows], dev.flags[rows], dev.interference[rows],
-                         dev.present[rows])
+        return obs, reward, terminated, mask
 
 
 def scripted(obs: np.ndarray, mask: np.ndarray, phase: np.ndarray) -> np.ndarray:
@@ -154,7 +167,7 @@ def measure(benchmark: str, n: int, seconds: float, policy: str) -> tuple[float,
             actions = scripted(obs, mask, phase)
             phase = np.where(actions == 1, 2, np.where(actions == 0, 1, phase))
         obs, reward, done, mask = core.step(actions)
-        phase[done | (core.steps == 0)] = 0
+        phase[core.done | (core.steps == 0)] = 0
         done_eps += int(done.sum())
         steps += n
     elapsed = time.perf_counter() - start
@@ -172,9 +185,11 @@ def main() -> None:
     print(f"cartpole-v1 (gym.make, sampled): {ref:,.0f} steps/s")
     for policy in ("sampled", "scripted"):
         for n in (int(s) for s in args.sizes.split(",")):
+            near = cartpole(args.seconds / 2)  # the machine's load moves: also a CartPole run right before each row
             rate, per_episode = measure(args.benchmark, n, args.seconds, policy)
-            print(f"{policy:8s} N={n:4d}: {rate:10,.0f} steps/s ({rate / ref:5.2f}x cartpole), "
-                  f"{per_episode:4.1f} steps/episode, load {os.getloadavg()[0]:.2f}", flush=True)
+            print(f"{policy:8s} N={n:4d}: {rate:10,.0f} steps/s ({rate / ref:5.2f}x cartpole, {rate / near:5.2f}x the "
+                  f"cartpole run just before: {near:,.0f}/s), {per_episode:4.1f} steps/episode, "
+                  f"load {os.getloadavg()[0]:.2f}", flush=True)
     print(f"cartpole-v1 again: {cartpole(args.seconds):,.0f} steps/s; load after {os.getloadavg()}")
 
 

@@ -33,7 +33,7 @@ service computes the same normalized gain — and it is the service that scores 
 >>> sorted(p.name for p in task.path.iterdir())
 ['environment', 'instruction.md', 'solution', 'task.toml', 'tests']
 >>> task.solution.steps, round(task.solution.reward, 4)
-(8, 0.55)
+(8, 0.375)
 """
 
 from __future__ import annotations

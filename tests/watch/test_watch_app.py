@@ -57,8 +57,9 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     record_run(root / "runs" / "b-random", "aime", "random", 1)
     assert rsigym_main(["run", "--benchmark", "gpqa-diamond", "--run-dir", str(root / "runs" / "c-legacy"), "-q"]) == 0
     (root / "runs" / "c-legacy" / "record.jsonl").unlink()  # as a run directory written before run records existed
-    # seeds 3 and 4: sim worlds (result version 5) where the random researcher ends below the initial system
-    data = sweep(make_grid(["random", "scripted"], ["aime", "terminal-bench-2"], [3, 4]), local=True)
+    # seeds 1 and 2: sim worlds (result version 6) where the random researcher ends below the initial system
+    # and no best cell is also below it (on 3 and 4 one was, which the page marks "★ ▼")
+    data = sweep(make_grid(["random", "scripted"], ["aime", "terminal-bench-2"], [1, 2]), local=True)
     data.save(root / "sweep-1" / "results.json")
     write_report(data.to_dict(), root / "sweep-1")
     return root

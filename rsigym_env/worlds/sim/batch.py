@@ -1,18 +1,19 @@
 """N sim worlds as ``(N, ...)`` arrays, and their evaluation as one NumPy pass (issue 27's array core).
 
-:class:`SimBatch` draws N worlds of one benchmark at once (:func:`~.model.draw_worlds`: their tasks,
-target systems, base skills and official uniforms) and evaluates all of them in one pass: each world
-with its own checkpoint skill, dev memory and harness options (:class:`HarnessArrays`). The kernels are
-the scalar sim's own (:func:`~.model.outcome_thresholds`, :func:`~.model.attempt_labels`,
-:func:`~.world.evaluation_bill`) with a leading batch dimension, and a dev evaluation draws from each
-world's own ``eval`` stream (counter-based, :mod:`.draws`), so row i is what ``SimWorld.evaluation``
-gives world i, bit for bit (``tests/worlds/sim/test_sim_batch.py``).
+:class:`SimBatch` draws N worlds of one benchmark at once (:func:`~.model.draw_worlds`: their target
+systems, official halves of the benchmark's fixed task table and base skills) and evaluates all of them
+in one pass: each world with its own checkpoint skill, dev memory and harness options
+(:class:`HarnessArrays`). The kernels are the scalar sim's own (:func:`~.model.evaluation_stats`,
+:func:`~.model.draw_outcomes`, :func:`~.world.evaluation_bill`) and a world draws from its own ``eval``
+and ``official`` streams (counter-based, :mod:`.draws`), so row i is what ``SimWorld.evaluation`` gives
+world i: its score, failure counts and bill, bit for bit (``tests/worlds/sim/test_sim_batch.py``). The
+per-task text of an evaluation is the scalar sim's alone (:func:`~.model.render_attempts`).
 
 >>> batch = SimBatch.make("aime", seeds=[0, 1, 2])
 >>> harness = HarnessArrays.of([batch.initial_harness()] * 3)
 >>> out = batch.evaluate(batch.base_skill, np.zeros(3), harness, k=3, split="official")
->>> out.score.shape, out.success.shape, bool((out.usd > 0).all())
-((3,), (3, 60, 3), True)
+>>> out.score.shape, out.failure_counts.shape, bool((out.usd > 0).all())
+((3,), (3, 7), True)
 >>> from rsigym_env.services import EvalRequest
 >>> request = EvalRequest(checkpoint="base", harness_version="v0", harness_files=batch.initial_harness(),
 ...                       split="official", k=3)
@@ -29,25 +30,24 @@ import numpy as np
 
 from .draws import benchmark_key, seed_array, stream_keys, uniforms
 from .model import (
-    FAILURE_MODES,
-    HARNESS_ERROR,
+    EVAL_DRAWS,
     MAX_ATTEMPTS,
     Harness,
     HarnessError,
     TaskSet,
-    attempt_labels,
+    draw_outcomes,
     draw_worlds,
+    evaluation_stats,
     exposed_mask,
     interfered_mask,
-    outcome_thresholds,
     parse_harness,
-    sigmoid,
 )
 from .world import SimWorld, evaluation_bill
 
 __all__ = ["EvalArrays", "HarnessArrays", "SimBatch", "task_exposure"]
 
-_HARNESS_ERROR_LABEL = FAILURE_MODES.index(HARNESS_ERROR)
+_WORLD_ARRAYS = ("present", "severity", "harm", "teacher_shift", "transfer", "threshold", "damage_scale", "half",
+                 "base_skill")
 
 
 @dataclass(frozen=True)
@@ -110,16 +110,19 @@ def task_exposure(tasks: TaskSet, harness: HarnessArrays) -> tuple[np.ndarray, n
 
 @dataclass(frozen=True)
 class EvalArrays:
-    """N evaluations' outcomes: per world its avg@k ``score`` and bill, per attempt its outcome."""
+    """N evaluations' outcomes: per world its avg@k ``score``, attempt counts and bill."""
 
     score: np.ndarray  # (N,)
-    success: np.ndarray  # (N, n, k) bool
-    label: np.ndarray  # (N, n, k): index in FAILURE_MODES, -1 on success
-    failure_counts: np.ndarray  # (N, len(FAILURE_MODES))
+    counts: np.ndarray  # (N, 1 + len(FAILURE_MODES)): successes, then failures per mode
     usd: np.ndarray  # (N,)
     seconds: np.ndarray  # (N,)
     tokens: np.ndarray  # (N,) int
     sandbox_seconds: np.ndarray  # (N,)
+
+    @property
+    def failure_counts(self) -> np.ndarray:
+        """(N, len(FAILURE_MODES)): failed attempts per mode."""
+        return self.counts[:, 1:]
 
 
 class SimBatch:
@@ -138,12 +141,14 @@ class SimBatch:
         self.model = SimWorld(benchmark, int(seeds[0]), **world_kwargs)  # prices, options, bill constants
         self.domain, self.n_tasks = self.model.domain, self.model.benchmark.n_tasks
         self.seeds = seed_array(seeds)
-        drawn = draw_worlds(self.model.benchmark, self.seeds)
-        self.worlds = drawn
-        self.official, self.dev = drawn.official, drawn.dev
-        self.severity, self.harm, self.base_skill = drawn.severity, drawn.harm, drawn.base_skill
-        self.eval_keys = stream_keys(self.seeds, benchmark_key(benchmark), "eval")
+        self.worlds = draw_worlds(self.model.benchmark, self.seeds)
+        self.table = self.worlds.table
+        key = benchmark_key(benchmark)
+        self.eval_keys = stream_keys(self.seeds, key, "eval")
+        self.official_keys = stream_keys(self.seeds, key, "official")
         self.eval_counters = np.zeros(len(self.seeds), np.uint64)
+        self._bills: dict[int, tuple[float, float, int, float]] = {}  # bill code -> the bill
+        self._bill_keys, self._bill_values = np.zeros(0, np.int64), np.zeros((0, 4))
 
     @classmethod
     def make(cls, benchmark: str, seeds: Sequence[int], **world_kwargs: Any) -> SimBatch:
@@ -152,6 +157,10 @@ class SimBatch:
 
     def __len__(self) -> int:
         return len(self.seeds)
+
+    @property
+    def base_skill(self) -> np.ndarray:
+        return self.worlds.base_skill
 
     def initial_harness(self) -> dict[str, str]:
         return self.model.initial_harness()
@@ -173,63 +182,110 @@ class SimBatch:
         if not rows.size:
             return
         drawn = draw_worlds(self.model.benchmark, seeds)
-        for name in ("present", "severity", "harm", "teacher_shift", "transfer", "threshold", "damage_scale",
-                     "base_skill", "official_u"):
+        for name in _WORLD_ARRAYS:
             getattr(self.worlds, name)[rows] = getattr(drawn, name)
-        for split in ("official", "dev"):
-            for name in ("difficulty", "reply_tokens", "flags", "interference"):
-                getattr(getattr(self.worlds, split), name)[rows] = getattr(getattr(drawn, split), name)
         self.seeds[rows] = seeds
-        self.eval_keys[rows] = stream_keys(seeds, benchmark_key(self.model.benchmark.id), "eval")
+        key = benchmark_key(self.model.benchmark.id)
+        self.eval_keys[rows] = stream_keys(seeds, key, "eval")
+        self.official_keys[rows] = stream_keys(seeds, key, "official")
         self.eval_counters[rows] = 0
 
-    def evaluate(self, skill: np.ndarray, memory: np.ndarray, harness: HarnessArrays, k: int,
-                 split: str = "dev", n_tasks: int | None = None,
+    def take(self, rows: Sequence[int] | np.ndarray, source: SimBatch, source_rows: Sequence[int] | np.ndarray
+             ) -> None:
+        """Put ``source``'s worlds at ``source_rows`` (same benchmark) in place at ``rows``, streams and all:
+        an autoreset from worlds drawn ahead in one larger batch (the same worlds as :meth:`reset` draws).
+
+        >>> batch, ahead = SimBatch.make("aime", [0, 1]), SimBatch.make("aime", [5, 6, 7])
+        >>> batch.take([1], ahead, [2])
+        >>> bool(batch.base_skill[1] == SimBatch.make("aime", [7]).base_skill[0]), batch.seeds.tolist()
+        (True, [0, 7])
+        """
+        rows, source_rows = np.asarray(rows, dtype=np.intp), np.asarray(source_rows, dtype=np.intp)
+        if source.model.benchmark.id != self.model.benchmark.id or rows.shape != source_rows.shape:
+            raise ValueError("take worlds of the same benchmark, one source row per row")
+        for name in _WORLD_ARRAYS:
+            getattr(self.worlds, name)[rows] = getattr(source.worlds, name)[source_rows]
+        for name in ("seeds", "eval_keys", "official_keys", "eval_counters"):
+            getattr(self, name)[rows] = getattr(source, name)[source_rows]
+
+    def evaluate(self, skill: np.ndarray, memory: np.ndarray, harness: HarnessArrays, k: int | np.ndarray,
+                 split: str | np.ndarray = "dev", n_tasks: int | None = None,
                  rows: Sequence[int] | np.ndarray | None = None) -> EvalArrays:
         """avg@k of every world (or of the worlds at ``rows``, in that order): its checkpoint ``skill``
-        and dev ``memory`` with its harness, one each per world evaluated.
+        and dev ``memory`` with its harness, one each per world evaluated; ``k`` and ``split`` are one for
+        all or one per world (``split``: "dev", "official", or a bool array, True for official), so every
+        evaluation of a step is one pass.
 
-        ``split="official"`` uses each world's fixed official uniforms (and all its tasks, no memory);
-        ``"dev"`` the first ``n_tasks`` dev tasks and the next draw of each world's ``eval`` stream
-        (none for a world whose harness does not parse, as in the scalar sim).
+        An official evaluation uses its world's fixed official draw (and all its tasks, no memory); a dev
+        one the first ``n_tasks`` dev tasks and the next draw of its world's ``eval`` stream (none for a
+        world whose harness does not parse, as in the scalar sim).
         """
-        if not 1 <= k <= MAX_ATTEMPTS:
-            raise ValueError(f"k must be from 1 to {MAX_ATTEMPTS}, got {k}")
-        official = split == "official"
-        if not official and split != "dev":
-            raise ValueError(f"split must be 'dev' or 'official', got {split!r}")
+        picked = np.arange(len(self)) if rows is None else np.asarray(rows, dtype=np.intp)
+        size = len(picked)
+        k = np.asarray(k, dtype=np.int64)
+        k = np.full(size, k) if k.ndim == 0 else k
+        if size and not ((1 <= k) & (k <= MAX_ATTEMPTS)).all():
+            raise ValueError(f"k must be from 1 to {MAX_ATTEMPTS}, got {sorted(set(k.tolist()))}")
+        if isinstance(split, str):
+            if split not in ("dev", "official"):
+                raise ValueError(f"split must be 'dev' or 'official', got {split!r}")
+            official = np.full(size, split == "official")
+        else:
+            official = np.asarray(split, dtype=bool)
         if n_tasks is not None and n_tasks < 1:
             raise ValueError(f"n_tasks must be at least 1, got {n_tasks}")
-        picked = slice(None) if rows is None else np.asarray(rows, dtype=np.intp)
-        size = len(self) if rows is None else len(picked)
+        if n_tasks is not None and official.any() and not official.all():
+            raise ValueError("n_tasks applies to dev evaluations: evaluate official ones in another call")
         skill, memory = np.asarray(skill, dtype=float), np.asarray(memory, dtype=float)
-        if skill.shape != (size,) or memory.shape != (size,) or harness.valid.shape != (size,):
-            raise ValueError(f"give one skill, memory and harness per world ({size}): got shapes {skill.shape}, "
-                             f"{memory.shape} and {harness.valid.shape}")
-        tasks = self.official if official else self.dev.head(n_tasks or self.n_tasks)
-        if rows is not None:
-            tasks = TaskSet(tasks.difficulty[picked], tasks.reply_tokens[picked], tasks.flags[picked],
-                            tasks.interference[picked], tasks.present[picked])
-        n = tasks.difficulty.shape[1]
-        if official:
-            u = self.worlds.official_u[picked, :, :k]
-            memory = np.zeros(size)
-        else:
-            u = uniforms(self.eval_keys[picked], self.eval_counters[picked], n * k).reshape(size, n, k)
-            self.eval_counters[picked] += harness.valid  # a harness that does not parse draws nothing
-        exposed, interfered = task_exposure(tasks, harness)
-        solve = sigmoid(skill[:, None] - tasks.difficulty)
-        thresholds = outcome_thresholds(solve, exposed, self.severity[picked], memory, interfered, self.harm[picked])
-        label = attempt_labels(u, thresholds)
-        label[~harness.valid] = _HARNESS_ERROR_LABEL
-        success = label < 0
-        width = len(FAILURE_MODES) + 1  # column 0 counts the successes (label -1)
-        rows = label.reshape(size, -1) + (np.arange(size)[:, None] * width + 1)
-        counts = np.bincount(rows.ravel(), minlength=size * width).reshape(size, width)
-        score = np.count_nonzero(success.reshape(size, -1), axis=1) / (n * k)
-        return EvalArrays(score, success, label, counts[:, 1:], *self._bill(tasks, harness, k))
+        if skill.shape != (size,) or memory.shape != (size,) or harness.valid.shape != (size,) or \
+                official.shape != (size,):
+            raise ValueError(f"give one skill, memory, harness and split per world ({size}): got shapes "
+                             f"{skill.shape}, {memory.shape}, {harness.valid.shape} and {official.shape}")
+        m = self.n_tasks if official.all() or n_tasks is None else min(n_tasks, self.n_tasks)
+        w = self.worlds
+        half = np.where(official, w.half[picked], 1 - w.half[picked])
+        memory = np.where(official, 0.0, memory)
+        keys = np.where(official, self.official_keys[picked], self.eval_keys[picked])
+        u = uniforms(keys, np.where(official, 0, self.eval_counters[picked]).astype(np.uint64), EVAL_DRAWS)
+        self.eval_counters[picked] += ~official & harness.valid  # a harness that does not parse draws nothing
+        present = w.present[picked]
+        variant = present[:, 0].astype(np.intp)
+        stats = evaluation_stats(self.table, half, variant, present, w.severity[picked], w.harm[picked], skill,
+                                 memory, harness.max_output_tokens, harness.active, harness.applied, m)
+        counts = draw_outcomes(stats, k, u, harness.valid)
+        score = counts[:, 0] / (m * k)
+        return EvalArrays(score, counts, *self.bill(half, variant, harness, k, m))
 
-    def _bill(self, tasks: TaskSet, harness: HarnessArrays, k: int) -> tuple[np.ndarray, ...]:
-        """(usd, seconds, tokens, sandbox seconds) per world: the scalar sim's :func:`~.world.evaluation_bill`."""
-        return evaluation_bill(self.model, tasks.reply_tokens, k, harness.max_output_tokens, harness.cont,
-                               harness.verify, harness.check, harness.valid)
+    def bill(self, half: np.ndarray, variant: np.ndarray, harness: HarnessArrays, k: int | np.ndarray,
+             n_tasks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(usd, seconds, tokens, sandbox seconds) per world of evaluating the first ``n_tasks`` tasks of
+        table half ``half`` in reply variant ``variant`` (one each per world) k times: the scalar sim's
+        :func:`~.world.evaluation_bill`, looked up per distinct (half, variant, harness options, k)."""
+        k = np.asarray(k, dtype=np.int64)
+        bits = (half + 2 * variant + 4 * harness.cont + 8 * harness.verify + 16 * harness.check + 32 * harness.valid
+                + 64 * k)
+        codes = (harness.max_output_tokens.astype(np.int64) * 1024 + bits) * 4096 + n_tasks
+        at = np.searchsorted(self._bill_keys, codes)
+        known = at < len(self._bill_keys)
+        known[known] = self._bill_keys[at[known]] == codes[known]
+        if not known.all():  # a new (harness, split, k): the scalar sim's bill, computed once
+            for code in np.unique(codes[~known]).tolist():
+                rest, m = divmod(code, 4096)
+                cap, bits_j = divmod(rest, 1024)
+                h, v, cont, verify, check, valid = ((bits_j >> b) & 1 for b in range(6))
+                usd, seconds, tokens, sandbox = evaluation_bill(
+                    self.model, self.table.reply_tokens[v, h, :m], bits_j >> 6, cap, bool(cont), bool(verify),
+                    bool(check), bool(valid))
+                self._bills[code] = (float(usd), float(seconds), int(tokens), float(sandbox))
+            self._bill_keys = np.array(sorted(self._bills), dtype=np.int64)
+            self._bill_values = np.array([self._bills[c] for c in self._bill_keys.tolist()]).reshape(-1, 4)
+            at = np.searchsorted(self._bill_keys, codes)
+        out = self._bill_values[at]
+        return out[:, 0], out[:, 1], out[:, 2].astype(np.int64), out[:, 3]
+
+    def dev_bill(self, rows: np.ndarray, harness: HarnessArrays, k: int | np.ndarray, n_tasks: int | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The bill (a quote) of a dev evaluation of the worlds at ``rows``, without drawing anything."""
+        w = self.worlds
+        m = self.n_tasks if n_tasks is None else min(n_tasks, self.n_tasks)
+        return self.bill(1 - w.half[rows], w.present[rows, 0].astype(np.intp), harness, k, m)

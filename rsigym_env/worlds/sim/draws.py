@@ -26,8 +26,9 @@ import zlib
 
 import numpy as np
 
-STREAMS = ("world", "official", "data", "train", "eval", "infer")
-"""The streams of a world, in the order their index enters the key."""
+STREAMS = ("world", "official", "data", "train", "eval", "infer", "table")
+"""The streams of a world, in the order their index enters the key (``table``: a benchmark's fixed tasks,
+drawn with seed 0)."""
 
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64's increment (golden ratio)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -106,9 +107,11 @@ def _steps(size: int) -> np.ndarray:
 # Wichura's AS241 (PPND16) as Python's statistics.NormalDist.inv_cdf computes it, element-wise.
 def _poly(x: np.ndarray, coefficients: tuple[float, ...]) -> np.ndarray:
     """Horner's rule, highest coefficient first."""
-    out = np.full_like(x, coefficients[0])
-    for c in coefficients[1:]:
-        out = out * x + c
+    out = x * coefficients[0]  # = full_like(x, c0) * x: the same products, one call fewer
+    out += coefficients[1]
+    for c in coefficients[2:]:
+        out *= x
+        out += c
     return out
 
 
@@ -137,8 +140,11 @@ def norm_ppf(p: np.ndarray) -> np.ndarray:
     if tails.any():  # each element is computed as alone: the branches only pick which formula
         pt, qt = p[tails], q[tails]
         rt = np.sqrt(-np.log(np.where(qt > 0.0, 1.0 - pt, pt)))
-        near, far = rt - 1.6, rt - 5.0
-        x = np.where(rt <= 5.0, _poly(near, _C) / _poly(near, _D), _poly(far, _E) / _poly(far, _F))
+        near = rt - 1.6
+        x = _poly(near, _C) / _poly(near, _D)
+        if (rt > 5.0).any():  # p below ~1e-11: rare
+            far = rt - 5.0
+            x = np.where(rt <= 5.0, x, _poly(far, _E) / _poly(far, _F))
         out[tails] = np.where(qt < 0.0, -x, x)
     return out.reshape(shape)
 
@@ -181,6 +187,10 @@ class Streams:
 
     def key(self, stream: str) -> np.ndarray:
         return self._keys[stream]
+
+    def at(self, stream: str, counter: int, size: int) -> np.ndarray:
+        """Draw number ``counter`` of the stream (1-D, ``size`` uniforms); moves no counter."""
+        return uniforms(self._keys[stream], np.array([counter], dtype=np.uint64), size)[0]
 
     def uniforms(self, stream: str, size: int) -> np.ndarray:
         """The stream's next ``size`` uniforms (1-D); advances its counter by one."""

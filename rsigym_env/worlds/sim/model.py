@@ -14,10 +14,10 @@ Training distils toward the data's level (scaled by the system's transfer) and c
 carry a pass rate, duplicates and a share of dev-split prompts. ``CALIBRATION.md`` gives the source
 of every constant.
 
-Sim result version 5 (issue 27) is designed for arrays: N worlds are drawn at once from one block of
-counter-based uniforms each (:mod:`.draws`, :func:`draw_worlds`), an attempt's outcome is one uniform
-against its task's outcome chances (:func:`outcome_thresholds`), and data are drawn in aggregate. The
-scalar sim is the same code with N = 1.
+Sim result version 6 (issue 27) is designed for arrays: a benchmark's tasks are a fixed table
+(:func:`task_table`), N worlds are drawn at once from a few counter-based uniforms each (:mod:`.draws`,
+:func:`draw_worlds`), an evaluation is drawn per world from its statistics (:func:`evaluation_stats`,
+:func:`draw_outcomes`), and data are drawn in aggregate. The scalar sim is the same code with N = 1.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Iterable, Literal, Mapping, Sequence
 import numpy as np
 
 from ...catalog import FAILURE_MODES, HARNESS_ERROR, WRONG_ANSWER  # noqa: F401  (HARNESS_ERROR: re-exported)
-from .benchmarks import DEFECTS, MINIMAL_MAX_OUTPUT_TOKENS, TEACHER_DUPLICATES, Benchmark, Domain
+from .benchmarks import BENCHMARKS, DEFECTS, MINIMAL_MAX_OUTPUT_TOKENS, TEACHER_DUPLICATES, Benchmark, Domain
 from .draws import benchmark_key, binomial, norm_ppf, seed_array, stream_keys, uniforms
 
 # Harness costs (fractions of an attempt's tokens / sandbox time).
@@ -286,10 +286,68 @@ def smallest(keys: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return (keys <= last[..., None]) & (counts > 0)[:, None]
 
 
+# --------------------------------------------------------------------------------------------
+# Sim result version 6: a benchmark's fixed task table, worlds as a few numbers, evaluations per world
+
+
+@dataclass(frozen=True)
+class TaskTable:
+    """A benchmark's tasks, drawn once from its id (sim result version 6): two halves of ``n`` tasks; a
+    world takes one half as its official split and the other as its dev split. Reply lengths come in two
+    variants (index 0: truncation is not one of the system's defects, so long replies are rare; 1: it is).
+
+    >>> t = task_table("aime")
+    >>> t.difficulty.shape, t.reply_tokens.shape, t.flags.shape, t.interference.shape, t.codes.shape
+    ((2, 60), (2, 2, 60), (2, 60, 4), (2, 60, 5), (2, 60))
+    >>> bool((task_table("aime").difficulty == t.difficulty).all())  # fixed per benchmark
+    True
+    """
+
+    difficulty: np.ndarray  # (2, n) logits, per half
+    reply_tokens: np.ndarray  # (2 variants, 2 halves, n)
+    flags: np.ndarray  # (2, n, 4) exposure to the defects after truncation (where the system has them)
+    interference: np.ndarray  # (2, n, 5)
+    exp_difficulty: np.ndarray  # (2, n): exp(difficulty), so that sigmoid(s - d) = 1 / (1 + exp(d) exp(-s))
+    codes: np.ndarray  # (2, n) int: each task's flags as bits (bit j - 1: defect j's flag, j = 1..4)
+    interference_codes: np.ndarray  # (2, n) int: each task's interference flags as bits (bit j: remedy j)
+
+    @property
+    def n(self) -> int:
+        return self.difficulty.shape[-1]
+
+    def tasks(self, half: int, variant: int, present: np.ndarray) -> TaskSet:
+        """One half as a :class:`TaskSet` of a system with the defects ``present`` (5,)."""
+        return TaskSet(self.difficulty[half], self.reply_tokens[variant, half], self.flags[half],
+                       self.interference[half], present)
+
+
+@lru_cache(maxsize=None)
+def task_table(benchmark_id: str) -> TaskTable:
+    """The benchmark's :class:`TaskTable`: the task draws of version 5 (stratified difficulty, log-normal
+    reply lengths, exact exposure rates per half) from the benchmark's own ``table`` stream."""
+    benchmark = BENCHMARKS[benchmark_id]  # keyed by id: the table is cached once per benchmark
+    domain, n = benchmark.domain, benchmark.n_tasks
+    key = stream_keys(seed_array([0]), benchmark_key(benchmark_id), "table")
+    u = uniforms(key, np.zeros(1, np.uint64), 2 * TASK_DRAWS * n).reshape(2, TASK_DRAWS, n)
+    with_truncation = np.ones((2, len(DEFECTS)), bool)
+    without = with_truncation.copy()
+    without[:, 0] = False
+    drawn = draw_tasks(u, domain, with_truncation)
+    reply = np.stack([draw_tasks(u, domain, without).reply_tokens, drawn.reply_tokens])
+    arrays = (drawn.difficulty, reply, drawn.flags, drawn.interference, np.exp(drawn.difficulty),
+              (drawn.flags << np.arange(len(DEFECTS) - 1)).sum(axis=-1),
+              (drawn.interference << np.arange(len(DEFECTS))).sum(axis=-1))
+    for array in arrays:
+        array.flags.writeable = False
+    return TaskTable(*arrays)
+
+
 @dataclass(frozen=True)
 class Worlds:
-    """N worlds of one benchmark, drawn at once (:func:`draw_worlds`): arrays with a leading N."""
+    """N worlds of one benchmark, drawn at once (:func:`draw_worlds`): arrays with a leading N, over the
+    benchmark's fixed :class:`TaskTable`."""
 
+    table: TaskTable
     present: np.ndarray  # (N, 5) bool
     severity: np.ndarray  # (N, 5)
     harm: np.ndarray  # (N, 5)
@@ -297,13 +355,16 @@ class Worlds:
     transfer: np.ndarray  # (N,)
     threshold: np.ndarray  # (N,) robustness: cumulative intensity before damage
     damage_scale: np.ndarray  # (N,)
-    official: TaskSet  # (N, n) tasks
-    dev: TaskSet
-    base_skill: np.ndarray  # (N,) calibrated so that the minimal harness's official avg is the paper's
-    official_u: np.ndarray  # (N, n, MAX_ATTEMPTS) the fixed uniforms of official attempts
+    half: np.ndarray  # (N,) int: the table half that is the world's official split (the other is dev)
+    base_skill: np.ndarray  # (N,) calibrated so that the minimal harness's expected official avg is the paper's
 
     def __len__(self) -> int:
         return len(self.transfer)
+
+    @property
+    def variant(self) -> np.ndarray:
+        """(N,) int: the reply-length variant of each world (1 where truncation is a defect)."""
+        return self.present[:, 0].astype(np.intp)
 
     def profile(self, i: int, domain: Domain) -> SystemProfile:
         shift = dict(zip(sorted(domain.teacher_accuracy), self.teacher_shift[i].tolist()))
@@ -312,82 +373,180 @@ class Worlds:
             array.flags.writeable = False
         return SystemProfile(*arrays, MappingProxyType(shift), float(self.transfer[i]))
 
+    def tasks(self, i: int, official: bool) -> TaskSet:
+        """World ``i``'s official or dev split as a :class:`TaskSet`."""
+        half = int(self.half[i]) if official else 1 - int(self.half[i])
+        return self.table.tasks(half, int(self.variant[i]), self.present[i])
 
-MAX_ATTEMPTS = 8  # EvalRequest.k's upper bound: columns of the official uniforms
+
+MAX_ATTEMPTS = 8  # EvalRequest.k's upper bound
+SYSTEM_DRAWS = 2 * len(DEFECTS) + 3 + 1  # uniforms of a system besides its teachers': present, severity,
+# transfer, threshold, damage scale, the official half
 
 
 def draw_worlds(benchmark: Benchmark, seeds: Sequence[int] | np.ndarray) -> Worlds:
-    """N worlds (one per seed) from one block of uniforms each, every transform batched over N.
+    """N worlds (one per seed) from a few uniforms each, every transform batched over N.
 
     A world is a target system (each defect the domain can have present with its prevalence, a severity
     log-normal around the domain's, an unneeded remedy harming ``HARM_RATIO`` times as much; each
-    teacher's accuracy shifted in logits; a transfer share), its model's robustness, dev and official
-    tasks and the base skill calibrated on the official tasks. An official set whose defects alone forbid
-    the paper's score is redrawn (rarely) from the world's next block. Row i depends on seed i only.
+    teacher's accuracy shifted in logits; a transfer share), its model's robustness, which half of the
+    benchmark's fixed task table is its official split, and the base skill calibrated on that split
+    (:func:`calibrate_worlds`). A system whose defects alone forbid the paper's score is redrawn (rarely)
+    from the world's next block. Row i depends on seed i only.
     """
-    domain, n = benchmark.domain, benchmark.n_tasks
+    domain = benchmark.domain
     seeds = seed_array(seeds)
     size, n_defects = len(seeds), len(DEFECTS)
     teachers = len(domain.teacher_accuracy)
+    table = task_table(benchmark.id)
     key_world = stream_keys(seeds, benchmark_key(benchmark.id), "world")
-    head = 2 * n_defects + teachers + 3
-    block = uniforms(key_world, np.zeros(size, np.uint64), head + 2 * n * TASK_DRAWS)
-    u_present, z = block[:, :n_defects], norm_ppf(block[:, n_defects:head])
+    width = SYSTEM_DRAWS + teachers
+    block = uniforms(key_world, np.zeros(size, np.uint64), width)
     relevant = np.asarray(domain.exposure) > 0
-    present = relevant & (u_present < np.asarray(domain.prevalence))
-    severity = np.minimum(SEVERITY_MAX, np.asarray(domain.severity) * np.exp(SEVERITY_SPREAD * z[:, :n_defects]))
+    target = benchmark.initial_score
+
+    def systems(block: np.ndarray) -> tuple[np.ndarray, ...]:
+        u_present, z = block[:, :n_defects], norm_ppf(block[:, n_defects : width - 2])
+        present = relevant & (u_present < np.asarray(domain.prevalence))
+        severity = np.minimum(SEVERITY_MAX, np.asarray(domain.severity) * np.exp(SEVERITY_SPREAD * z[:, :n_defects]))
+        half = (block[:, -1] < 0.5).astype(np.intp)
+        return present, severity, z, block[:, -2], half
+
+    present, severity, z, u_threshold, half = systems(block)
+    ceiling = _minimal_ceiling(table, present, severity, half)
+    redraw = np.flatnonzero(FEASIBLE_MODEL_ALONE * ceiling.mean(axis=-1) <= target)
+    attempt = 0
+    while redraw.size:  # the (rare) systems whose defects alone forbid the paper's score
+        attempt += 1
+        if attempt > 100:
+            raise RuntimeError(f"no feasible target system for seeds {seeds[redraw].tolist()}")
+        more = systems(uniforms(key_world[redraw], np.full(redraw.size, attempt, np.uint64), width))
+        for whole, part in zip((present, severity, z, u_threshold, half), more):
+            whole[redraw] = part
+        ceiling[redraw] = _minimal_ceiling(table, present[redraw], severity[redraw], half[redraw])
+        redraw = redraw[FEASIBLE_MODEL_ALONE * ceiling[redraw].mean(axis=-1) <= target]
     harm = np.where(relevant, np.minimum(SEVERITY_MAX, HARM_RATIO * severity), 0.0)
     shift = TEACHER_SPREAD * z[:, n_defects : n_defects + teachers]
     transfer = TRANSFER_MEAN + TRANSFER_SD * z[:, n_defects + teachers]
     low, high = THRESHOLD_RANGE
-    threshold = low + (high - low) * block[:, head - 2]
+    threshold = low + (high - low) * u_threshold
     damage_scale = DAMAGE_SCALE_MEDIAN * np.exp(DAMAGE_SCALE_SPREAD * z[:, -1])
-    tasks_u = block[:, head:].reshape(size, 2, TASK_DRAWS, n)
-    dev = draw_tasks(tasks_u[:, 0], domain, present)
-    official = draw_tasks(tasks_u[:, 1], domain, present)
-    ceiling = official_ceiling(official, severity)
-    target = benchmark.initial_score
-    redraw = np.flatnonzero(FEASIBLE_MODEL_ALONE * ceiling.mean(axis=-1) <= target)
-    attempt = 0
-    while redraw.size:  # the (rare) official sets whose defects alone forbid the paper's score
-        attempt += 1
-        if attempt > 100:
-            raise RuntimeError(f"no feasible official task set for seeds {seeds[redraw].tolist()}")
-        more = uniforms(key_world[redraw], np.full(redraw.size, attempt, np.uint64), n * TASK_DRAWS)
-        tasks = draw_tasks(more.reshape(redraw.size, TASK_DRAWS, n), domain, present[redraw])
-        for name in ("difficulty", "reply_tokens", "flags", "interference"):
-            getattr(official, name)[redraw] = getattr(tasks, name)
-        ceiling[redraw] = official_ceiling(tasks, severity[redraw])
-        redraw = redraw[FEASIBLE_MODEL_ALONE * ceiling[redraw].mean(axis=-1) <= target]
-    base_skill = calibrate_skill(official.difficulty, ceiling, target)
-    key_official = stream_keys(seeds, benchmark_key(benchmark.id), "official")
-    official_u = uniforms(key_official, np.zeros(size, np.uint64), n * MAX_ATTEMPTS).reshape(size, n, MAX_ATTEMPTS)
-    return Worlds(present, severity, harm, shift, transfer, threshold, damage_scale, official, dev, base_skill,
-                  official_u)
+    base_skill = calibrate_worlds(benchmark.id, half, ceiling, target)
+    return Worlds(table, present, severity, harm, shift, transfer, threshold, damage_scale, half, base_skill)
 
 
-def official_ceiling(tasks: TaskSet, severity: np.ndarray) -> np.ndarray:
-    """(N, n): each task's chance that no defect of the minimal harness trips (its score ceiling)."""
+CODES = 2 ** len(DEFECTS)
+"""Exposure codes of a task: 5 bits (its four flags, then whether its reply is cut off)."""
+CODE_BITS = np.array([[(c >> 4) & 1, *((c >> j) & 1 for j in range(4))] for c in range(CODES)], dtype=float)
+"""(32, 5): which defects (``DEFECTS`` order) a task with each exposure code is exposed to."""
+
+
+CODE_AXES = (1, 5, 4, 3, 2)
+"""The axis of each defect's bit in a (N, 2, 2, 2, 2, 2) view of (N, 32) exposure codes (truncation is bit 4)."""
+INTERFERENCE_AXES = (5, 4, 3, 2, 1)
+"""The same for interference codes (remedy j is bit j)."""
+
+
+def per_code(values: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """(N, 32): for every code, the sum of ``values`` (N, 5) over the defects it has, added in ``DEFECTS``
+    order (``axes``: :data:`CODE_AXES` or :data:`INTERFERENCE_AXES`); element-wise, so a row's sums never
+    depend on the other rows.
+
+    >>> per_code(np.array([[1.0, 2.0, 4.0, 8.0, 16.0]]), CODE_AXES)[0, [0, 1, 16, 31]].tolist()
+    [0.0, 2.0, 1.0, 31.0]
+    """
+    size = len(values)
+    out = np.zeros((size, 2, 2, 2, 2, 2))
+    for j, axis in enumerate(axes):  # one in-place add on the half of the codes that have the bit
+        index: list[slice | int] = [slice(None)] * 6
+        index[axis] = 1
+        out[tuple(index)] += values[:, j].reshape(size, 1, 1, 1, 1)
+    return out.reshape(size, CODES)
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """N worlds' defects on the first ``m`` tasks of a table half under their harnesses: each task's
+    exposure code, and per world and code the chance that no defect trips (``passing``), the sum of the
+    trip chances (``trips``), and per defect the trip chance of an exposed attempt (``trip``)."""
+
+    code: np.ndarray  # (N, m) int
+    cell: np.ndarray  # (N, m) int: ``code + 32 * row``, the index of a task's code in the flattened (N, 32) tables
+    passing: np.ndarray  # (N, 32)
+    trips: np.ndarray  # (N, 32)
+    trip: np.ndarray  # (N, 5): severity where the defect counts (truncation: the harness leaves it active)
+
+    def task_pass(self) -> np.ndarray:
+        """(N, m): each task's chance that no active defect it is exposed to trips."""
+        return np.take(self.passing, self.cell)
+
+
+def exposure(table: TaskTable, half: np.ndarray, variant: np.ndarray, present: np.ndarray, severity: np.ndarray,
+             max_output_tokens: np.ndarray, active: np.ndarray, m: int) -> Exposure:
+    """The :class:`Exposure` of N worlds (one table half, reply variant, system and harness each): a reply
+    longer than ``max_output_tokens`` is exposed to truncation, a flagged task to its defect where the
+    system has it; the harness leaves the defects ``active``.
+
+    >>> t = task_table("aime")
+    >>> e = exposure(t, np.array([0]), np.array([1]), np.ones((1, 5), bool), np.full((1, 5), 0.5),
+    ...              np.array([4096]), np.ones((1, 5), bool), 60)
+    >>> e.code.shape, float(e.passing[0, 0]), float(e.passing[0, 16]), float(e.trips[0, 31])
+    ((1, 60), 1.0, 0.5, 2.5)
+    """
+    truncated = table.reply_tokens[variant, half, :m] > np.asarray(max_output_tokens)[:, None]
+    code = table.codes[half, :m] + 16 * truncated
+    cell = code + CODES * np.arange(len(half))[:, None]
+    counts = np.concatenate([active[:, :1], present[:, 1:] & active[:, 1:]], axis=1)
+    trip = np.where(counts, severity, 0.0)
+    passing = np.exp(per_code(np.where(counts, np.log1p(-severity), 0.0), CODE_AXES))
+    return Exposure(code, cell, passing, per_code(trip, CODE_AXES), trip)
+
+
+def _minimal_ceiling(table: TaskTable, present: np.ndarray, severity: np.ndarray, half: np.ndarray) -> np.ndarray:
+    """(N, n): each official task's chance that no defect of the minimal harness trips (its score ceiling)."""
     minimal = Harness()
-    exposed = exposed_mask(tasks.reply_tokens, tasks.flags, tasks.present, minimal.max_output_tokens, minimal.active)
-    return np.prod(1.0 - exposed * severity[..., None, :], axis=-1)
+    size = len(half)
+    return exposure(table, half, present[:, 0].astype(np.intp), present, severity,
+                    np.full(size, minimal.max_output_tokens), np.broadcast_to(minimal.active, (size, 5)),
+                    table.n).task_pass()
 
 
-def defect_pass(tasks: TaskSet, harness: Harness, severity: np.ndarray, harm: np.ndarray | None = None) -> np.ndarray:
-    """(n,) chance that no active defect trips and no unneeded remedy interferes on an attempt."""
-    p = np.prod(1.0 - tasks.exposed(harness) * severity, axis=1)
-    if harm is not None:
-        p = p * np.prod(1.0 - tasks.interfered(harness) * harm, axis=1)
-    return p
+SKILL_GRID = np.linspace(-20.0, 20.0, 4001)
+"""Skills (logits) at which a task table's mean solve rate is tabulated (:func:`solve_curve`)."""
 
 
-def success_prob(
-    skill: float, tasks: TaskSet, harness: Harness, severity: np.ndarray, memory: float = 0.0,
-    harm: np.ndarray | None = None,
-) -> np.ndarray:
-    """(n,) success chance of one attempt; ``memory`` is the dev-split memorisation (dev tasks only)."""
-    p = sigmoid(skill - tasks.difficulty) * defect_pass(tasks, harness, severity, harm)
-    return p + memory * (1.0 - p)
+@lru_cache(maxsize=None)
+def solve_curve(benchmark_id: str) -> np.ndarray:
+    """(2, len(SKILL_GRID)): each table half's mean ``sigmoid(s - d)`` at every grid skill (increasing)."""
+    d = task_table(benchmark_id).difficulty
+    curve = (1.0 / (1.0 + np.exp(d[:, None, :] - SKILL_GRID[:, None]))).mean(axis=-1)
+    curve.flags.writeable = False
+    return curve
+
+
+def calibrate_worlds(benchmark_id: str, half: np.ndarray, factor: np.ndarray, target: float,
+                     steps: int = 3) -> np.ndarray:
+    """The skill ``s`` with ``mean(sigmoid(s - d) * factor) == target`` per world, ``d`` the official half
+    ``half`` (N,) of the benchmark's table and ``factor`` (N, n): the tabulated inverse of the half's mean
+    solve rate at ``target / mean(factor)`` (:func:`solve_curve`), refined by ``steps`` Newton steps on every
+    row at once (a fixed count: no row waits for another).
+
+    >>> s = calibrate_worlds("aime", np.array([0, 1]), np.ones((2, 60)), 0.3167)
+    >>> d = task_table("aime").difficulty
+    >>> [round(float((1 / (1 + np.exp(d[h] - s[h]))).mean()), 10) for h in (0, 1)]
+    [0.3167, 0.3167]
+    """
+    curve = solve_curve(benchmark_id)
+    exp_difficulty = task_table(benchmark_id).exp_difficulty[half]
+    ratio = target / factor.mean(axis=-1)
+    s = np.where(half == 1, np.interp(ratio, curve[1], SKILL_GRID), np.interp(ratio, curve[0], SKILL_GRID))
+    for _ in range(steps):
+        q = 1.0 / (1.0 + exp_difficulty * np.exp(-s)[:, None])
+        qf = q * factor
+        gap = qf.mean(axis=-1) - target
+        slope = (qf * (1.0 - q)).mean(axis=-1)
+        s = s - gap / slope
+    return s
 
 
 def calibrate_skill(difficulty: np.ndarray, factor: np.ndarray, target: float | np.ndarray) -> np.ndarray:
@@ -428,60 +587,153 @@ def calibrate_skill(difficulty: np.ndarray, factor: np.ndarray, target: float | 
 
 OUTCOMES = 1 + len(DEFECTS) + 1
 """Outcome categories of an attempt: success, each defect, wrong_answer."""
+EVAL_DRAWS = 1 + len(DEFECTS)
+"""Uniforms of one evaluation's aggregate draw: the success count, then the failures' split by cause."""
 
 
-def outcome_thresholds(
-    solve: np.ndarray, exposed: np.ndarray, severity: np.ndarray, memory: float | np.ndarray,
-    interfered: np.ndarray | None = None, harm: np.ndarray | None = None,
-) -> np.ndarray:
-    """(..., n, 1 + 5): the cumulative chances of an attempt's outcomes, in the order success, then the
-    failure blamed on each defect; the rest is ``wrong_answer``.
+@dataclass(frozen=True)
+class EvalStats:
+    """What an evaluation of N worlds is drawn from: per task its success chance, per world the expected
+    successes and failures by cause per attempt round (sums over tasks)."""
 
-    An attempt succeeds when the model solves the task (``solve``), no active defect it is exposed to
-    trips (defect j with ``exposed_j * severity_j``) and no unneeded remedy interferes (``interfered_j *
-    harm_j``), or when a dev task is recalled (``memory``). A failure where some defect tripped is blamed
-    on one of them, defect j in proportion to its trip chance; otherwise it is a ``wrong_answer``.
-    Batched over leading dimensions (N worlds: ``solve`` (N, n), ``exposed`` (N, n, 5), ``severity``
-    (N, 5), ``memory`` (N,) ...), each row as alone.
+    success: np.ndarray  # (N, m) per task: chance an attempt succeeds
+    code: np.ndarray  # (N, m) per task: its exposure code (:class:`Exposure`)
+    blame: np.ndarray  # (N, 32) per code: (1 - memory) * (chance some defect trips) / (sum of trip chances)
+    trip: np.ndarray  # (N, 5) per defect: the trip chance of an exposed attempt
+    mean: np.ndarray  # (N,) expected successes per attempt round
+    var: np.ndarray  # (N,) their variance
+    causes: np.ndarray  # (N, 6) expected failures per round blamed on each defect, then wrong_answer
 
-    >>> t = outcome_thresholds(np.array([0.5]), np.array([[1, 0, 0, 0, 0]], bool), np.array([0.5, 0, 0, 0, 0]), 0.0)
-    >>> t.round(3).tolist()
-    [[0.25, 0.75, 0.75, 0.75, 0.75, 0.75]]
+
+def evaluation_stats(
+    table: TaskTable, half: np.ndarray, variant: np.ndarray, present: np.ndarray, severity: np.ndarray,
+    harm: np.ndarray, skill: np.ndarray, memory: np.ndarray, max_output_tokens: np.ndarray, active: np.ndarray,
+    applied: np.ndarray, n_tasks: int | None = None,
+) -> EvalStats:
+    """The per-world statistics of an evaluation of N worlds (one harness, skill and dev memory each) on
+    the first ``n_tasks`` tasks of each world's table half. An attempt succeeds when the model solves the
+    task (``sigmoid(skill - d)``), no active defect it is exposed to trips and no unneeded remedy
+    interferes, or when a dev task is recalled (``memory``); a failure where some defect tripped is blamed
+    on one of them, defect j in proportion to its trip chance, otherwise it is a wrong answer. The defect
+    terms are per exposure code (32 per world) and gathered per task, so a task costs a handful of
+    element-wise operations and no row depends on another.
+
+    >>> t = task_table("aime")
+    >>> s = evaluation_stats(t, np.array([0]), np.array([0]), np.zeros((1, 5), bool), np.zeros((1, 5)),
+    ...                      np.zeros((1, 5)), np.array([0.0]), np.array([0.0]), np.array([4096]),
+    ...                      np.ones((1, 5), bool), np.zeros((1, 5), bool))
+    >>> bool(np.isclose(s.mean[0], (1 / (1 + np.exp(t.difficulty[0]))).sum())), s.causes[0, :5].tolist()
+    (True, [0.0, 0.0, 0.0, 0.0, 0.0])
     """
-    memory = np.asarray(memory, dtype=float)[..., None]
-    severity = np.asarray(severity)[..., None, :]
-    trip = [exposed[..., j] * severity[..., j] for j in range(exposed.shape[-1])]  # columns: no short reductions
-    defect_pass, total = 1.0 - trip[0], trip[0]
-    for column in trip[1:]:
-        defect_pass = defect_pass * (1.0 - column)
-        total = total + column
-    p = solve * defect_pass
-    if interfered is not None and harm is not None and interfered.any():
-        harm = np.asarray(harm)[..., None, :]
-        for j in range(interfered.shape[-1]):
-            p = p * (1.0 - interfered[..., j] * harm[..., j])
-    success = p + memory * (1.0 - p)
+    size = len(half)
+    m = table.n if n_tasks is None else min(n_tasks, table.n)
+    e = exposure(table, half, variant, present, severity, max_output_tokens, active, m)
+    p = e.task_pass()
+    unneeded = applied & ~present
+    if unneeded.any():
+        interference = np.exp(per_code(np.where(unneeded, np.log1p(-harm), 0.0), INTERFERENCE_AXES))
+        p *= np.take(interference, table.interference_codes[half, :m] + CODES * np.arange(size)[:, None])
+    odds = table.exp_difficulty[half, :m]
+    odds *= np.exp(-skill)[:, None]
+    odds += 1.0
+    p /= odds
+    memory = np.asarray(memory, dtype=float)
+    remembered = memory.any()
+    success = p + memory[:, None] * (1.0 - p) if remembered else p
     with np.errstate(divide="ignore", invalid="ignore"):
-        blamed = np.where(total > 0, (1.0 - memory) * (1.0 - defect_pass) / total, 0.0)
-    out = np.empty(success.shape + (1 + len(trip),))
-    out[..., 0] = running = success
-    for j, column in enumerate(trip):
-        out[..., j + 1] = running = running + blamed * column
+        blame = np.where(e.trips > 0, (1.0 - e.passing) / e.trips, 0.0)
+    if remembered:
+        blame *= 1.0 - memory[:, None]
+    weighted = np.bincount(e.cell.ravel(), minlength=CODES * size).reshape(size, CODES) * blame
+    causes = np.empty((size, OUTCOMES - 1))
+    causes[:, :5] = (weighted[:, None, :] * CODE_BITS.T).sum(axis=-1)  # per defect, a sum over its codes
+    causes[:, :5] *= e.trip
+    mean = success.sum(axis=-1)
+    causes[:, 5] = np.maximum(m - mean - causes[:, :5].sum(axis=-1), 0.0)
+    var = mean - (success * success).sum(axis=-1)
+    return EvalStats(success, e.code, blame, e.trip, mean, var, causes)
+
+
+def draw_outcomes(stats: EvalStats, k: int | np.ndarray, u: np.ndarray, valid: np.ndarray | None = None
+                  ) -> np.ndarray:
+    """(N, len(FAILURE_MODES) + 1) counts of an avg@k evaluation's attempts drawn from ``stats`` with
+    ``EVAL_DRAWS`` uniforms per world ``u`` (N, EVAL_DRAWS): column 0 the successes, then the failures per
+    ``FAILURE_MODES``. The success count is the normal approximation of its Poisson-binomial law
+    (rounded, clipped to 0..n k); the failures are split by cause as one multinomial (sequential
+    binomials, :func:`~.draws.binomial`) in proportion to the expected failures per cause. A world whose
+    harness does not parse (``valid`` False) fails every attempt with ``harness_error``.
+
+    >>> s = EvalStats(np.full((1, 10), 0.5), np.zeros((1, 10), int), np.zeros((1, 32)), np.zeros((1, 5)),
+    ...               np.array([5.0]), np.array([2.5]), np.array([[0, 0, 0, 0, 0, 5.0]]))
+    >>> draw_outcomes(s, 3, np.full((1, EVAL_DRAWS), 0.5)).tolist()
+    [[15, 0, 0, 0, 0, 0, 15, 0]]
+    """
+    size, m = stats.success.shape
+    k = np.asarray(k)
+    attempts = m * k
+    z = norm_ppf(u)
+    wins = np.floor(k * stats.mean + np.sqrt(k * stats.var) * z[:, 0] + 0.5)
+    wins = np.clip(wins, 0.0, attempts)
+    out = np.zeros((size, len(FAILURE_MODES) + 1), np.int64)
+    out[:, 0] = wins
+    left = attempts - wins
+    weights = stats.causes[:, : OUTCOMES - 2]
+    causes = weights.shape[1]
+    rest = np.empty((size, causes))  # the expected failures of this cause and the ones after it
+    rest[:, 0] = stats.causes.sum(axis=-1)
+    for j in range(1, causes):
+        rest[:, j] = rest[:, j - 1] - weights[:, j - 1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(rest > 0, np.clip(weights / rest, 0.0, 1.0), 0.0)  # of the failures left
+    keep = 1.0 - share
+    for j in range(causes):  # a binomial of the failures left for each cause in turn
+        mean = left * share[:, j]
+        count = np.floor(mean + np.sqrt(mean * keep[:, j]) * z[:, 1 + j] + 0.5)
+        count = np.minimum(np.maximum(count, 0.0), left)
+        out[:, 1 + j] = count
+        left = left - count
+    out[:, OUTCOMES - 1] = left  # wrong_answer
+    if valid is not None and not valid.all():
+        broken = ~np.asarray(valid)
+        out[broken] = 0
+        out[broken, len(FAILURE_MODES)] = np.broadcast_to(attempts, (size,))[broken]
     return out
 
 
-def attempt_labels(u: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
-    """(..., n, k) outcome of each attempt from its uniform ``u`` (..., n, k): -1 on success, else the
-    index in ``FAILURE_MODES`` of its failure (a defect, or ``wrong_answer``). Monotone: for a fixed
-    ``u``, a higher success chance never turns a success into a failure.
+def render_attempts(stats: EvalStats, counts: np.ndarray, k: int, u: np.ndarray) -> np.ndarray:
+    """(m, k) one world's attempt labels given its drawn ``counts`` (a row of :func:`draw_outcomes`): -1
+    on success, else the index in ``FAILURE_MODES`` of the failure. The successes go to attempts drawn
+    without replacement with weights the tasks' odds of success, each defect's failures to the remaining
+    attempts with weights the tasks' chance of being blamed on it (``u``: ``EVAL_DRAWS`` m k uniforms),
+    the rest are wrong answers. This is what the text shows per task; the counts, the score and
+    everything a policy reads come from :func:`draw_outcomes` alone.
 
-    >>> attempt_labels(np.array([[0.1, 0.5, 0.9]]), np.array([[0.25, 0.75, 0.75, 0.75, 0.75, 0.75]])).tolist()
-    [[-1, 0, 5]]
+    >>> s = EvalStats(np.array([[1.0, 0.0]]), np.zeros((1, 2), int), np.zeros((1, 32)), np.zeros((1, 5)),
+    ...               np.array([1.0]), np.array([0.0]), np.array([[0, 0, 0, 0, 0, 1.0]]))
+    >>> render_attempts(s, np.array([1, 0, 0, 0, 0, 0, 1, 0]), 1, np.full(2 * EVAL_DRAWS, 0.5)).tolist()
+    [[-1], [5]]
     """
-    label = np.full(u.shape, -1, dtype=np.intp)
-    for j in range(thresholds.shape[-1]):
-        label += u >= thresholds[..., j, None]
-    return label
+    m = stats.success.shape[1]
+    slots = m * k
+    if counts[len(FAILURE_MODES)]:
+        return np.full((m, k), len(FAILURE_MODES) - 1, dtype=np.intp)  # harness_error
+    label = np.full(slots, FAILURE_MODES.index(WRONG_ANSWER), dtype=np.intp)  # unless chosen below
+    u = u.reshape(EVAL_DRAWS, slots)
+    p, code = stats.success[0], stats.code[0]
+    with np.errstate(divide="ignore"):
+        odds = np.repeat(np.where(p > 0, p / np.maximum(1.0 - p, 1e-300), 0.0), k)
+        free = np.arange(slots)
+        for j in range(EVAL_DRAWS):
+            c = int(counts[j])
+            if not c:
+                continue
+            weight = odds if j == 0 else np.repeat(stats.blame[0, code] * CODE_BITS[code, j - 1] * stats.trip[0, j - 1],
+                                                   k)
+            key = np.where(weight[free] > 0, np.log(u[j, free]) / weight[free], -np.inf)
+            chosen = np.argsort(-key, kind="stable")[:c]
+            label[free[chosen]] = j - 1
+            free = np.delete(free, chosen)
+    return label.reshape(m, k)
 
 
 def attempt_tokens(

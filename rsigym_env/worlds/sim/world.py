@@ -3,8 +3,9 @@
 Every call is pure NumPy and microseconds long. Results of jobs are computed when they start and
 become visible when the clock reaches ``ready_at``. All randomness comes from the world's counter-based
 streams (:mod:`.draws`, keyed by ``(seed, benchmark, stream)``): the same calls on the same seed give the
-same results, on any machine. The world itself is :func:`~.model.draw_worlds` with N = 1 (sim result
-version 5), so an array of N worlds (:class:`~.batch.SimBatch`) gives each one what it gives alone.
+same results, on any machine. The world itself is :func:`~.model.draw_worlds` with N = 1 and its
+evaluations are :func:`~.model.evaluation_stats` and :func:`~.model.draw_outcomes` with N = 1 (sim result
+version 6), so an array of N worlds (:class:`~.batch.SimBatch`) gives each one what it gives alone.
 
 >>> from rsigym_env.services import EvalRequest
 >>> world = SimWorld("aime", seed=0)
@@ -50,30 +51,32 @@ from .benchmarks import BENCHMARKS
 from .clock import SimClock
 from .draws import Streams, benchmark_key
 from .model import (
+    EVAL_DRAWS,
     FAILURE_MODES,
     HARNESS_ERROR,
     Dataset,
+    EvalStats,
     Harness,
     HarnessError,
     ModelState,
+    Robustness,
     TaskSet,
     TrainSettings,
     attempt_tokens,
     calibrate_skill,
     dedupe_dataset,
-    Robustness,
-    attempt_labels,
+    draw_outcomes,
     draw_worlds,
+    evaluation_stats,
     filter_dataset,
     generate_dataset,
     GENERATE_DRAWS,
     loss_curve,
     mix_datasets,
     norm_ppf,
-    outcome_thresholds,
     parse_harness,
+    render_attempts,
     sigmoid,
-    success_prob,
     train_model,
 )
 
@@ -171,11 +174,11 @@ class SimWorld(WorldLifecycle):
         self.clock = SimClock()
         self.streams = Streams(seed, benchmark_key(benchmark))
         drawn = draw_worlds(self.benchmark, [seed])  # the array core with N = 1: parity by construction
+        self.worlds = drawn
         self.profile = drawn.profile(0, self.domain)
         self.severity, self.harm = self.profile.severity, self.profile.harm
-        self.official_tasks, self.dev_tasks = drawn.official.row(0), drawn.dev.row(0)
+        self.official_tasks, self.dev_tasks = drawn.tasks(0, official=True), drawn.tasks(0, official=False)
         self.base_skill = float(drawn.base_skill[0])
-        self.official_u = drawn.official_u[0]
         self.robustness = Robustness(float(drawn.threshold[0]), float(drawn.damage_scale[0]))
         self._teacher_skill: dict[str, float] = {}
         self.datasets: dict[str, Dataset] = {}
@@ -221,8 +224,18 @@ class SimWorld(WorldLifecycle):
             harness = parse_harness(harness_files)
         except HarnessError:
             return 0.0
-        tasks, memory = (self.official_tasks, 0.0) if split == "official" else (self.dev_tasks, state.dev_memory)
-        return float(success_prob(state.skill, tasks, harness, self.severity, memory, self.harm).mean())
+        official = split == "official"
+        stats = self.eval_stats(state.skill, 0.0 if official else state.dev_memory, harness, official)
+        return float(stats.mean[0]) / stats.success.shape[1]
+
+    def eval_stats(self, skill: float, memory: float, harness: Harness, official: bool,
+                   n_tasks: int | None = None) -> EvalStats:
+        """The evaluation kernel of :mod:`.model` with N = 1 (what :class:`~.batch.SimBatch` runs on N)."""
+        w = self.worlds
+        half = w.half if official else 1 - w.half
+        return evaluation_stats(w.table, half, w.variant, w.present, w.severity, w.harm, np.array([skill]),
+                                np.array([memory]), np.array([harness.max_output_tokens]), harness.active[None],
+                                harness.applied[None], n_tasks)
 
     # ---- shared look-ups ------------------------------------------------------------------------
 
@@ -544,7 +557,6 @@ class SimEvaluation:
     def __init__(self, world: SimWorld):
         self.world = world
         self._bills: dict[tuple[bool, int, Harness | None, int], tuple[float, float, int, float]] = {}
-        self._exposed: dict[tuple[bool, int, Harness], tuple[np.ndarray, np.ndarray]] = {}
 
     def _plan(self, req: EvalRequest, official: bool) -> tuple[ModelState, TaskSet, Harness | HarnessError]:
         w = self.world
@@ -574,17 +586,6 @@ class SimEvaluation:
             self.world, tasks.reply_tokens, k, ok.max_output_tokens, ok.on_truncation == "continue",
             ok.verify_before_submit, ok.check, isinstance(harness, Harness))
         return float(usd), float(seconds), int(tokens), float(sandbox_s)
-
-    def _exposure(self, tasks: TaskSet, harness: Harness, official: bool) -> tuple[np.ndarray, np.ndarray]:
-        """``(tasks.exposed(harness), tasks.interfered(harness))`` of (split, first n tasks, harness),
-        computed once (read-only)."""
-        key = (official, len(tasks), harness)
-        found = self._exposed.get(key)
-        if found is None:
-            found = self._exposed[key] = (tasks.exposed(harness), tasks.interfered(harness))
-            for array in found:
-                array.flags.writeable = False
-        return found
 
     def quote(self, req: EvalRequest) -> Quote:
         _, tasks, harness = self._plan(req, req.split == "official")
@@ -619,17 +620,17 @@ class SimEvaluation:
             rewards, labels = [[0.0] * k for _ in names], [[failure] * k for _ in names]
             modes, score = {HARNESS_ERROR: n * k}, 0.0
         else:
-            u = w.official_u[:, :k] if official else w.uniforms("eval", n * k).reshape(n, k)
-            solve = sigmoid(state.skill - tasks.difficulty)
-            memory = 0.0 if official else state.dev_memory
-            exposed, interfered = self._exposure(tasks, harness, official)
-            label = attempt_labels(u, outcome_thresholds(solve, exposed, w.severity, memory, interfered, w.harm))
-            success = label < 0
+            # the aggregate draw (EVAL_DRAWS uniforms: what SimBatch draws) heads a longer block whose rest
+            # places the outcomes on tasks for the text (counter-based: the head is the same either way)
+            size = EVAL_DRAWS * (1 + n * k)
+            u = w.streams.at("official", 0, size) if official else w.uniforms("eval", size)
+            stats = w.eval_stats(state.skill, 0.0 if official else state.dev_memory, harness, official, n)
+            counts = draw_outcomes(stats, k, u[None, :EVAL_DRAWS])[0]
+            label = render_attempts(stats, counts, k, u[EVAL_DRAWS:])
             labels = _LABELS[label].tolist()  # a failure mode per attempt, "" (index -1) where it succeeded
-            rewards = success.astype(float).tolist()
-            counts = np.bincount(label.ravel() + 1, minlength=len(FAILURE_MODES) + 1).tolist()[1:]  # 0: successes
-            modes = {FAILURE_MODES[j]: c for j, c in enumerate(counts) if c}
-            score = int(np.count_nonzero(success)) / success.size  # success.mean(): the same correctly rounded quotient
+            rewards = (label < 0).astype(float).tolist()
+            modes = {FAILURE_MODES[j]: int(c) for j, c in enumerate(counts[1:]) if c}
+            score = int(counts[0]) / (n * k)
         # built from trusted arrays: skip re-validating hundreds of nested lists
         value = EvalResult.model_construct(
             split=split, checkpoint=req.checkpoint, harness_version=req.harness_version, k=k, score=score,

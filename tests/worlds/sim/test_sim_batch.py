@@ -1,6 +1,9 @@
-"""The array core's evaluation (``SimBatch``) equals the scalar sim's, world by world, bit for bit."""
+"""The array core's evaluation (``SimBatch``) equals the scalar sim's, world by world, bit for bit (sim result
+version 6: score, failure counts and bill; the per-attempt text is the scalar sim's, consistent with them)."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -52,11 +55,11 @@ def test_batch_evaluation_equals_the_scalar_sim(benchmark: str) -> None:
             billed = world.evaluation._run(req, official=split == "official")
             value = billed.value
             assert out.score[i] == value.score
-            assert out.success[i].astype(float).tolist() == value.rewards
-            labels = [[FAILURE_MODES[j] if j >= 0 else "" for j in row] for row in out.label[i].tolist()]
-            assert labels == [[f.split(":")[0] for f in row] for row in value.failures]
+            assert out.counts[i, 0] == sum(map(sum, value.rewards))  # the text shows the drawn successes
             counts = {m: int(c) for m, c in zip(FAILURE_MODES, out.failure_counts[i]) if c}
             assert counts == value.failure_modes
+            shown = Counter(f.split(":")[0] for row in value.failures for f in row if f)
+            assert shown == counts  # ... and the drawn failures, by mode
             assert (out.usd[i], out.seconds[i], out.tokens[i], out.sandbox_seconds[i]) == (
                 billed.cost_usd, billed.seconds, value.tokens, value.sandbox_seconds)
     # both drew as often from their eval streams: what they draw next is equal too
@@ -71,8 +74,26 @@ def test_a_row_does_not_depend_on_the_others() -> None:
     one = alone.evaluate(alone.base_skill, [0.2], HarnessArrays.of([files]), k=3)
     three = many.evaluate(many.base_skill + [1.0, -1.0, 0.0], [0.0, 0.5, 0.2],
                           HarnessArrays.of([{**files, "harness.toml": HARNESSES[2]}, files, files]), k=3)
-    assert np.array_equal(one.success[0], three.success[2]) and one.usd[0] == three.usd[2]
+    assert np.array_equal(one.counts[0], three.counts[2]) and one.usd[0] == three.usd[2]
     assert one.score[0] == three.score[2]
+
+
+def test_a_row_does_not_depend_on_the_batch_size_or_its_neighbours() -> None:
+    """Every evaluation of 300 worlds (mixed splits, k, harnesses, skills, memories) equals each world
+    evaluated alone: no reduction or product of the kernel mixes rows."""
+    seeds = list(range(300))
+    rng = np.random.default_rng(0)
+    many = SimBatch.make("swe-bench-verified", seeds)
+    files = [{**many.initial_harness(), "harness.toml": HARNESSES[int(i)]} for i in rng.integers(0, 5, 300)]
+    skill = many.base_skill + rng.normal(0, 1, 300)
+    memory = rng.random(300) * (rng.random(300) < 0.3)
+    k, official = rng.integers(1, 9, 300), rng.random(300) < 0.4
+    out = many.evaluate(skill, memory, HarnessArrays.of(files), k=k, split=official)
+    for i in range(0, 300, 23):
+        alone = SimBatch.make("swe-bench-verified", [i])
+        one = alone.evaluate(skill[[i]], memory[[i]], HarnessArrays.of([files[i]]), k=int(k[i]),
+                             split="official" if official[i] else "dev")
+        assert np.array_equal(one.counts[0], out.counts[i]) and one.usd[0] == out.usd[i], i
 
 
 def test_bad_arguments_are_refused() -> None:
@@ -84,7 +105,7 @@ def test_bad_arguments_are_refused() -> None:
         batch.evaluate(batch.base_skill, [0.0], harness, k=1, split="test")
     with pytest.raises(ValueError, match="n_tasks"):
         batch.evaluate(batch.base_skill, [0.0], harness, k=1, n_tasks=0)
-    with pytest.raises(ValueError, match="one skill, memory and harness per world"):
+    with pytest.raises(ValueError, match="one skill, memory, harness and split per world"):
         batch.evaluate(batch.base_skill, [0.0, 0.1], harness, k=1)
     with pytest.raises(ValueError, match="at least one world"):
         SimBatch("aime", [])
@@ -96,13 +117,13 @@ def test_bad_arguments_are_refused() -> None:
 def test_a_world_drawn_alone_equals_its_row_in_a_batch(benchmark: str) -> None:
     """Reset independence: every array of world 5 is the same drawn alone as among 40 other seeds."""
     alone, many = draw_worlds(BENCHMARKS[benchmark], [5]), draw_worlds(BENCHMARKS[benchmark], range(40))
-    for name in ("present", "severity", "harm", "teacher_shift", "transfer", "threshold", "damage_scale",
-                 "base_skill", "official_u"):
+    for name in ("present", "severity", "harm", "teacher_shift", "transfer", "threshold", "damage_scale", "half",
+                 "base_skill"):
         assert np.array_equal(getattr(alone, name)[0], getattr(many, name)[5]), name
-    for split in ("official", "dev"):
-        a, b = getattr(alone, split).row(0), getattr(many, split).row(5)
+    for official in (True, False):
+        a, b = alone.tasks(0, official), many.tasks(5, official)
         for name in ("difficulty", "reply_tokens", "flags", "interference", "present"):
-            assert np.array_equal(getattr(a, name), getattr(b, name)), (split, name)
+            assert np.array_equal(getattr(a, name), getattr(b, name)), (official, name)
 
 
 def test_evaluating_some_rows_and_resetting_rows_act_as_on_those_worlds_alone() -> None:
@@ -113,7 +134,7 @@ def test_evaluating_some_rows_and_resetting_rows_act_as_on_those_worlds_alone() 
     files = batch.initial_harness()
     full = twin.evaluate(twin.base_skill, np.zeros(4), HarnessArrays.of([files] * 4), k=3)
     some = batch.evaluate(batch.base_skill[[3, 1]], np.zeros(2), HarnessArrays.of([files] * 2), k=3, rows=[3, 1])
-    assert np.array_equal(some.label, full.label[[3, 1]]) and np.array_equal(some.usd, full.usd[[3, 1]])
+    assert np.array_equal(some.counts, full.counts[[3, 1]]) and np.array_equal(some.usd, full.usd[[3, 1]])
     assert batch.eval_counters.tolist() == [0, 1, 0, 1]
     with pytest.raises(ValueError, match="one seed per row"):
         batch.reset([0], [1, 2])

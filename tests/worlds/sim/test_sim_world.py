@@ -178,18 +178,17 @@ def test_official_evaluation_of_the_unchanged_initial_system_reproduces_itself()
 
 
 def test_official_outcomes_are_monotone_in_the_harness():
-    """Fixing the system's defects only ever turns failures into successes; an unneeded remedy only
-    ever turns successes into failures (the official split's draws are fixed per seed)."""
-    world = SimWorld("swe-bench-verified", 5)
-    has, lacks = present(world), [d for d in DEFECTS if d not in present(world)]
-    assert has and lacks
-    before = world.evaluation.official(request(world, split="official")).value
-    after = world.evaluation.official(request(world, files=fixed(world), split="official")).value
-    worse = world.evaluation.official(request(world, files=harness(world, *DEFECTS), split="official")).value
-    for old, new, hurt in zip(before.tasks, after.tasks, worse.tasks):
-        assert all(n >= o for o, n in zip(old.rewards, new.rewards))
-        assert all(h <= n for n, h in zip(new.rewards, hurt.rewards))
-    assert after.score > before.score and worse.score < after.score
+    """Fixing the system's defects raises the official score, an unneeded remedy on top lowers it: the
+    official draw is fixed per world (sim result version 6 draws the score per world, so the common
+    random numbers are the world's; per attempt they were up to version 5), on every seed tried."""
+    for seed in range(12):
+        world = SimWorld("swe-bench-verified", seed)
+        if not present(world) or len(present(world)) == len(DEFECTS):
+            continue
+        before = world.evaluation.official(request(world, split="official")).value
+        after = world.evaluation.official(request(world, files=fixed(world), split="official")).value
+        worse = world.evaluation.official(request(world, files=harness(world, *DEFECTS), split="official")).value
+        assert after.score > before.score and worse.score < after.score, seed
 
 
 @pytest.mark.parametrize("benchmark", list(BENCHMARKS))

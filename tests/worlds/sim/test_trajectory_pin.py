@@ -218,16 +218,16 @@ EPISODES: dict[str, Callable[[], _Digest]] = {
     "actions": _scripted_actions,
 }
 
-PINNED: dict[str, tuple[int, str]] = {  # name -> (steps, sha256), recomputed for sim result version 5 (issue 27: worlds, attempts and data from counter-based array draws)
-    'actions': (135, 'a472391f916ee573468eea634a0a5c113b0c0b72b9109a8330f4e5ef309da2ac'),
-    'random-joint': (51, '6352d0006674af887a0bd56eb288c48deead384a98506a880c79bd9e299e769a'),
-    'rl-joint': (69, '3c0b677cc707e51ec28ce774de2b595d9a6958ff413e8840c6c67c966bb7cc05'),
-    'sampled': (400, '95b98d46f91d71aa54a975f573067677d301f684e2b941470967b247a13fc205'),
-    'scripted-async': (26, '5022d0696280b90f37044fc04495dc8653cc9b0b59c8805c0b52d2e79e233169'),
-    'scripted-data': (15, '7121f0d19d52489cf69cd5b648da7fb51a35db46761c132527b6d4a0639b13a3'),
-    'scripted-disk': (34, '6da46a15f27e7961a662d521a40ef2dfadb27524f7b3cab471b7def5c898db19'),
-    'scripted-harness': (7, '6446c1ce68af0a40ae80e4819b46a7e62f54f1f7d3676f75cc8fe1f0ab07fd3d'),
-    'scripted-joint': (55, '9d5a2b0eec1580478b1ab4f5535878072fad5f7eff2f68f699353ea622e15621'),
+PINNED: dict[str, tuple[int, str]] = {  # name -> (steps, sha256), recomputed for sim result version 6 (issue 27: fixed task tables per benchmark, evaluations drawn per world)
+    'actions': (135, 'ae79197ff99f2e45261f70fc0ce7e782b114ad0a24a14309c03b73d7c32c4e2b'),
+    'random-joint': (51, '8223d5efc5fa1c24af3a3e703b2919e3a90f9e486c0a09af0046a629452c8136'),
+    'rl-joint': (70, '5a4a0a9594bfa6ab83f1247a882baa7f136cbab820a3f19c24ea37acc9b1889e'),
+    'sampled': (400, 'bbfbd3f2e7542a16bfbbd71bffe87166668a090b932407619ccc09106e7efe5e'),
+    'scripted-async': (26, 'ffde3179419a628520e0d0db97b77da373600b33ea678bad41b95d03c98ccb85'),
+    'scripted-data': (15, 'e693e9447dab0d2080da2cac8c2e122b1d9f2a5468db304ef8c897fb9000053e'),
+    'scripted-disk': (34, 'be5a922fa62f54180132a8b66f2d4a4e6e1bddd1d6e5138386cd4935084b62c1'),
+    'scripted-harness': (7, '646546499ea613271462202800d5a388b53d0005b2dcc03d9890315f9e77b89e'),
+    'scripted-joint': (53, 'b47dd916829d0835c7d1a089aa73d56c5737e7e2dc9da25e257e3f7646ac85a3'),
 }
 
 
