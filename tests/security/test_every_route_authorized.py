@@ -99,9 +99,10 @@ def _call(client: httpx.Client, method: str, url: str, token: str | None = None,
     if token is not None:
         h["Authorization"] = f"Bearer {token}"
     chunks: list[bytes] = []
-    with client.stream(method, url, headers=h, content=body,
-                       timeout=httpx.Timeout(30.0, read=SSE_S)) as reply:
+    with client.stream(method, url, headers=h, content=body, timeout=30.0) as reply:  # the headers: 30 s (a loaded machine)
         streaming = reply.headers.get("content-type", "").startswith("text/event-stream")
+        if streaming:  # a stream's body is read for SSE_S at most (httpcore reads this dict when the body starts)
+            reply.request.extensions["timeout"]["read"] = SSE_S
         deadline = time.monotonic() + SSE_S
         try:
             for chunk in reply.iter_raw():
@@ -304,7 +305,7 @@ def test_no_key_and_a_wrong_key_get_401_and_nothing_else(world: World, surface: 
     if surface == "watch":  # the standalone dashboard knows no run key of any service
         keys += [r["run_key"] for r in world.runs.values()] + [ADMIN]
     seen = 0
-    with httpx.Client(base_url=base) as client:
+    with httpx.Client(timeout=30, base_url=base) as client:
         for t in targets(app, world, surface):
             for key in keys:
                 for accept in ("application/json", "text/html"):
@@ -325,7 +326,7 @@ def test_no_key_and_a_wrong_key_get_401_and_nothing_else(world: World, surface: 
 
 
 def test_a_run_key_sees_its_own_run_only_and_redacted(world: World):
-    with httpx.Client(base_url=world.serve) as client:
+    with httpx.Client(timeout=30, base_url=world.serve) as client:
         for me, other in (("A", "B"), ("B", "A")):
             key = world.runs[me]["run_key"]
             own_seed = SEED_A if me == "A" else SEED_B
@@ -378,7 +379,7 @@ def test_what_the_researcher_reads_over_rest_and_mcp_carries_no_seed_or_path(wor
 def test_the_admin_token_sees_every_run_with_its_seed(world: World):
     """The positive control: the search above finds what it looks for where it is shown."""
     admin = {"Authorization": f"Bearer {ADMIN}"}
-    with httpx.Client(base_url=world.serve, headers=admin) as client:
+    with httpx.Client(timeout=30, base_url=world.serve, headers=admin) as client:
         listed = client.get("/watch/api/runs")
         assert listed.status_code == 200
         assert {r["key"] for r in listed.json()["runs"]} == {r["run_id"] for r in world.runs.values()}
@@ -390,7 +391,7 @@ def test_the_admin_token_sees_every_run_with_its_seed(world: World):
                     and "/archives/" not in t.template:  # (no archive exists here: its pages are 404)
                 status, body, _ = _call(client, "GET", t.url, ADMIN)
                 assert status == 200, (t, status, body[:200])
-    with httpx.Client(base_url=world.watch) as client:
+    with httpx.Client(timeout=30, base_url=world.watch) as client:
         for t in targets(world.watch_app, world, "watch"):
             if t.method == "GET" and (t.owner in ("A", "B", "run", "sweep") or "{" not in t.template):
                 status, body, _ = _call(client, "GET", t.url, WATCH_TOKEN)
@@ -402,7 +403,7 @@ def test_the_admin_token_sees_every_run_with_its_seed(world: World):
 
 def test_a_browser_opens_the_token_url_once_and_the_cookie_does_the_rest(world: World):
     me, other = world.runs["A"], world.runs["B"]
-    with httpx.Client(base_url=world.serve, headers={"Accept": "text/html"}) as browser:
+    with httpx.Client(timeout=30, base_url=world.serve, headers={"Accept": "text/html"}) as browser:
         opened = browser.get(f"/watch/runs/{me['run_id']}", params={"token": me["run_key"], "x": "1"})
         assert opened.status_code == 303 and opened.headers["location"] == f"/watch/runs/{me['run_id']}?x=1"
         cookie = opened.headers["set-cookie"]
@@ -414,7 +415,7 @@ def test_a_browser_opens_the_token_url_once_and_the_cookie_does_the_rest(world: 
         assert status == 200 and b"event: run" in body and not world.leaks(body)
         assert browser.get("/watch/", params={"token": "rsa_wrong-token-but-long-enough"}).status_code == 401
         assert browser.get("/v1/balance").status_code == 401  # the dashboard's cookie is no key of the REST routes
-    with httpx.Client(base_url=world.watch, headers={"Accept": "text/html"}) as browser:
+    with httpx.Client(timeout=30, base_url=world.watch, headers={"Accept": "text/html"}) as browser:
         opened = browser.get("/", params={"token": WATCH_TOKEN})
         assert opened.status_code == 303 and "Path=/;" in opened.headers["set-cookie"] + ";"
         assert browser.get("/").status_code == 200 and "cli-run" in browser.get("/").text
@@ -465,7 +466,7 @@ def test_openenv_sessions_see_their_own_run_and_no_host_path(world: World):
 def test_the_refusals_say_nothing_about_runs(world: World):
     """A run key names its run id; a wrong one, or a well-formed key of no run, learns nothing."""
     fake = "rsr_" + world.runs["A"]["run_id"] + "_" + "B" * 43  # the right run id, a wrong secret
-    with httpx.Client(base_url=world.serve) as client:
+    with httpx.Client(timeout=30, base_url=world.serve) as client:
         for path in ("/watch/api/runs", f"/watch/api/runs/{world.runs['A']['run_id']}", "/v1/run", "/v1/observation"):
             reply = client.get(path, headers={"Authorization": f"Bearer {fake}"})
             assert reply.status_code == 401 and not world.leaks(reply.content)

@@ -265,7 +265,7 @@ def test_the_dashboard_needs_its_token_and_a_browser_gives_it_once(tmp_path: Pat
         for public in ("/health", "/static/watch.js", "/static/watch.css", "/static/plotly.min.js"):
             assert httpx.get(srv.url + public).status_code == 200, public
         # a browser opens the token URL once: a cookie (HttpOnly, SameSite=Strict), and the same URL without it
-        with httpx.Client(base_url=srv.url, headers={"Accept": "text/html"}) as browser:
+        with httpx.Client(timeout=30, base_url=srv.url, headers={"Accept": "text/html"}) as browser:
             opened = browser.get("/runs/mine", params={"token": TOKEN})
             assert opened.status_code == 303 and opened.headers["location"] == "/runs/mine"
             cookie = opened.headers["set-cookie"]
@@ -300,7 +300,7 @@ def test_rsigym_watch_makes_a_token_keeps_it_and_prints_its_url(tmp_path: Path):
             url, token = match.groups()
             urls.append(token)
             assert httpx.get(f"{url}/api/runs").status_code == 401
-            with httpx.Client(headers={"Accept": "text/html"}, follow_redirects=True) as browser:
+            with httpx.Client(timeout=30, headers={"Accept": "text/html"}, follow_redirects=True) as browser:
                 page = browser.get(f"{url}/?token={token}")
                 assert page.status_code == 200 and str(page.url) == f"{url}/" and "Runs" in page.text
         finally:

@@ -67,7 +67,7 @@ from ...serving.openai_server import OpenAIServer, Usage, UsageMeter
 from ...services import Billed, EvalRequest, EvalResult, Job, Quote
 from .harbor_agent import IMPORT_PATH as AGENT_IMPORT_PATH
 from .harbor_agent import ModelSession, register_session, unregister_session
-from .idle import IdleGate, register_gate, unregister_gate
+from .idle import IdleGate, SpareCores, register_gate, unregister_gate
 
 log = logging.getLogger("rsigym_env.evaluation")
 
@@ -259,8 +259,11 @@ class HarborEvalService:
                  model_endpoint: ModelEndpoint | None = None,
                  seed_key: bytes = b"", logs_quota_bytes: int = 1 << 30, cache_dir: Path | None = None,
                  model_identity: Callable[[str], str | None] | None = None, cache_quota_bytes: int = 256 << 20,
-                 prefetch: bool = False, cache_official: bool = True):
+                 prefetch: bool = False, cache_official: bool = True, spare_trials: int = 0):
         self.model_for = model_for
+        # trials beyond ``concurrency`` while the machine has idle cores (SpareCores; only for an environment
+        # whose trials wait at the gate they are given, as the local world's do): none by default
+        self.spare_trials = max(0, int(spare_trials))
         self.prefetch = prefetch  # whether prefetch_official starts anything
         self.cache_official = cache_official  # False: official tasks are the episode's own draw (never again)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None  # official results of fixed systems
@@ -290,7 +293,8 @@ class HarborEvalService:
         self._lock = threading.Lock()
         self._counter = 0
         self._running: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = {}
-        self._live: dict[str, tuple[ModelSession, float]] = {}  # eval id -> (its model session, when it started)
+        # eval id -> (its model session, when it started, its SpareCores if any)
+        self._live: dict[str, tuple[ModelSession, float, SpareCores | None]] = {}
         # official evaluations started ahead (prefetch_official): request key -> (future, the id it was given)
         self._prefetched: dict[str, tuple[cf.Future, str | None]] = {}
         self._gates: dict[str, IdleGate] = {}  # ... and the gates their trials wait at for idle cores
@@ -345,7 +349,8 @@ class HarborEvalService:
 
     def _cancel(self, eval_id: str, future: cf.Future, quote: Quote) -> float:
         """Stop a running evaluation; what the part that ran cost: the tokens served so far and the
-        sandboxes' time (``concurrency`` sandboxes since it started), never above its quote."""
+        sandboxes' time (``concurrency`` sandboxes since it started, or the most that ran at once if spare
+        trials made it more), never above its quote."""
         with self._lock:
             running = self._running.get(eval_id)
             live = self._live.get(eval_id)
@@ -356,9 +361,9 @@ class HarborEvalService:
         cf.wait([future], timeout=CANCEL_WAIT_S)
         if live is None:  # never started (or already finished: then the future holds its bill)
             return future.result().cost_usd if future.done() and not future.cancelled() and future.exception() is None else 0.0
-        session, started = live
+        session, started, cores = live
         usage = session.usage()
-        seconds = (time.monotonic() - started) * self.concurrency
+        seconds = (time.monotonic() - started) * max(self.concurrency, cores.peak if cores is not None else 0)
         cost = self.prices.sample_usd(usage.prompt_tokens, usage.completion_tokens) + \
             self.prices.sandbox_usd(seconds, self.vcpus, self.memory_gib)
         return min(quote.usd, cost)
@@ -610,6 +615,11 @@ class HarborEvalService:
         server: OpenAIServer | None = None
         session_key = f"{eval_id}-{uuid.uuid4().hex[:12]}"
         socket_dirs = contextlib.ExitStack()
+        spare: str | None = None
+        cores: SpareCores | None = None
+        if idle_gate is None and self.spare_trials:  # (a background evaluation keeps its idle gate)
+            cores = SpareCores(self.concurrency, self.concurrency + self.spare_trials)
+            idle_gate = spare = register_gate(cores)
         try:
             socket_dir = Path(socket_dirs.enter_context(self.environment.model_socket_dir()))
             harness_dir = work_dir / "harness"
@@ -628,9 +638,10 @@ class HarborEvalService:
                                    tokens_per_trial=self.tokens_per_trial, url=url, seed_key=self.seed_key)
             register_session(session_key, session)
             with self._lock:
-                self._live[eval_id] = (session, started)
+                self._live[eval_id] = (session, started, cores)
             try:
-                results = self._run_job(req, tasks, work_dir, harness_dir, session_key, eval_id, idle_gate)
+                results = self._run_job(req, tasks, work_dir, harness_dir, session_key, eval_id, idle_gate,
+                                        self.concurrency + self.spare_trials if spare is not None else None)
                 usage = session.usage()
             finally:
                 with self._lock:
@@ -642,6 +653,8 @@ class HarborEvalService:
             if server is not None:
                 server.stop()
             socket_dirs.close()
+            if spare is not None:
+                unregister_gate(spare)
             if split != "dev":
                 discard_private(work_dir)
         token_usd = self.prices.sample_usd(usage.prompt_tokens, usage.completion_tokens)
@@ -660,7 +673,7 @@ class HarborEvalService:
         return Billed[EvalResult](value=value, cost_usd=cost, seconds=seconds)
 
     def _job_config(self, req: EvalRequest, tasks: list[Path], work_dir: Path, harness_dir: Path,
-                    session_key: str, idle_gate: str | None = None) -> Any:
+                    session_key: str, idle_gate: str | None = None, concurrency: int | None = None) -> Any:
         from harbor.models.job.config import JobConfig
         from harbor.models.trial.config import AgentConfig, TaskConfig, VerifierConfig
 
@@ -675,18 +688,19 @@ class HarborEvalService:
                                       "attempt": attempt, "harness_version": req.harness_version,
                                       "timeout_s": self.agent_timeout_s}, **reach)
                   for attempt in range(req.k)]
-        return JobConfig(job_name="harbor", jobs_dir=work_dir, n_attempts=1, n_concurrent_trials=self.concurrency,
+        return JobConfig(job_name="harbor", jobs_dir=work_dir, n_attempts=1, n_concurrent_trials=concurrency or self.concurrency,
                          quiet=True, tasks=[TaskConfig(path=t.resolve()) for t in tasks], agents=agents,
                          environment=self.environment.config(self.sandboxes_dir, self.memory_gib, idle_gate),
                          verifier=VerifierConfig(max_timeout_sec=self.verifier_timeout_s))
 
     def _run_job(self, req: EvalRequest, tasks: list[Path], work_dir: Path, harness_dir: Path,
-                 session_key: str, eval_id: str, idle_gate: str | None = None) -> list[Any]:
+                 session_key: str, eval_id: str, idle_gate: str | None = None,
+                 concurrency: int | None = None) -> list[Any]:
         """Harbor's ``Job`` over the tasks, in a fresh event loop in this thread (cancelled by :meth:`close`)."""
         from harbor.job import Job as HarborJob
 
         tune_harbor()
-        config = self._job_config(req, tasks, work_dir, harness_dir, session_key, idle_gate)
+        config = self._job_config(req, tasks, work_dir, harness_dir, session_key, idle_gate, concurrency)
 
         async def run() -> list[Any]:
             task = asyncio.current_task()

@@ -64,6 +64,10 @@ class LocalOptions(BaseModel):
     base_model: str = Field(BASE_MODEL, description="A registered base model (tinker_client.register_base_model), "
                                                     "e.g. a test's tiny one.")
     eval_concurrency: int = Field(3, ge=1, description="Trials at once in an evaluation (3 measured fastest on 2 cores).")
+    spare_trials: int = Field(2, ge=0, description="Trials an evaluation may run beyond eval_concurrency while the "
+                                                   "machine has idle cores (idle.SpareCores: a quiet machine's idle "
+                                                   "time between a trial's steps); none on a busy one. The same "
+                                                   "results either way.")
     lr_scale: float = Field(10.0, gt=0, description="Learning rates are scaled by this (see docs/local-world.md).")
     official_split: SplitMode = Field(
         "secret", description="secret: drawn from the platform's secret (rsigym_env.splits); public: reproducible.")
@@ -143,7 +147,8 @@ class LocalWorld(ServiceWorld):
             seed=seed, server=self.server, vcpus=self.vcpus, memory_gib=self.memory_gib, clock=self.clock.now,
             concurrency=self.options.eval_concurrency, seed_key=self.split.key("trial-seeds"),
             cache_dir=cache_dir("evaluations"), model_identity=self._model_identity,
-            prefetch=self.options.early_official, cache_official=self.split.fixed)
+            prefetch=self.options.early_official, cache_official=self.split.fixed,
+            spare_trials=self.options.spare_trials)
 
     def _build_tasks(self) -> dict[str, Path]:
         """The task directories: dev (public, the same in every episode) from the shared cache; the official

@@ -7,7 +7,9 @@ import asyncio
 import threading
 import time
 
-from rsigym_env.worlds.common.idle import IdleGate, machine_idle_seconds, register_gate, unregister_gate, wait_at
+from rsigym_env.worlds.common.idle import (
+    IdleGate, SpareCores, machine_idle_seconds, register_gate, unregister_gate, wait_at,
+)
 
 
 class FakeMachine:
@@ -92,3 +94,68 @@ def test_the_machine_idle_time_is_read_from_proc_stat():
     time.sleep(0.05)
     second = machine_idle_seconds()
     assert first is not None and second is not None and second >= first > 0
+
+
+async def _trials(cores: SpareCores, n: int, hold_s: float, log: list) -> None:
+    """``n`` trials that enter, run ``hold_s`` and leave; ``log`` gets (start, end, running while in)."""
+    async def trial() -> None:
+        await cores.enter()
+        start = time.monotonic()
+        log.append(("in", start, cores.running))
+        await asyncio.sleep(hold_s)
+        cores.leave()
+        log.append(("out", time.monotonic(), cores.running))
+
+    await asyncio.gather(*(trial() for _ in range(n)))
+
+
+def test_spare_cores_keep_base_trials_on_a_busy_machine_and_fill_a_quiet_one_up_to_most():
+    """Busy (0.1 idle cores): never more than ``base`` at once, every trial still runs (a waiting one takes
+    the place of one that leaves). Quiet (1.5 idle cores): extra trials are let in one window at a time, up
+    to ``most``. Unreadable machine: ``base``."""
+    for idle, most_seen in ((0.1, 2), (1.5, 4)):
+        cores = SpareCores(base=2, most=4, min_idle_cores=0.4, window_s=0.02, idle_seconds=FakeMachine(idle))
+        log: list = []
+        asyncio.run(_trials(cores, 8, 0.15, log))
+        assert sum(1 for e in log if e[0] == "in") == 8 and cores.running == 0
+        assert max(e[2] for e in log if e[0] == "in") == most_seen
+        assert cores.extra == 0 if idle < 0.4 else cores.extra >= 2
+        assert cores.peak == most_seen  # what a cancelled evaluation is billed for
+    blind = SpareCores(base=2, most=4, idle_seconds=lambda: None)
+    log = []
+    asyncio.run(_trials(blind, 5, 0.05, log))
+    assert max(e[2] for e in log if e[0] == "in") == 2 and blind.extra == 0
+
+
+def test_a_spare_cores_gate_found_by_key_gives_back_the_place_it_gave():
+    cores = SpareCores(base=1, most=1)
+    key = register_gate(cores)
+    try:
+        leave = asyncio.run(wait_at(key))
+        assert cores.running == 1
+        leave()
+        assert cores.running == 0
+        assert asyncio.run(wait_at(None))() is None  # no gate: nothing to give back
+    finally:
+        unregister_gate(key)
+
+
+def test_a_place_given_back_is_taken_at_once_not_after_a_window():
+    """Trials waiting for a place below ``base`` (and the one watching a window) wake when a trial leaves,
+    so a busy machine hands places over as fast as without the gate."""
+    for idle in (0.1, None):  # watching a window on a busy machine; or no machine to watch
+        cores = SpareCores(base=1, most=2, window_s=5.0, idle_seconds=FakeMachine(idle) if idle else lambda: None)
+        handoff: list[float] = []
+
+        async def run(cores: SpareCores, handoff: list[float]) -> None:
+            await cores.enter()
+            waiter = asyncio.ensure_future(cores.enter())
+            await asyncio.sleep(0.1)
+            assert not waiter.done()
+            left = time.monotonic()
+            cores.leave()
+            await waiter
+            handoff.append(time.monotonic() - left)
+
+        asyncio.run(run(cores, handoff))
+        assert handoff[0] < 0.5 and cores.running == 1 and cores.extra == 0

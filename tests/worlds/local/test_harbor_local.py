@@ -296,6 +296,34 @@ def test_eval_service_dev_job_billed_and_deterministic(tmp_path, tasks):
     assert (trial_dir / "agent" / "trajectory.json").exists()
 
 
+@pytest.mark.slow
+def test_spare_trials_on_an_idle_machine_run_more_trials_at_once_with_the_same_results(tmp_path, tasks, monkeypatch):
+    """With spare trials and a machine that shows idle cores, an evaluation runs more than ``concurrency``
+    trials at once (each waits before its sandbox exists), and its rewards and failure labels are those of
+    the same evaluation run one trial at a time."""
+    from rsigym_env.worlds.common import idle
+
+    made: list = []
+
+    class Quiet(idle.SpareCores):  # a machine that always shows idle cores
+        def __init__(self, base: int, most: int):
+            super().__init__(base, most, min_idle_cores=0.0, window_s=0.01)
+            made.append(self)
+
+    monkeypatch.setattr(evaluation, "SpareCores", Quiet)
+    plain = service(tmp_path / "a", tasks, p=0.5, concurrency=1)
+    spare = service(tmp_path / "b", tasks, p=0.5, concurrency=1, spare_trials=2)
+    req = EvalRequest(checkpoint="ckpt-1", harness_version="v1", harness_files=harness(), split="dev", k=2)
+    try:
+        one = plain.start(req, "ev-1").future.result(timeout=120).value
+        more = spare.start(req, "ev-1").future.result(timeout=120).value
+    finally:
+        plain.close()
+        spare.close()
+    assert (more.rewards, more.failures) == (one.rewards, one.failures)
+    assert len(made) == 1 and made[0].peak > 1 and made[0].extra >= 1 and made[0].running == 0
+
+
 def test_eval_service_failure_labels_and_official_keeps_score_only(tmp_path, tasks):
     svc = service(tmp_path, tasks)
     try:

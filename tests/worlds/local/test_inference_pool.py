@@ -199,6 +199,47 @@ def test_prefill_blocks_change_no_sample_whatever_the_concurrency(setup):
     assert pool.reused - reused == len(prompts)
 
 
+def test_a_worker_is_sent_only_the_blocks_it_does_not_hold(setup):
+    """A worker keeps the blocks it computed or was sent: a conversation's earlier turns are named to it,
+    not pickled and piped again. With a budget that keeps about one block (evictions on every request),
+    two workers in flight at once, and a worker killed on the way, every sample is still bit for bit the
+    in-process one, and the pool's record of each worker's store stays within the budget."""
+    import random
+
+    service, pool, path = setup
+    local = service.create_sampling_client(model_path=path).result()
+    tokenizer = local.get_tokenizer()
+    prompts = conversation_prompts(tokenizer)
+    params = [types.SamplingParams(max_tokens=10, temperature=1.0, seed=s) for s in range(len(prompts))]
+    plain = [exactly(local.sample(types.ModelInput.from_ints(p), 2, s).result()) for p, s in zip(prompts, params)]
+    one = InferencePool(pool.root_dir, workers=1)
+    try:
+        alone = one.client(model_path=path, tokenizer=tokenizer)
+        got = [exactly(alone.sample_scoped(types.ModelInput.from_ints(p), 2, s, "eval-c").result(60))
+               for p, s in zip(prompts, params)]
+        (worker,) = one._threads
+        assert got == plain
+        assert worker.sent == 0 and worker.named >= len(prompts) - 2  # it computed every block it was asked for
+    finally:
+        one.close()
+    small = InferencePool(pool.root_dir, workers=2, worker_block_bytes=300_000)  # ~1.5 blocks of this model
+    try:
+        pooled = small.client(model_path=path, tokenizer=tokenizer)
+        order = list(range(len(prompts)))
+        random.Random(7).shuffle(order)
+        for wave in (1, 2, 3):
+            if wave == 3:
+                small._threads[0].proc.kill()  # its store is gone: the pool's record of it must go too
+                small._threads[0].proc.wait()
+            futures = {i: pooled.sample_scoped(types.ModelInput.from_ints(prompts[i]), 2, params[i], "eval-d")
+                       for i in order}
+            assert [exactly(futures[i].result(60)) for i in range(len(prompts))] == plain
+            assert all(w.held_bytes <= small.worker_block_bytes for w in small._threads)
+        assert sum(w.named for w in small._threads) > 0 and sum(w.sent for w in small._threads) > 0
+    finally:
+        small.close()
+
+
 def test_prefill_blocks_are_functions_of_their_tokens_alone():
     """A block computed as the tail of a short prompt, taken from a cache for a long one, or computed
     in a long one's prefill: the same floats; so is every sample, hit or miss."""

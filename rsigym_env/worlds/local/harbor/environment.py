@@ -59,7 +59,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Callable
 
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
@@ -204,7 +204,8 @@ class BubblewrapEnvironment(BaseEnvironment):
     made, as ``<sandbox_dir>/<random id>``; default ``<trial_dir>/sandbox``), ``group_memory_mb``,
     ``group_processes``, ``disk_mb`` (the trial's aggregate limits, :class:`~.isolation.SandboxGroup`;
     ``group=False`` for none), ``idle_gate`` (the key of an :class:`~rsigym_env.worlds.common.idle.IdleGate` to
-    wait at before starting: background evaluations).
+    wait at before starting: background evaluations; or of a :class:`~rsigym_env.worlds.common.idle.SpareCores`,
+    whose place is given back when the trial stops).
     """
 
     def __init__(self, environment_dir: Path, environment_name: str, session_id: str, trial_paths: TrialPaths,
@@ -220,6 +221,7 @@ class BubblewrapEnvironment(BaseEnvironment):
                               output_bytes=output_bytes, file_mb=file_mb)
         self._require_isolation = require_isolation
         self._idle_gate = idle_gate
+        self._leave_gate: Callable[[], None] | None = None  # what start's gate gave: call when the trial is done
         # An opaque root: nothing of the task, trial or evaluation in any path the sandbox can see (mountinfo).
         self.root = Path(sandbox_dir) / secrets.token_hex(8) if sandbox_dir else trial_paths.trial_dir / "sandbox"
         self.app_dir, self.tests_dir, self.solution_dir = self.root / "app", self.root / "tests", self.root / "solution"
@@ -358,20 +360,33 @@ class BubblewrapEnvironment(BaseEnvironment):
         evaluation's trial first waits at its idle gate, before the sandbox and its clock exist)."""
         if self._require_isolation and not isolation.bwrap_available():
             raise isolation.IsolationUnavailable(isolation.INSTALL_HINT)
-        await wait_at(self._idle_gate)
-        self.record = SandboxRecord(started_at=time.time())
-        if self.root.exists():
-            shutil.rmtree(self.root)
-        if self._group_limits is not None:  # every process and file of the trial inside one set of limits
-            self.group = isolation.SandboxGroup(self.root, **self._group_limits)
-        for d in (self.app_dir, self.tests_dir, self.solution_dir, *self._log_dirs.values()):
-            d.mkdir(parents=True, exist_ok=True)
-        self.root.chmod(0o700)
-        if self.environment_dir.is_dir():
-            await asyncio.to_thread(_copy_tree, self.environment_dir, self.app_dir, skip=DOCKER_FILES)
+        self._leave_gate = await wait_at(self._idle_gate)
+        try:
+            self.record = SandboxRecord(started_at=time.time())
+            if self.root.exists():
+                shutil.rmtree(self.root)
+            if self._group_limits is not None:  # every process and file of the trial inside one set of limits
+                self.group = isolation.SandboxGroup(self.root, **self._group_limits)
+            for d in (self.app_dir, self.tests_dir, self.solution_dir, *self._log_dirs.values()):
+                d.mkdir(parents=True, exist_ok=True)
+            self.root.chmod(0o700)
+            if self.environment_dir.is_dir():
+                await asyncio.to_thread(_copy_tree, self.environment_dir, self.app_dir, skip=DOCKER_FILES)
+        except BaseException:
+            leave, self._leave_gate = self._leave_gate, None
+            leave()  # (stop() may never come)
+            raise
 
     async def stop(self, delete: bool) -> None:
         """Record the sandbox's use in ``<trial_dir>/sandbox.json``; remove its directory if ``delete``."""
+        try:
+            await self._stop(delete)
+        finally:
+            leave, self._leave_gate = self._leave_gate, None
+            if leave is not None:  # the gate's place (SpareCores) is free for the next trial
+                leave()
+
+    async def _stop(self, delete: bool) -> None:
         if self._probe_server is not None:
             self._probe_server.close()
             self._probe_server = None

@@ -19,6 +19,12 @@ whichever worker serves it, and the worker sends back the blocks it computed. So
 task share their first prompt, and each turn of a conversation computes only what the turn before
 did not (its reply, the command's output, the next prompt's header).
 
+A worker also keeps the blocks it computed or was sent (up to ``worker_block_bytes``, least recently
+used first out), and the pool keeps a record of which: a block the serving worker holds is named, not
+sent (a conversation's earlier turns are megabytes of keys and values that were pickled and piped to a
+worker on every turn). The pool decides what each worker forgets (the request carries it), so its record
+is the worker's store; a block named but not found is computed again, with the same floats.
+
 >>> pool = InferencePool(Path("/nonexistent"), workers=1)
 >>> pool.poolable("rsigym-base"), pool.poolable("no-such-model")
 (True, False)
@@ -28,6 +34,7 @@ did not (its reply, the command's output, the next prompt's header).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import itertools
 import os
 import pickle
 import queue
@@ -35,6 +42,7 @@ import struct
 import subprocess
 import sys
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +53,33 @@ from .model import PrefillCache, prefill_ends
 _SERVICES: dict[str, Any] = {}
 _CLIENTS: dict[tuple[str, str | None, str | None], Any] = {}
 _CLIENTS_MAX = 8
+_HELD: dict[int, Any] = {}  # in each worker: the prefill blocks it keeps, by the pool's number for them
+WORKER_BLOCK_BYTES = 96 << 20
+"""How many bytes of prefill blocks each worker keeps by default (the pool's shared store holds 192 MB)."""
 
 
 def _sample(root: str, bases: dict[str, str], model_path: str | None, base_model: str | None,
             tokens: list[int], num_samples: int, params: dict[str, Any], scope: str | None = None,
-            blocks: list[tuple[int, Any]] = ()) -> tuple[str, Any] | tuple[str, Any, Any]:
+            blocks: list[tuple[int, int, Any]] = (), drop: list[int] = (),
+            keep: dict[int, int] | None = None) -> tuple[str, Any] | tuple[str, Any, Any]:
     """Run one request in a worker: ``("ok", SampleResponse)`` or ``("error", (class name, message))``;
-    with a ``scope``, ``("ok", SampleResponse, new blocks)``: ``blocks`` and the new ones are
-    ``(end, (keys, values, logits))``, the prompt's prefill blocks ending at ``end``."""
+    with a ``scope``, ``("ok", SampleResponse, new blocks)``. A block is ``(keys, values, logits)``, the
+    prompt's prefill block ending at ``end``: ``blocks`` are ``(end, number, block)``, kept under their
+    number, or ``(end, number, None)`` for one kept before; then the numbers in ``drop`` are forgotten (the
+    pool's record of this store says so); the new blocks come back as ``(end, block)``, kept under
+    ``keep[end]``."""
     from tinker import types
 
+    given: dict[int, Any] = {}
+    for end, number, block in blocks:
+        if block is None:
+            block = _HELD.get(number)  # (never missing by construction; if it were, it is computed again)
+        else:
+            _HELD[number] = block
+        if block is not None:
+            given[end] = block
+    for number in drop:  # last: the store is now what the pool's record of it says
+        _HELD.pop(number, None)
     try:
         tinker_client.register_bases(bases)
         service = _SERVICES.get(root)
@@ -71,13 +96,15 @@ def _sample(root: str, bases: dict[str, str], model_path: str | None, base_model
                                        types.SamplingParams(**params)).result()
         carrier = PrefillCache(max_bytes=1 << 40)  # this request's prefill blocks, in and out
         identity = (client.prefill_identity, scope)
-        for end, block in blocks:
+        for end, block in given.items():
             carrier.put((identity, tuple(tokens[:end])), *block)
         response = client.sample_scoped(types.ModelInput.from_ints(tokens), num_samples, types.SamplingParams(**params),
                                         scope, prefill_cache=carrier).result()
-        given = {end for end, _ in blocks}
         new = [(end, block) for end in prefill_ends(len(tokens))
                if end not in given and (block := carrier.get((identity, tuple(tokens[:end])))) is not None]
+        for end, block in new:
+            if keep and end in keep:
+                _HELD[keep[end]] = block
         return "ok", response, new
     except Exception as exc:  # noqa: BLE001 - raised again in the caller, by kind
         return "error", (type(exc).__name__, str(exc))
@@ -129,13 +156,25 @@ class PooledSamplingClient:
         return self.tokenizer
 
 
+def _block_bytes(block: Any) -> int:
+    keys, values, logits = block
+    return sum(a.nbytes for a in keys) + sum(a.nbytes for a in values) + logits.nbytes
+
+
 class _Worker:
     """One worker process (``python -m rsigym_env.worlds.local.lm.inference_pool``) and the thread that
-    feeds it requests from the pool's queue: pickled frames over its stdin and stdout."""
+    feeds it requests from the pool's queue: pickled frames over its stdin and stdout. ``held`` is the
+    record of the prefill blocks the process keeps (block key → (number, bytes), least recently used
+    first); ``sent`` and ``named`` count the blocks sent to it and those named because it held them."""
 
     def __init__(self, pool: "InferencePool", index: int):
         self.pool, self.index = pool, index
         self.proc: subprocess.Popen | None = None
+        self.held: OrderedDict[tuple, tuple[int, int]] = OrderedDict()
+        self.held_bytes = 0
+        self.drop: list[int] = []  # numbers the process is to forget with the next request
+        self.numbers = itertools.count()
+        self.sent = self.named = 0
         self.thread = threading.Thread(target=self._serve, name=f"rsigym-sampler-{index}", daemon=True)
         self.thread.start()
 
@@ -157,15 +196,55 @@ class _Worker:
                 self.pool._release(future)
         self.stop()
 
+    def _hold(self, key: tuple, number: int, size: int) -> None:
+        """Record that the process keeps a block; the least recently used go once over the budget."""
+        self.held[key] = (number, size)
+        self.held_bytes += size
+        while self.held_bytes > self.pool.worker_block_bytes:
+            _, (gone, freed) = self.held.popitem(last=False)
+            self.held_bytes -= freed
+            self.drop.append(gone)
+
+    def _frame(self, args: tuple) -> tuple[tuple, dict[int, int]]:
+        """What to send for a request (the pool's arguments: see :meth:`InferencePool.submit`): a scoped
+        one's blocks that this process holds are named, not sent, and so is any other block of its prompt
+        it holds; its other blocks get numbers to be kept under. Returns the frame and ``keep``."""
+        if len(args) < 9:
+            return args, {}
+        blocks, tokens, out = dict(args[8]), args[4], []
+        keep: dict[int, int] = {}
+        for end in prefill_ends(len(tokens)):
+            key = self.pool.block_key(args, end)
+            held = self.held.get(key)
+            if held is not None:
+                self.held.move_to_end(key)
+                out.append((end, held[0], None))
+                self.named += 1
+            elif end in blocks:
+                number = next(self.numbers)
+                out.append((end, number, blocks[end]))
+                self._hold(key, number, _block_bytes(blocks[end]))
+                self.sent += 1
+            else:
+                keep[end] = next(self.numbers)
+        drop, self.drop = self.drop, []
+        return args[:8] + (out, drop, keep), keep
+
     def _run(self, args: tuple, future: cf.Future) -> None:
         for attempt in (1, 2):  # a request is pure: a worker that died is replaced and the request re-sent once
             try:
                 if self.proc is None or self.proc.poll() is not None:
                     self.proc = self._start()
-                write_frame(self.proc.stdin, args)
+                    self.held.clear()  # a new process holds nothing
+                    self.held_bytes, self.drop = 0, []
+                frame, keep = self._frame(args)
+                write_frame(self.proc.stdin, frame)
                 answer = read_frame(self.proc.stdout)
                 for end, block in answer[2] if len(answer) == 3 else ():  # new blocks: later requests may use them
-                    self.pool.prefills.put(self.pool.block_key(args, end), *block)
+                    key = self.pool.block_key(args, end)
+                    self.pool.prefills.put(key, *block)
+                    if end in keep:
+                        self._hold(key, keep[end], _block_bytes(block))
                 future.set_result(answer[:2])
                 return
             except Exception as exc:  # noqa: BLE001 - the pipe broke: the worker died
@@ -204,9 +283,10 @@ def read_frame(stream: Any) -> Any:
 class InferencePool:
     """``workers`` sampling processes over the checkpoints under ``root_dir`` (started on first use)."""
 
-    def __init__(self, root_dir: Path, workers: int = 2):
+    def __init__(self, root_dir: Path, workers: int = 2, worker_block_bytes: int = WORKER_BLOCK_BYTES):
         self.root_dir = Path(root_dir)
         self.workers = max(1, int(workers))
+        self.worker_block_bytes = int(worker_block_bytes)  # prefill blocks each worker keeps (module docstring)
         self._queue: queue.Queue = queue.Queue()
         self.prefills = PrefillCache(192 << 20)  # blocks by (checkpoint, base, scope, prompt): see the module docstring
         self._computing: dict[tuple, list[tuple[tuple, cf.Future]]] = {}  # prompt key -> requests waiting for it
