@@ -14,6 +14,7 @@ from rsigym_env.errors import InsufficientBudget
 from rsigym_env.platform import Balance, Ledger, Platform, verify_audit
 from rsigym_env.run import ResearchRun
 from rsigym_env.worlds.recursive import RecursiveOptions, Settings, measure, recurse, split_tasks
+from rsigym_env.worlds.recursive.report import markdown
 from rsigym_env.scenario import list_scenarios, load_scenario
 from rsigym_env.scoring import normalized_gain
 from rsigym_env.worlds import WORLDS
@@ -134,7 +135,10 @@ def test_cli_recurse(tmp_path, capsys):
     assert main(["recurse", "--scenario", str(path), "--rounds", "2", "--seeds", "1", "--out", str(tmp_path / "o")]) == 0
     data = json.loads((tmp_path / "o" / "recursion.json").read_text())
     assert len(data["rows"]) == 2 and "rsigym recurse" in data["config"]["command"]
-    assert "compounding" in (tmp_path / "o" / "recursion.md").read_text()
+    report = (tmp_path / "o" / "recursion.md").read_text()
+    assert "compounding" in report and "| transfer/local | not run" in report and "zero width" not in report
+    data["transfer"]["test"]["gain"] = {"mean": 0.03, "se": 0.0, "n": 3, "low": 0.03, "high": 0.03}  # chains alike
+    assert "zero width" in markdown(data)
     assert main(["recurse", "--scenario", "sim-joint-aime-500"]) == 2
     capsys.readouterr()
     assert main(["agents", "list", "--json"]) == 0
