@@ -43,7 +43,8 @@ def main() -> None:
     files = base.to_files()
     program = Program(files)
     moves = single_moves(program, IMPROVER["step"])
-    order = [key for key, _, _ in cover_order(moves, read_memory(files.get(MEMORY)), on=base_tag(program.genome))]
+    order = [key for key, _, _ in cover_order(moves, read_memory(files.get(MEMORY)), on=base_tag(program.genome),
+                                          genes=program.genome.get("STRATEGY"))]
     base_m = measure(base, opts, "official", scen.official_k, using=using)
     rows = []
     for key, genome, lineage in moves:

@@ -334,9 +334,12 @@ def test_cover_order_measures_untried_moves_first_then_the_near_passes():
               keys[2]: [{"on": "a", "screen": 0.0, "full": None}, {"on": "b", "screen": 0.03, "full": 0.01}],
               "lora_rank=32": [{"on": "a", "screen": 0.05, "full": 0.02, "undo": "lora_rank=16"}]}
     order = [key for key, _, _ in IMP.cover_order(moves, memory)]
-    untouched = [k for k in keys[3:] if IMP.move_gene(k) not in ("fix_harness", "lora_rank")]
+    further = [k for k in keys if k.startswith("phase +") and not k.endswith("@4")]   # a phase's other positions
+    untouched = [k for k in keys[3:] if IMP.move_gene(k) not in ("fix_harness", "lora_rank") and k not in further]
     assert order[:len(untouched)] == untouched                        # genes never tried, in their fixed order
-    assert order[len(untouched):len(untouched) + 2] == ["lora_rank=8", keys[3]]   # then tried genes, least tried first
+    rest = [k for k in order if k not in further]
+    assert rest[len(untouched):len(untouched) + 2] == ["lora_rank=8", keys[3]]   # then tried genes, least tried first
+    assert order.index("phase +verify_harness@0") < order.index("lora_rank=8") < order.index("phase +verify_harness@2")
     assert order[-4:] == ["lora_rank=32", keys[1], keys[2], keys[0]]  # then positive train gains (fewest trials first)
     assert "lora_rank=16" not in keys                                 # (the seed has 16: undoing is no move here)
     on_32 = IMP.single_moves(IMP.Program({IMP.RESEARCHER: IMP.replace_literals(FILES["researcher.py"], {
@@ -348,6 +351,35 @@ def test_cover_order_measures_untried_moves_first_then_the_near_passes():
     assert same_base.index("lora_rank=8") < same_base.index("phase -diagnose") < order.index("lora_rank=8")
     assert IMP.read_memory(IMP.write_memory(memory)) == memory
     assert IMP.write_memory(memory) == IMP.write_memory(dict(reversed(list(memory.items()))))  # same memory, same bytes
+
+
+def test_cover_takes_an_accepted_gene_a_step_further_early_and_counts_a_phases_positions_as_one_gene():
+    """The next step of a gene the way an earlier base accepted it (data_fraction 0.4 -> 0.49 accepted: 0.58)
+    is a first-level move however often the gene was moved, the way back is not; a phase inserted at another
+    position than its first is a level deeper for each position before it."""
+    strategy = dict(program().genome["STRATEGY"], data_fraction=0.49)
+    base = IMP.Program({IMP.RESEARCHER: IMP.replace_literals(FILES["researcher.py"], {"STRATEGY": strategy})})
+    moves = IMP.single_moves(base, 1.5)
+    keys = [key for key, _, _ in moves]
+    assert {"data_fraction=0.58", "data_fraction=0.4", "phase +verify_harness@4", "phase +verify_harness@0"} <= set(keys)
+    memory = {"data_fraction=0.49": [{"on": "a", "screen": 0.01, "full": 0.002, "undo": "data_fraction=0.4"}],
+              "data_fraction=0.31": [{"on": "a", "screen": -0.01, "full": -0.003, "undo": "data_fraction=0.4"}],
+              "lora_rank=8": [{"on": "a", "screen": 0.0, "full": 0.0, "undo": "lora_rank=16"}]}
+    order = [key for key, _, _ in IMP.cover_order(moves, memory, on=IMP.base_tag(base.genome), genes=strategy)]
+    first_level = [k for k in keys if k == "data_fraction=0.58" or (
+        IMP.move_gene(k) not in ("data_fraction", "lora_rank") and not (k.startswith("phase +") and not k.endswith("@4")))]
+    assert order[:len(first_level)] == first_level                     # in the fixed order, 0.58 among them
+    assert order.index("data_fraction=0.58") < order.index("phase -diagnose") < order.index("lora_rank=32")
+    assert order.index("data_fraction=0.4") > order.index("phase +recompare@3")   # the way back was tried: a re-try
+    at = [order.index(k) for k in ("phase +verify_harness@4", "phase +verify_harness@0", "lora_rank=32",
+                                   "phase +verify_harness@1", "phase +verify_harness@2")]
+    assert at == sorted(at)      # one gene: its positions go a level deeper one by one (lora_rank: moved 16 -> 8, depth 2)
+    went_down = {"data_fraction=0.49": [dict(memory["data_fraction=0.49"][0], undo="data_fraction=0.58")]}
+    down = [key for key, _, _ in IMP.cover_order(moves, went_down, on=IMP.base_tag(base.genome), genes=strategy)]
+    assert down.index("data_fraction=0.4") < down.index("phase -diagnose") < down.index("data_fraction=0.58")
+    unaccepted = dict(strategy, data_fraction=0.4)                     # the base does not hold the move: no direction
+    assert "data_fraction=0.58" not in IMP.onward_moves(moves, memory, unaccepted, on="b")
+    assert "data_fraction=0.58" not in IMP.onward_moves(moves, memory, strategy, on="a")   # tried on this very base
 
 
 def test_the_cover_improver_screens_moves_in_order_and_writes_its_memory_into_what_it_submits():

@@ -831,22 +831,72 @@ def move_gene(key: str) -> str:
     return key.split("=", 1)[0] if not key.startswith("phase ") else key.split("@", 1)[0]
 
 
+def _move_value(key: Any) -> Any:
+    """The value a ``gene=value`` move key sets (None when it is no such key or the value is no literal).
+
+    >>> _move_value("data_fraction=0.49"), _move_value('k="x"'), _move_value("phase -a"), _move_value(None)
+    (0.49, 'x', None, None)
+    """
+    if not isinstance(key, str) or key.startswith("phase ") or "=" not in key:
+        return None
+    try:
+        return json.loads(key.split("=", 1)[1])
+    except ValueError:
+        return None
+
+
+def onward_moves(moves: list[tuple[str, Genome, str]], memory: dict[str, list[dict[str, Any]]],
+                 genes: dict[str, Any], on: str | None = None) -> set[str]:
+    """The keys of ``moves`` that take an accepted gene one step further the way it was moved: the base
+    (its ``genes``) holds the value a move tried on an earlier base set (memory ``gene=new``, its ``undo``
+    ``gene=old``), so that move was accepted, and the move goes on past ``new`` away from ``old``. Numbers
+    only (a category has no direction).
+
+    >>> mem = {"k=4": [{"on": "x", "full": 0.01, "undo": "k=3"}], "j=2": [{"on": "x", "full": 0.0, "undo": "j=1"}]}
+    >>> ms = [("k=3", {}, ""), ("k=5", {}, ""), ("j=0", {}, ""), ("j=3", {}, "")]
+    >>> sorted(onward_moves(ms, mem, {"k": 4, "j": 1}, on="y")), onward_moves(ms, mem, {"k": 4}, on="x")
+    (['k=5'], set())
+    """
+    out: set[str] = set()
+    for key, _, _ in moves:
+        new, gene = _move_value(key), key.split("=", 1)[0]
+        base = genes.get(gene)
+        if not (_numeric(new) and _numeric(base)):
+            continue
+        for trial in memory.get(f"{gene}={inline(base)}", []):
+            old = _move_value(trial.get("undo"))
+            if trial.get("on") != on and _numeric(old) and (new - base) * (base - old) > 0:
+                out.add(key)
+    return out
+
+
 def cover_order(moves: list[tuple[str, Genome, str]], memory: dict[str, list[dict[str, Any]]],
-                retry: bool = True, on: str | None = None) -> list[tuple[str, Genome, str]]:
-    """The order in which an outer episode measures ``moves`` of the base ``on`` (its :func:`base_tag`):
-    first every move memory has never seen, genes moved on an earlier base least often first (breadth
-    before depth: a gene the lineage has never moved before a new value of one it has; trials on this
-    same base do not count, so both directions of a gene are first-level moves), then in their own fixed
-    order; then -- with ``retry`` -- the tried ones, positive train gains first (a move that nearly passed
-    on an earlier parent may pay on this one: a move's value depends on what it is stacked on), the fewest
-    trials and the best gain first. A move that undoes a tried one (a trial's ``undo``: the value it
-    replaced) counts as tried, with the opposite gain. Deterministic.
+                retry: bool = True, on: str | None = None,
+                genes: dict[str, Any] | None = None) -> list[tuple[str, Genome, str]]:
+    """The order in which an outer episode measures ``moves`` of the base ``on`` (its :func:`base_tag`;
+    ``genes``: its gene values): first every move memory has never seen, genes moved on an earlier base
+    least often first (breadth before depth: a gene the lineage has never moved before a new value of one
+    it has; trials on this same base do not count, so both directions of a gene are first-level moves),
+    then in their own fixed order. Two exceptions to breadth: the next step of an accepted gene the way it
+    was accepted (:func:`onward_moves`) is a first-level move, however often the gene was moved; and a
+    phase's insertions at different positions are one gene, so its first untried position is at its
+    gene's level and each further one a level deeper. Then -- with ``retry`` -- the tried ones, positive
+    train gains first (a move that nearly passed on an earlier parent may pay on this one: a move's value
+    depends on what it is stacked on), the fewest trials and the best gain first. A move that undoes a
+    tried one (a trial's ``undo``: the value it replaced) counts as tried, with the opposite gain.
+    Deterministic.
 
     >>> ms = [("a=1", {}, ""), ("b=1", {}, ""), ("c=1", {}, ""), ("d=1", {}, ""), ("a=2", {}, ""), ("e=2", {}, "")]
     >>> mem = {"a=0": [{"on": "x", "screen": -0.1}], "c=1": [{"on": "x", "screen": 0.2, "full": 0.05, "undo": "c=0"}],
     ...        "d=0": [{"on": "x", "screen": -0.03, "undo": "d=1"}], "e=1": [{"on": "y", "screen": 0.0}]}
     >>> [m[0] for m in cover_order(ms, mem, on="y")], [m[0] for m in cover_order(ms, mem, retry=False, on="y")]
     (['b=1', 'e=2', 'a=1', 'a=2', 'c=1', 'd=1'], ['b=1', 'e=2', 'a=1', 'a=2'])
+    >>> mem["a=1"] = [{"on": "x", "full": 0.02, "undo": "a=0"}]   # a 0 -> 1 was accepted: a=2 goes on
+    >>> [m[0] for m in cover_order(ms, mem, retry=False, on="y", genes={"a": 1})]
+    ['b=1', 'a=2', 'e=2']
+    >>> ps = [("phase +p@2", {}, ""), ("phase +q@2", {}, ""), ("phase +p@0", {}, ""), ("phase +p@1", {}, "")]
+    >>> [m[0] for m in cover_order(ps + [("f=1", {}, "")], {"f=0": [{"on": "x", "screen": 0.0}]}, on="y")]
+    ['phase +p@2', 'phase +q@2', 'phase +p@0', 'f=1', 'phase +p@1']
     """
     seen: dict[str, list[dict[str, Any]]] = {k: list(v) for k, v in memory.items()}
     for trials in memory.values():
@@ -856,7 +906,17 @@ def cover_order(moves: list[tuple[str, Genome, str]], memory: dict[str, list[dic
     depth: dict[str, int] = {}
     for key, trials in seen.items():
         depth[move_gene(key)] = depth.get(move_gene(key), 0) + sum(1 for t in trials if on is None or t.get("on") != on)
-    fresh = [(depth.get(move_gene(m[0]), 0), i, m) for i, m in enumerate(moves) if not seen.get(m[0])]
+    onward = onward_moves(moves, memory, genes or {}, on)
+    positions: dict[str, int] = {}  # a phase's untried insertions so far: each further position a level deeper
+    fresh = []
+    for i, m in enumerate(moves):
+        if seen.get(m[0]):
+            continue
+        gene = move_gene(m[0])
+        level = 0 if m[0] in onward else depth.get(gene, 0)
+        if m[0].startswith("phase +"):
+            level, positions[gene] = level + positions.get(gene, 0), positions.get(gene, 0) + 1
+        fresh.append((level, i, m))
     tried = [m for m in moves if seen.get(m[0])]
     best = {m[0]: max(trial_gain(t) for t in seen[m[0]]) for m in tried}
     tried.sort(key=lambda m: (best[m[0]] <= 0, len(seen[m[0]]), -best[m[0]]))
@@ -1093,7 +1153,7 @@ class ProgramImprover(PlanResearcher):
         c = self.config
         tag, memory = base_tag(parent.program.genome), self.memory
         genes = parent.program.genome.get("STRATEGY") or parent.program.genome.get("params") or {}
-        order = cover_order(single_moves(parent.program, float(c["step"])), memory, bool(c.get("retry", True)), tag)
+        order = cover_order(single_moves(parent.program, float(c["step"])), memory, bool(c.get("retry", True)), tag, genes)
         full_top, sk, st = max(0, int(c.get("full_top", 4))), c["screen_k"], c["screen_tasks"]
         whole = not c.get("cover_screen") or (self.tasks is not None and st >= self.tasks and sk == c["full_k"])
         if whole:  # one stage: every move is measured on all dev tasks

@@ -436,7 +436,7 @@ def test_the_cover_improvers_memory_travels_through_the_archive_and_steers_the_n
     parent_files = archive.rebuild(second["target"])
     program = Program({p: t for p, t in parent_files.items() if p in ("code/researcher.py", "code/improver.py")})
     untried = [key for key, _, _ in cover_order(single_moves(program, 1.5), memories[second["target"]], retry=False,
-                                                on=base_tag(program.genome))]
+                                                on=base_tag(program.genome), genes=program.genome["STRATEGY"])]
     assert untried and not set(untried) & tried_first
     tried_second = [key for key, trials in memories[final.id].items() if len(trials) > len(memories[second["target"]].get(key, []))]
     assert tried_second and set(tried_second) == set(untried[:len(tried_second)])   # the untried ones, in cover order
