@@ -382,6 +382,28 @@ def test_cover_takes_an_accepted_gene_a_step_further_early_and_counts_a_phases_p
     assert "data_fraction=0.58" not in IMP.onward_moves(moves, memory, strategy, on="a")   # tried on this very base
 
 
+def test_a_cover_episode_first_takes_the_accepted_gene_a_step_further():
+    """In an episode: the target holds data_fraction 0.49, which its memory says an earlier base accepted
+    from 0.4, and every gene before it in the fixed order was moved once: the first move measured is 0.58
+    (the improver hands the target's genes to the order; without it data_fraction would wait, moved twice)."""
+    from rsigym_env.agents import AgentSpec, seed_program
+
+    files = dict(seed_program().to_files())
+    strategy = dict(IMP.Program(files).genome["STRATEGY"], data_fraction=0.49)
+    files[IMP.RESEARCHER] = IMP.replace_literals(files[IMP.RESEARCHER], {"STRATEGY": strategy})
+    keys = [key for key, _, _ in IMP.single_moves(IMP.Program(files), 1.5)]
+    before = keys[:keys.index("data_fraction=0.4")]
+    memory = {key: [{"on": "earlier", "screen": 0.0, "full": 0.0}] for key in before}
+    memory["data_fraction=0.49"] = [{"on": "earlier", "screen": 0.01, "full": 0.002, "undo": "data_fraction=0.4"}]
+    files[IMP.MEMORY] = IMP.write_memory(memory)
+    spec = AgentSpec.from_files(files)
+    env = gym.make("RSIGym/Harness-v0", scenario=small(target_spec=spec.model_dump(mode="json")))
+    improver = load(spec.code, "improver").make_improver({"candidates": 1})
+    result = run_episode(env, improver, seed=5)
+    assert result.terminated and [r["lineage"] for r in improver.log[1:]] == ["point data_fraction 0.49 -> 0.58"]
+    env.close()
+
+
 def test_the_cover_improver_screens_moves_in_order_and_writes_its_memory_into_what_it_submits():
     """One episode in the recursive world: the moves are measured in cover order, every trial lands in
     memory/moves.md, and the submitted version (and every fully evaluated one) carries that memory."""
