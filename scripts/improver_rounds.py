@@ -10,7 +10,10 @@ among the candidates a validation would accept (lower bound > 0) and the same un
 looking at test.
 
     python scripts/improver_rounds.py --seeds 7001,7002,7003,7004,7005,7006
-    python scripts/improver_rounds.py --seeds 7001,7002 --set screen_ties=false --set select=root
+    python scripts/improver_rounds.py --seeds 7001,7002,7003 --set cover_screen=true   # cover, 4-task screens first
+    python scripts/improver_rounds.py --seeds 7001,7002 --set proposal=random --set select=root
+    python scripts/improver_rounds.py --target ag-b251c661 --improver ag-b251c661 --seeds 20001   # a later round, its own improver
+    python scripts/improver_rounds.py --target ag-b251c661 --improver program --seeds 20001       # ... this code's improver
 
 Outer seeds 7001.. are used by no chain of ``rsigym recurse`` (chains use seed*1000 + round) and no
 imp@k run (9000..). Prints one JSON line per round and a summary line.
@@ -23,7 +26,7 @@ import json
 import time
 
 import rsigym_env  # noqa: F401  (installs the recursive world's researchers)
-from rsigym_env.agents import seed_program
+from rsigym_env.agents import seed_program, spec_from_ref
 from rsigym_env.metrics import ci95, paired_gain
 from rsigym_env.scenario import load_scenario
 from rsigym_env.worlds.recursive.measure import measure
@@ -45,13 +48,16 @@ def main() -> None:
     ap.add_argument("--scenario", default="recursive-scripted")
     ap.add_argument("--seeds", default="7001,7002,7003,7004,7005,7006", help="outer seeds, comma-separated")
     ap.add_argument("--set", action="append", default=[], metavar="GENE=VALUE", help="an IMPROVER gene of the improver")
+    ap.add_argument("--target", default=None, help="the program improved (id, prefix or bundled name); default: the seed")
+    ap.add_argument("--improver", default=None, help="the improver spec; default: the target itself (--mode improver)")
     args = ap.parse_args()
     params = {f"improve_{k}": _value(v) for k, v in (s.split("=", 1) for s in args.set)}
     scen = load_scenario(args.scenario)
     opts = RecursiveOptions.model_validate(scen.world_options)
     using = researchers()
-    target = seed_program()
-    improver = target.derive(params=params) if params else target
+    target = spec_from_ref(args.target) if args.target else seed_program()
+    improver = spec_from_ref(args.improver) if args.improver else target
+    improver = improver.derive(params=params) if params else improver
     started = time.time()
     base = measure(target, opts, "official", scen.official_k, using=using)
     best_all, best_old = [], []
@@ -71,7 +77,7 @@ def main() -> None:
         print(json.dumps({"seed": seed, "dev_evaluations": out.dev_evaluations, "spend_usd": round(out.spend_usd),
                           "candidates": rows}), flush=True)
     a, o = ci95(best_all), ci95(best_old)
-    print(json.dumps({"params": params, "rounds": len(best_all), "wall_s": round(time.time() - started),
+    print(json.dumps({"target": target.id, "improver": improver.id, "params": params, "rounds": len(best_all), "wall_s": round(time.time() - started),
                       "best_accepted_validate_all": [a["mean"], a["se"]], "best_accepted_old_rule": [o["mean"], o["se"]],
                       "per_round": [round(v, 4) for v in best_all]}), flush=True)
 

@@ -251,7 +251,7 @@ def small(**world: Any) -> Any:
 
 def test_a_params_target_is_improved_and_its_best_version_submitted():
     env = gym.make("RSIGym/Harness-v0", scenario=small())
-    improver = IMP.make_improver({"candidates": 4})
+    improver = IMP.make_improver({"candidates": 4, "proposal": "random"})
     result = run_episode(env, improver, seed=3)
     run = env.unwrapped.run
     assert result.terminated and improver.log[0]["op"] == "target" and len(improver.log) <= 5
@@ -280,7 +280,7 @@ def test_the_seed_program_improves_itself_in_the_recursive_world():
 
     spec = seed_program()
     env = gym.make("RSIGym/Harness-v0", scenario=small(target_spec=spec.model_dump(mode="json")))
-    improver = load(spec.code, "improver").make_improver({"candidates": 3, "full_k": 1})
+    improver = load(spec.code, "improver").make_improver({"candidates": 3, "full_k": 1, "proposal": "random"})
     result = run_episode(env, improver, seed=4)  # sim result version 6: a world where a candidate wins (5: none did)
     run = env.unwrapped.run
     assert result.terminated and improver.log[0]["op"] == "target" and improver.log[0]["full"] > 0
@@ -293,4 +293,137 @@ def test_the_seed_program_improves_itself_in_the_recursive_world():
     ast.parse(source)
     assert source != spec.code["researcher.py"] and source.startswith(f"# lineage: {best['lineage']}\n")
     load(submitted.code, "researcher").make_researcher({})
+    env.close()
+
+
+# ---------------------------------------------------------------------------------- coverage and memory
+
+
+def test_cover_enumerates_every_single_move_of_the_parent_in_a_fixed_order():
+    """No randomness: the same list every time; each move changes one read gene (to a neighbouring value or
+    another allele) or the plan, and every gene the plan reads is moved."""
+    p = program()
+    moves = IMP.single_moves(p, 1.5)
+    assert moves == IMP.single_moves(program(), 1.5) and len({key for key, _, _ in moves}) == len(moves)
+    base = p.genome["STRATEGY"]
+    moved_genes = set()
+    for key, genome, lineage in moves:
+        changed = [g for g in base if not IMP._same(base[g], genome["STRATEGY"][g])]
+        plan_changed = genome["PHASES"] != p.genome["PHASES"]
+        assert len(changed) + plan_changed == 1, key
+        if changed:
+            (gene,) = changed
+            moved_genes.add(gene)
+            assert key == f"{gene}={IMP.inline(genome['STRATEGY'][gene])}" and lineage.startswith("point ")
+        else:
+            assert key.startswith("phase ") and genome["PHASES"][-1] == "submit" and len(set(genome["PHASES"])) == len(genome["PHASES"])
+        within_space(genome["STRATEGY"], p.space)
+    assert moved_genes == p.reads()                                                     # every gene the plan reads
+    assert {"second_fraction", "followup_lr_scale"}.isdisjoint(moved_genes)            # never read by the default plan
+    assert [m[1] for m in IMP.gene_moves("lora_rank", 16, {}, p.space["RANGES"], 1.5)] == ["lora_rank 16 -> 8", "lora_rank 16 -> 32"]
+    keys = [key for key, _, _ in moves]
+    assert keys.index("phase -compare") < keys.index("phase +verify_harness@4") < keys.index("phase +verify_harness@0")
+
+
+def test_cover_order_measures_untried_moves_first_then_the_near_passes():
+    moves = IMP.single_moves(program(), 1.5)
+    keys = [key for key, _, _ in moves]
+    assert keys[:4] == ["diagnose_k=2", 'fix_harness="top1"', 'fix_harness="all"', 'fix_harness="none"']
+    memory = {keys[0]: [{"on": "a", "screen": -0.01, "full": None}],
+              keys[1]: [{"on": "a", "screen": 0.02, "full": 0.004}],
+              keys[2]: [{"on": "a", "screen": 0.0, "full": None}, {"on": "b", "screen": 0.03, "full": 0.01}],
+              "lora_rank=32": [{"on": "a", "screen": 0.05, "full": 0.02, "undo": "lora_rank=16"}]}
+    order = [key for key, _, _ in IMP.cover_order(moves, memory)]
+    further = [k for k in keys if k.startswith("phase +") and not k.endswith("@4")]   # a phase's other positions
+    untouched = [k for k in keys[3:] if IMP.move_gene(k) not in ("fix_harness", "lora_rank") and k not in further]
+    assert order[:len(untouched)] == untouched                        # genes never tried, in their fixed order
+    rest = [k for k in order if k not in further]
+    assert rest[len(untouched):len(untouched) + 2] == ["lora_rank=8", keys[3]]   # then tried genes, least tried first
+    assert order.index("phase +verify_harness@0") < order.index("lora_rank=8") < order.index("phase +verify_harness@2")
+    assert order[-4:] == ["lora_rank=32", keys[1], keys[2], keys[0]]  # then positive train gains (fewest trials first)
+    assert "lora_rank=16" not in keys                                 # (the seed has 16: undoing is no move here)
+    on_32 = IMP.single_moves(IMP.Program({IMP.RESEARCHER: IMP.replace_literals(FILES["researcher.py"], {
+        "STRATEGY": dict(program().genome["STRATEGY"], lora_rank=32)})}), 1.5)
+    back = [key for key, _, _ in IMP.cover_order(on_32, memory)]
+    assert back.index("lora_rank=16") > back.index("lora_rank=64")   # undoing a move that gained counts as tried
+    assert [k for k, _, _ in IMP.cover_order(moves, memory, retry=False)] == order[:-4]
+    same_base = [k for k, _, _ in IMP.cover_order(moves, memory, on="a")]   # trials on this very base are no depth
+    assert same_base.index("lora_rank=8") < same_base.index("phase -diagnose") < order.index("lora_rank=8")
+    assert IMP.read_memory(IMP.write_memory(memory)) == memory
+    assert IMP.write_memory(memory) == IMP.write_memory(dict(reversed(list(memory.items()))))  # same memory, same bytes
+
+
+def test_cover_takes_an_accepted_gene_a_step_further_early_and_counts_a_phases_positions_as_one_gene():
+    """The next step of a gene the way an earlier base accepted it (data_fraction 0.4 -> 0.49 accepted: 0.58)
+    is a first-level move however often the gene was moved, the way back is not; a phase inserted at another
+    position than its first is a level deeper for each position before it."""
+    strategy = dict(program().genome["STRATEGY"], data_fraction=0.49)
+    base = IMP.Program({IMP.RESEARCHER: IMP.replace_literals(FILES["researcher.py"], {"STRATEGY": strategy})})
+    moves = IMP.single_moves(base, 1.5)
+    keys = [key for key, _, _ in moves]
+    assert {"data_fraction=0.58", "data_fraction=0.4", "phase +verify_harness@4", "phase +verify_harness@0"} <= set(keys)
+    memory = {"data_fraction=0.49": [{"on": "a", "screen": 0.01, "full": 0.002, "undo": "data_fraction=0.4"}],
+              "data_fraction=0.31": [{"on": "a", "screen": -0.01, "full": -0.003, "undo": "data_fraction=0.4"}],
+              "lora_rank=8": [{"on": "a", "screen": 0.0, "full": 0.0, "undo": "lora_rank=16"}]}
+    order = [key for key, _, _ in IMP.cover_order(moves, memory, on=IMP.base_tag(base.genome), genes=strategy)]
+    first_level = [k for k in keys if k == "data_fraction=0.58" or (
+        IMP.move_gene(k) not in ("data_fraction", "lora_rank") and not (k.startswith("phase +") and not k.endswith("@4")))]
+    assert order[:len(first_level)] == first_level                     # in the fixed order, 0.58 among them
+    assert order.index("data_fraction=0.58") < order.index("phase -diagnose") < order.index("lora_rank=32")
+    assert order.index("data_fraction=0.4") > order.index("phase +recompare@3")   # the way back was tried: a re-try
+    at = [order.index(k) for k in ("phase +verify_harness@4", "phase +verify_harness@0", "lora_rank=32",
+                                   "phase +verify_harness@1", "phase +verify_harness@2")]
+    assert at == sorted(at)      # one gene: its positions go a level deeper one by one (lora_rank: moved 16 -> 8, depth 2)
+    went_down = {"data_fraction=0.49": [dict(memory["data_fraction=0.49"][0], undo="data_fraction=0.58")]}
+    down = [key for key, _, _ in IMP.cover_order(moves, went_down, on=IMP.base_tag(base.genome), genes=strategy)]
+    assert down.index("data_fraction=0.4") < down.index("phase -diagnose") < down.index("data_fraction=0.58")
+    unaccepted = dict(strategy, data_fraction=0.4)                     # the base does not hold the move: no direction
+    assert "data_fraction=0.58" not in IMP.onward_moves(moves, memory, unaccepted, on="b")
+    assert "data_fraction=0.58" not in IMP.onward_moves(moves, memory, strategy, on="a")   # tried on this very base
+
+
+def test_a_cover_episode_first_takes_the_accepted_gene_a_step_further():
+    """In an episode: the target holds data_fraction 0.49, which its memory says an earlier base accepted
+    from 0.4, and every gene before it in the fixed order was moved once: the first move measured is 0.58
+    (the improver hands the target's genes to the order; without it data_fraction would wait, moved twice)."""
+    from rsigym_env.agents import AgentSpec, seed_program
+
+    files = dict(seed_program().to_files())
+    strategy = dict(IMP.Program(files).genome["STRATEGY"], data_fraction=0.49)
+    files[IMP.RESEARCHER] = IMP.replace_literals(files[IMP.RESEARCHER], {"STRATEGY": strategy})
+    keys = [key for key, _, _ in IMP.single_moves(IMP.Program(files), 1.5)]
+    before = keys[:keys.index("data_fraction=0.4")]
+    memory = {key: [{"on": "earlier", "screen": 0.0, "full": 0.0}] for key in before}
+    memory["data_fraction=0.49"] = [{"on": "earlier", "screen": 0.01, "full": 0.002, "undo": "data_fraction=0.4"}]
+    files[IMP.MEMORY] = IMP.write_memory(memory)
+    spec = AgentSpec.from_files(files)
+    env = gym.make("RSIGym/Harness-v0", scenario=small(target_spec=spec.model_dump(mode="json")))
+    improver = load(spec.code, "improver").make_improver({"candidates": 1})
+    result = run_episode(env, improver, seed=5)
+    assert result.terminated and [r["lineage"] for r in improver.log[1:]] == ["point data_fraction 0.49 -> 0.58"]
+    env.close()
+
+
+def test_the_cover_improver_screens_moves_in_order_and_writes_its_memory_into_what_it_submits():
+    """One episode in the recursive world: the moves are measured in cover order, every trial lands in
+    memory/moves.md, and the submitted version (and every fully evaluated one) carries that memory."""
+    from rsigym_env.agents import AgentSpec, seed_program
+
+    spec = seed_program()
+    env = gym.make("RSIGym/Harness-v0", scenario=small(target_spec=spec.model_dump(mode="json")))
+    improver = load(spec.code, "improver").make_improver({"candidates": 5})
+    result = run_episode(env, improver, seed=5)
+    run = env.unwrapped.run
+    assert result.terminated and improver.log[0]["op"] == "target"
+    expected = [lineage for _, _, lineage in IMP.single_moves(IMP.Program({p: t for p, t in harness_files(spec.code).items()
+                                                                              if p in (IMP.RESEARCHER, IMP.SELF)}), 1.5)]
+    tried = [r["lineage"] for r in improver.log[1:]]
+    assert tried and tried == expected[:len(tried)] and all(r["op"] == "cover" for r in improver.log[1:])
+    submitted = run.harness.files(result.info["submitted"]["harness"])
+    memory = IMP.read_memory(submitted[IMP.MEMORY])
+    assert memory == improver.memory and len(memory) == len(tried)
+    tag = IMP.base_tag(IMP.Program({p: t for p, t in harness_files(spec.code).items() if p in (IMP.RESEARCHER, IMP.SELF)}).genome)
+    assert all(len(v) == 1 and v[0]["on"] == tag and set(v[0]) == {"on", "screen", "full", "undo"} for v in memory.values())
+    assert memory["diagnose_k=2"][0]["undo"] == "diagnose_k=1"
+    assert AgentSpec.from_files(submitted).memory["moves"] == submitted[IMP.MEMORY]
     env.close()

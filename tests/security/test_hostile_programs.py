@@ -368,6 +368,60 @@ def test_hunting_for_ledgers_seeds_and_the_package_finds_nothing(host, pool):
     researcher.close()
 
 
+def test_a_program_never_sees_its_own_memory(host, tmp_path):
+    """A spec's ``memory/`` (the cover improver's moves.md) never reaches its program's sandbox: not in its
+    files, its params, its environment or anywhere it can walk, even with the spec stored in the home and
+    written out beside it. So two specs that differ only in memory play the same episodes, which
+    ``measure.behaviour_key`` (the episode cache, the successor) relies on."""
+    from rsigym_env.agents import AgentRegistry, build_researcher
+
+    code = attacker('''
+        mark = "memory-" + "marker-"          # (so that this source itself does not contain it)
+        hits, names = [], []
+        for root, dirs, files in os.walk("/"):
+            if root in ("/proc", "/sys", "/dev"):
+                dirs[:] = []
+                continue
+            system = root.startswith(("/usr", "/lib", "/bin", "/sbin", "/python", "/root/.pyenv", "/etc"))
+            for name in files:
+                path = os.path.join(root, name)
+                if name == "moves.md" or "memory" in root.split("/"):
+                    names.append(path)
+                if system:
+                    continue
+                try:
+                    with open(path, "rb") as f:
+                        if mark.encode() in f.read(1 << 20):
+                            hits.append(path)
+                except Exception:
+                    pass
+        found["hits"], found["names"] = hits, names
+        found["program"] = sorted(os.listdir("/program"))
+        found["seen"] = mark in repr([params, dict(os.environ), sys.argv, sys.path])
+    ''')
+    specs = [AgentSpec(kind="program", name="forgetful", code=code, memory={"moves": f"memory-marker-{tag}"})
+             for tag in (secrets.token_hex(6), secrets.token_hex(6))]
+    for spec in specs:
+        AgentRegistry(host["home"] / "agents").register(spec)
+        for path, text in spec.to_files().items():
+            (tmp_path / spec.id / path).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / spec.id / path).write_text(text)
+        assert (tmp_path / spec.id / "memory" / "moves.md").read_text().startswith("memory-marker-")
+    seen = []
+    for spec in specs:
+        researcher = build_researcher(spec)         # as every episode of a spec builds it, with its limits
+        assert isinstance(researcher.inner, ProgramResearcher) and list(researcher.inner.code) == ["researcher.py"]
+        researcher.reset({"budget_left_usd": [500.0]}, {"tools": ["submit"]}, seed=0)
+        action = researcher.act({"budget_left_usd": [500.0]}, {})
+        researcher.close()
+        assert isinstance(action, dict), action
+        found = action["found"]
+        assert found["hits"] == [] and found["names"] == [] and not found["seen"], found
+        assert found["program"] == ["researcher.py"]
+        seen.append(found)
+    assert specs[0].id != specs[1].id and seen[0] == seen[1]   # different specs, the same view
+
+
 # --------------------------------------------------------------------------------------------
 # (f) time, memory, CPU, output
 

@@ -6,23 +6,32 @@ its ``code/researcher.py`` holds the strategy as module-level literals (``STRATE
 ``RANGES``, ``PHASES``, ``OPTIONAL_PHASES``) and, when the target carries this improver too,
 ``code/improver.py`` holds ``IMPROVER`` below. One outer episode:
 
-1. read the target's code (or, for a target that is not a program, its ``params.toml``);
+1. read the target's code (or, for a target that is not a program, its ``params.toml``) and its
+   memory ``memory/moves.md`` (which moves were tried on its lineage, and what they showed on train);
 2. measure the target as it is: a screening evaluation (``screen_tasks`` dev tasks, avg@``screen_k``)
    and a full one (all dev tasks, avg@``full_k``);
-3. while proposals, steps and budget remain: pick a base from the in-episode archive
-   (``select``: greedy, tournament, latest or root), apply one operator drawn by ``operator_weights``
-   with a ``random.Random`` seeded from the episode's reset seed -- ``point`` (one gene),
-   ``phase`` (delete / swap adjacent / insert a phase), ``crossover`` (genes from another evaluated
-   candidate), ``self`` (one ``IMPROVER`` gene, carried by a point change of the researcher; only
-   when the target has ``code/improver.py``) -- and write the changed literals back into the
-   source, everything else byte-identical, with a ``# lineage:`` comment on the first line (with
-   ``skip_unread``, point and crossover leave alone the genes the plan's code never reads);
-4. screen the candidate; if it is not worse than its base on the same tasks (a tie passes when
-   ``screen_ties``), evaluate it fully and keep it if it beats the base by more than ``min_gain``;
-5. submit the best fully evaluated version (the target itself if nothing beat it). ``rsigym recurse``
-   then validates it and ``validate_top`` of the others (``validate_from``: those that beat the parent
-   on train, or every screened one), and merges those with a positive validation gain into one more
-   candidate (``recombine``; with ``recombine_memory`` earlier rounds' near-passes too).
+3. ``proposal: "cover"`` (the seed's): enumerate the target's single moves in a fixed order
+   (:func:`single_moves`: each gene the plan reads one step each way or to each other allele, each
+   phase deleted, inserted or swapped), untried ones first, then re-tries of the best train gains
+   (:func:`cover_order`); measure as many as money and steps allow on all dev tasks (or screen them
+   first: ``cover_screen``); write every trial into the memory, the memory into every fully
+   evaluated candidate and into the target (its successor: same behaviour, new memory); submit the
+   best that beats the target on train, else the successor. No randomness in what is tried.
+4. ``proposal: "random"`` (the procedure before 2026-12-05): while proposals, steps and budget
+   remain, pick a base from the in-episode archive (``select``: greedy, tournament, latest or root),
+   apply one operator drawn by ``operator_weights`` with a ``random.Random`` seeded from the episode's
+   reset seed -- ``point`` (one gene), ``phase`` (delete / swap adjacent / insert a phase),
+   ``crossover`` (genes from another evaluated candidate), ``self`` (one ``IMPROVER`` gene, carried by
+   a point change of the researcher; only when the target has ``code/improver.py``) -- screen the
+   candidate; if it is not worse than its base on the same tasks (a tie passes when ``screen_ties``),
+   evaluate it fully and keep it if it beats the base by more than ``min_gain``; submit the best.
+   (with ``skip_unread``, point and crossover leave alone the genes the plan's code never reads).
+
+Either way every change is written back into the source, everything else byte-identical, with a
+``# lineage:`` comment on the first line. ``rsigym recurse`` then validates the submission and
+``validate_top`` of the others (``validate_from``: those that beat the parent on train, or every
+screened one), and merges those with a positive validation gain into one more candidate
+(``recombine``; with ``recombine_memory`` earlier rounds' near-passes too).
 
 Standard library only; this file is a program the improver may rewrite (``IMPROVER`` is a literal).
 
@@ -37,6 +46,7 @@ X = {"a": 2,  # note
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import random
 import re
@@ -69,6 +79,16 @@ IMPROVER = {
     "recombine": "positive",   # `rsigym recurse` merges the round's validated candidates with a positive gain ("positive";
                                # "accepted": only accepted ones; "none") into one more candidate, validated like any other
     "recombine_memory": False,  # ...together with earlier rounds' near-passes (a positive validation gain, not accepted)
+    "proposal": "cover",       # "cover": measure the target's single moves in a fixed order, untried ones first (memory/moves.md);
+                               # "random": draw operators by operator_weights and stack what beats its base (select)
+    "cover_screen": False,     # cover: screen every move first (screen_tasks, screen_k), then fully evaluate the best
+                               # full_top that pass; False: every move gets the full evaluation (a tie on a few tasks
+                               # says nothing: most single moves change no action on most tasks)
+    "full_top": 4,             # cover with cover_screen: how many of the best screens (that pass) get the full evaluation
+    "retry": True,             # cover: after the untried moves, re-try the tried ones, the best train gains first
+    "behaviour_novelty": False,  # `rsigym recurse` drops a candidate whose train results equal an archived one's (True),
+                               # or validates it like any other (False: a single move that changes nothing on the few
+                               # train tasks may still pay on validation)
 }
 
 # How the "self" operator may move IMPROVER's numeric genes: [low, high, how]; how = "mul" (x*step or
@@ -86,6 +106,7 @@ IMPROVER_RANGES = {
     "operator_weights.self": [0, 8, "add"],
     "step": [1.1, 4.0, "mul"],
     "tournament": [2, 4, "add"],
+    "full_top": [1, 12, "add"],
     "budget_reserve": [0.0, 0.2, "add"],
 }
 
@@ -97,6 +118,10 @@ IMPROVER_ALLELES = {
     "parent_selection": ["greedy", "dgm", "thompson", "sica"],
     "recombine": ["none", "accepted", "positive"],
     "recombine_memory": [True, False],
+    "proposal": ["cover", "random"],
+    "cover_screen": [True, False],
+    "behaviour_novelty": [True, False],
+    "retry": [True, False],
 }
 
 # A target that is not a program: how its params.toml numbers may move (others: within 4x of the original).
@@ -111,6 +136,7 @@ PARAMS_RANGES = {
 LINEAGE = "# lineage: "
 RESEARCHER = "code/researcher.py"
 SELF = "code/improver.py"
+MEMORY = "memory/moves.md"  # cover: which moves were tried on this lineage and what they showed on train
 STRATEGY_LITERALS = ("STRATEGY", "ALLELES", "RANGES", "PHASES", "OPTIONAL_PHASES")
 SELF_LITERALS = ("IMPROVER", "IMPROVER_RANGES", "IMPROVER_ALLELES")
 OPERATORS = ("point", "phase", "crossover", "self")
@@ -669,6 +695,234 @@ def propose(program: Program, operator: str, rng: random.Random, step: float,
     raise ValueError(f"unknown operator {operator!r}; known: {', '.join(OPERATORS)}")
 
 
+# ---------------------------------------------------------------------------------- coverage and memory
+
+
+def gene_moves(name: str, value: Any, alleles: dict[str, Any], ranges: dict[str, Any], step: float) -> list[tuple[Any, str]]:
+    """Every single move of gene ``name``, in a fixed order: ``(new value, what changed)``. A number one
+    step down and one step up in its RANGES; a category each other allele in ALLELES order; a boolean
+    flipped; a list gene each element removed, each absent allowed element appended, the first two swapped.
+
+    >>> [m[1] for m in gene_moves("k", 3, {}, {"k": [1, 8, "add"]}, 1.5)]
+    ['k 3 -> 2', 'k 3 -> 4']
+    >>> [m[0] for m in gene_moves("t", ["a", "b"], {"t": ["a", "b", "c"]}, {}, 1.5)]
+    [['b'], ['a'], ['a', 'b', 'c'], ['b', 'a']]
+    """
+    out: list[tuple[Any, str]] = []
+    allowed = alleles.get(name)
+    if _numeric(value) and name in ranges:
+        low, high, how = ranges[name][0], ranges[name][1], ranges[name][2] if len(ranges[name]) > 2 else "mul"
+        for up in (False, True):
+            new = step_value(value, low, high, how, up, step)
+            if not _same(new, value) and not any(_same(new, o[0]) for o in out):
+                out.append((new, f"{name} {inline(value)} -> {inline(new)}"))
+    elif isinstance(value, list) and isinstance(allowed, list) and not all(isinstance(a, list) for a in allowed):
+        news = [[v for v in value if v != e] for e in value] + [value + [a] for a in allowed if a not in value]
+        news += [[value[1], value[0]] + value[2:]] if len(value) >= 2 else []
+        out = [(new, f"{name} {inline(value)} -> {inline(new)}") for new in news]
+    elif isinstance(allowed, list):
+        out = [(a, f"{name} {inline(value)} -> {inline(a)}") for a in allowed if not _same(a, value)]
+    elif isinstance(value, bool):
+        out = [(not value, f"{name} {value} -> {not value}")]
+    return out
+
+
+def phase_moves(phases: list[str], space: dict[str, Any]) -> list[tuple[str, list[str], str]]:
+    """Every single change of the plan, in a fixed order: ``(key, new plan, what changed)``. First each
+    phase deleted, each absent known phase inserted just before ``submit``, each adjacent pair swapped;
+    then the absent phases inserted at every other position. ``submit`` stays last.
+
+    >>> [m[0] for m in phase_moves(["a", "b", "submit"], {"OPTIONAL_PHASES": ["x"]})]
+    ['phase -a', 'phase -b', 'phase +x@2', 'phase a<->b', 'phase +x@0', 'phase +x@1']
+    """
+    tail = ["submit"] if phases and phases[-1] == "submit" else []
+    body = phases[:-1] if tail else list(phases)
+    known = [p for p in list(space.get("DEFAULT_PHASES", [])) + list(space.get("OPTIONAL_PHASES", [])) if p != "submit"]
+    absent = [p for i, p in enumerate(known) if p not in body and p not in known[:i]]
+    plans: list[tuple[str, list[str]]] = []
+    if len(body) > 1:
+        plans += [(f"phase -{p}", body[:i] + body[i + 1:]) for i, p in enumerate(body)]
+    plans += [(f"phase +{p}@{len(body)}", body + [p]) for p in absent]
+    plans += [(f"phase {body[i]}<->{body[i + 1]}", body[:i] + [body[i + 1], body[i]] + body[i + 2:])
+              for i in range(len(body) - 1)]
+    plans += [(f"phase +{p}@{at}", body[:at] + [p] + body[at:]) for p in absent for at in range(len(body))]
+    return [(key, plan + tail, f"{key}: {inline(phases)} -> {inline(plan + tail)}") for key, plan in plans]
+
+
+def single_moves(program: Program, step: float) -> list[tuple[str, Genome, str]]:
+    """Every single move of ``program``'s genome, in a fixed order (STRATEGY genes in their order, only
+    genes the plan reads when that is known; then the plan's changes, :func:`phase_moves`):
+    ``(key, genome, lineage)``. The key names the move by its result (``data_fraction=0.49``, ``phase
+    -compare``), so memory can tell whether a move was tried on an earlier parent. No randomness.
+
+    >>> p = Program({"params.toml": "k = 3\\n"})
+    >>> [m[0] for m in single_moves(p, 1.5)]
+    ['k=2', 'k=4']
+    """
+    genome, space = program.genome, program.space
+    if not program.is_program:
+        genes, where = genome.get("params") or {}, "params"
+        alleles, ranges, reads = {}, space.get("RANGES", {}), None
+    else:
+        genes, where = genome["STRATEGY"], "STRATEGY"
+        alleles, ranges, reads = space.get("ALLELES", {}), space.get("RANGES", {}), program.reads()
+    out: list[tuple[str, Genome, str]] = []
+    for name, value in genes.items():
+        if reads is not None and name not in reads:
+            continue
+        for new, what in gene_moves(name, value, alleles, ranges, step):
+            out.append((f"{name}={inline(new)}", dict(genome, **{where: dict(genes, **{name: new})}), f"point {what}"))
+    if program.is_program and "PHASES" in genome:
+        out += [(key, dict(genome, PHASES=plan), what) for key, plan, what in phase_moves(list(genome["PHASES"]), space)]
+    return out
+
+
+def base_tag(genome: Genome) -> str:
+    """A short name of a genome (the base a move was tried on), for the memory.
+
+    >>> base_tag({"STRATEGY": {"k": 3}}) == base_tag({"STRATEGY": {"k": 3}}) != base_tag({"STRATEGY": {"k": 4}})
+    True
+    """
+    return hashlib.sha256(genome_key(genome).encode()).hexdigest()[:10]
+
+
+def read_memory(text: str | None) -> dict[str, list[dict[str, Any]]]:
+    """The moves memory (``memory/moves.md``: JSON ``{"moves": {key: [trial, ...]}}``, a trial
+    ``{"on": base_tag, "screen": gain, "full": gain or null, "undo": the move back or null}``, gains on
+    train over the base); empty when absent or unreadable.
+
+    >>> read_memory('{"moves": {"k=4": [{"on": "ab", "screen": 0.01, "full": null}]}}')["k=4"][0]["screen"]
+    0.01
+    >>> read_memory("not json"), read_memory(None)
+    ({}, {})
+    """
+    try:
+        moves = json.loads(text or "").get("moves")
+    except (ValueError, AttributeError):
+        return {}
+    if not isinstance(moves, dict):
+        return {}
+    return {str(k): [t for t in v if isinstance(t, dict)] for k, v in moves.items() if isinstance(v, list)}
+
+
+def write_memory(memory: dict[str, list[dict[str, Any]]]) -> str:
+    """The moves memory as the text of ``memory/moves.md`` (sorted keys: the same memory, the same bytes).
+
+    >>> read_memory(write_memory({"k=4": [{"on": "ab", "screen": 0.0, "full": None}]}))
+    {'k=4': [{'full': None, 'on': 'ab', 'screen': 0.0}]}
+    """
+    return json.dumps({"moves": memory}, sort_keys=True, indent=1) + "\n"
+
+
+def trial_gain(trial: dict[str, Any]) -> float:
+    """What a trial showed on train: its full-evaluation gain, else its screen gain (0 if neither)."""
+    for key in ("full", "screen"):
+        if _numeric(trial.get(key)):
+            return float(trial[key])
+    return 0.0
+
+
+def move_gene(key: str) -> str:
+    """What a move changes: the gene of ``gene=value``, the phase and the kind of ``phase +x@i``.
+
+    >>> move_gene("lora_rank=32"), move_gene("phase +verify_harness@2"), move_gene("phase -compare")
+    ('lora_rank', 'phase +verify_harness', 'phase -compare')
+    """
+    return key.split("=", 1)[0] if not key.startswith("phase ") else key.split("@", 1)[0]
+
+
+def _move_value(key: Any) -> Any:
+    """The value a ``gene=value`` move key sets (None when it is no such key or the value is no literal).
+
+    >>> _move_value("data_fraction=0.49"), _move_value('k="x"'), _move_value("phase -a"), _move_value(None)
+    (0.49, 'x', None, None)
+    """
+    if not isinstance(key, str) or key.startswith("phase ") or "=" not in key:
+        return None
+    try:
+        return json.loads(key.split("=", 1)[1])
+    except ValueError:
+        return None
+
+
+def onward_moves(moves: list[tuple[str, Genome, str]], memory: dict[str, list[dict[str, Any]]],
+                 genes: dict[str, Any], on: str | None = None) -> set[str]:
+    """The keys of ``moves`` that take an accepted gene one step further the way it was moved: the base
+    (its ``genes``) holds the value a move tried on an earlier base set (memory ``gene=new``, its ``undo``
+    ``gene=old``), so that move was accepted, and the move goes on past ``new`` away from ``old``. Numbers
+    only (a category has no direction).
+
+    >>> mem = {"k=4": [{"on": "x", "full": 0.01, "undo": "k=3"}], "j=2": [{"on": "x", "full": 0.0, "undo": "j=1"}]}
+    >>> ms = [("k=3", {}, ""), ("k=5", {}, ""), ("j=0", {}, ""), ("j=3", {}, "")]
+    >>> sorted(onward_moves(ms, mem, {"k": 4, "j": 1}, on="y")), onward_moves(ms, mem, {"k": 4}, on="x")
+    (['k=5'], set())
+    """
+    out: set[str] = set()
+    for key, _, _ in moves:
+        new, gene = _move_value(key), key.split("=", 1)[0]
+        base = genes.get(gene)
+        if not (_numeric(new) and _numeric(base)):
+            continue
+        for trial in memory.get(f"{gene}={inline(base)}", []):
+            old = _move_value(trial.get("undo"))
+            if trial.get("on") != on and _numeric(old) and (new - base) * (base - old) > 0:
+                out.add(key)
+    return out
+
+
+def cover_order(moves: list[tuple[str, Genome, str]], memory: dict[str, list[dict[str, Any]]],
+                retry: bool = True, on: str | None = None,
+                genes: dict[str, Any] | None = None) -> list[tuple[str, Genome, str]]:
+    """The order in which an outer episode measures ``moves`` of the base ``on`` (its :func:`base_tag`;
+    ``genes``: its gene values): first every move memory has never seen, genes moved on an earlier base
+    least often first (breadth before depth: a gene the lineage has never moved before a new value of one
+    it has; trials on this same base do not count, so both directions of a gene are first-level moves),
+    then in their own fixed order. Two exceptions to breadth: the next step of an accepted gene the way it
+    was accepted (:func:`onward_moves`) is a first-level move, however often the gene was moved; and a
+    phase's insertions at different positions are one gene, so its first untried position is at its
+    gene's level and each further one a level deeper. Then -- with ``retry`` -- the tried ones, positive
+    train gains first (a move that nearly passed on an earlier parent may pay on this one: a move's value
+    depends on what it is stacked on), the fewest trials and the best gain first. A move that undoes a
+    tried one (a trial's ``undo``: the value it replaced) counts as tried, with the opposite gain.
+    Deterministic.
+
+    >>> ms = [("a=1", {}, ""), ("b=1", {}, ""), ("c=1", {}, ""), ("d=1", {}, ""), ("a=2", {}, ""), ("e=2", {}, "")]
+    >>> mem = {"a=0": [{"on": "x", "screen": -0.1}], "c=1": [{"on": "x", "screen": 0.2, "full": 0.05, "undo": "c=0"}],
+    ...        "d=0": [{"on": "x", "screen": -0.03, "undo": "d=1"}], "e=1": [{"on": "y", "screen": 0.0}]}
+    >>> [m[0] for m in cover_order(ms, mem, on="y")], [m[0] for m in cover_order(ms, mem, retry=False, on="y")]
+    (['b=1', 'e=2', 'a=1', 'a=2', 'c=1', 'd=1'], ['b=1', 'e=2', 'a=1', 'a=2'])
+    >>> mem["a=1"] = [{"on": "x", "full": 0.02, "undo": "a=0"}]   # a 0 -> 1 was accepted: a=2 goes on
+    >>> [m[0] for m in cover_order(ms, mem, retry=False, on="y", genes={"a": 1})]
+    ['b=1', 'a=2', 'e=2']
+    >>> ps = [("phase +p@2", {}, ""), ("phase +q@2", {}, ""), ("phase +p@0", {}, ""), ("phase +p@1", {}, "")]
+    >>> [m[0] for m in cover_order(ps + [("f=1", {}, "")], {"f=0": [{"on": "x", "screen": 0.0}]}, on="y")]
+    ['phase +p@2', 'phase +q@2', 'phase +p@0', 'f=1', 'phase +p@1']
+    """
+    seen: dict[str, list[dict[str, Any]]] = {k: list(v) for k, v in memory.items()}
+    for trials in memory.values():
+        for t in trials:
+            if isinstance(t.get("undo"), str):
+                seen.setdefault(t["undo"], []).append({"on": t.get("on"), "screen": -trial_gain(t)})
+    depth: dict[str, int] = {}
+    for key, trials in seen.items():
+        depth[move_gene(key)] = depth.get(move_gene(key), 0) + sum(1 for t in trials if on is None or t.get("on") != on)
+    onward = onward_moves(moves, memory, genes or {}, on)
+    positions: dict[str, int] = {}  # a phase's untried insertions so far: each further position a level deeper
+    fresh = []
+    for i, m in enumerate(moves):
+        if seen.get(m[0]):
+            continue
+        gene = move_gene(m[0])
+        level = 0 if m[0] in onward else depth.get(gene, 0)
+        if m[0].startswith("phase +"):
+            level, positions[gene] = level + positions.get(gene, 0), positions.get(gene, 0) + 1
+        fresh.append((level, i, m))
+    tried = [m for m in moves if seen.get(m[0])]
+    best = {m[0]: max(trial_gain(t) for t in seen[m[0]]) for m in tried}
+    tried.sort(key=lambda m: (best[m[0]] <= 0, len(seen[m[0]]), -best[m[0]]))
+    return [m for _, _, m in sorted(fresh, key=lambda f: f[:2])] + (tried if retry else [])
+
+
 # ---------------------------------------------------------------------------------- the researcher
 
 
@@ -720,6 +974,7 @@ class ProgramImprover(PlanResearcher):
         self.cost: list[float] = [0.0, 0.0]  # dollars spent and attempts run by dev evaluations
         self.tasks: int | None = None        # dev tasks of a full evaluation
         self.stop = False
+        self.memory: dict[str, list[dict[str, Any]]] = {}  # cover: the target's moves memory, grown by this episode
         self.start(self.plan(info))
 
     # ------------------------------------------------------------------ tool calls
@@ -750,14 +1005,14 @@ class ProgramImprover(PlanResearcher):
             text += chunk
         return text
 
-    def affordable(self, k: int, n_tasks: int | None) -> bool:
+    def affordable(self, k: int, n_tasks: int | None, keep: int = 0) -> bool:
         """Whether an evaluation of ``n_tasks`` dev tasks (None: all) avg@``k`` fits: its worst case is
-        available and what it is expected to cost leaves ``budget_reserve`` of the starting budget.
-        Before the first evaluation nothing is known and it is tried."""
+        available and what it is expected to cost, plus ``keep`` more attempts, leaves ``budget_reserve``
+        of the starting budget. Before the first evaluation nothing is known and it is tried."""
         if not self.worst:
             return True
         attempts = (min(n_tasks, self.tasks) if n_tasks and self.tasks else n_tasks or self.tasks or 1) * k
-        expected = attempts * (self.cost[0] / self.cost[1] if self.cost[1] else 0.0)
+        expected = (attempts + keep) * (self.cost[0] / self.cost[1] if self.cost[1] else 0.0)
         reserve = float(self.config["budget_reserve"]) * self.budget0
         return attempts * self.worst <= self.budget and self.budget - expected >= reserve
 
@@ -852,6 +1107,9 @@ class ProgramImprover(PlanResearcher):
         if parent.full is None or not root.operators():
             yield from self.submit(parent_version)
             return
+        if self.config.get("proposal") == "cover":
+            yield from self.cover(parent)
+            return
         archive, evaluated = [parent], [parent]
         tried = {genome_key(root.genome)}
         needed = len(root.files) + 4 + 1  # edits, screen and full (evaluate + wait each), the submit
@@ -881,6 +1139,64 @@ class ProgramImprover(PlanResearcher):
         best = max((a for a in archive if a.full is not None), key=lambda a: a.full)
         yield from self.submit(best.version)
 
+    def cover(self, parent: Candidate) -> Generator[Action, Step, None]:
+        """``proposal: "cover"``: the target's single moves (:func:`single_moves`) in the order of
+        :func:`cover_order` (moves its memory has never seen first), each measured on all dev tasks while
+        money and steps last; with ``cover_screen``, each is screened first (keeping enough money for
+        ``full_top`` full evaluations) and the best ``full_top`` screens that pass (beat the target's
+        screen; a tie passes with ``screen_ties``) are fully evaluated. Every trial goes
+        into the memory (``memory/moves.md``), which is then written into every fully evaluated candidate
+        and into the target itself (its successor: it behaves as the target, a program never sees its
+        memory; ``rsigym recurse`` puts it in the target's place); the best candidate that beats the target
+        on the full evaluation is submitted, else the successor. No randomness: the outer seed only changes
+        the train tasks."""
+        c = self.config
+        tag, memory = base_tag(parent.program.genome), self.memory
+        genes = parent.program.genome.get("STRATEGY") or parent.program.genome.get("params") or {}
+        order = cover_order(single_moves(parent.program, float(c["step"])), memory, bool(c.get("retry", True)), tag, genes)
+        full_top, sk, st = max(0, int(c.get("full_top", 4))), c["screen_k"], c["screen_tasks"]
+        whole = not c.get("cover_screen") or (self.tasks is not None and st >= self.tasks and sk == c["full_k"])
+        if whole:  # one stage: every move is measured on all dev tasks
+            sk, st = c["full_k"], None
+        keep = 0 if whole else full_top * int(c["full_k"]) * (self.tasks or 1)
+        steps_after = 2 * full_top * 3 + full_top + 6  # full evaluations, memory edits, the submit
+        screened: list[tuple[str, Candidate]] = []
+        for key, genome, lineage in order[:max(0, int(c["candidates"]))]:
+            if self.stop or self.steps + len(parent.program.files) + 3 + steps_after > self.max_steps \
+                    or not self.affordable(sk, st, keep):
+                break
+            version = yield from self.edit(parent.version, parent.program.write(genome, lineage))
+            if version is None:
+                continue
+            candidate = Candidate(version, parent.program.derived(genome, lineage), parent.version, "cover", lineage)
+            candidate.screen = yield from self.evaluate(version, sk, st)
+            if candidate.screen is None:
+                continue
+            gene = key.split("=", 1)[0]
+            undo = f"{gene}={inline(genes[gene])}" if "=" in key and gene in genes else None
+            memory.setdefault(key, []).append({"on": tag, "screen": round(candidate.screen - parent.screen, 6),
+                                               "full": None, "undo": undo})
+            screened.append((key, candidate))
+        passing = [(k, x) for k, x in screened if x.screen > parent.screen
+                   or (x.screen == parent.screen and c["screen_ties"])]
+        passing.sort(key=lambda kx: -kx[1].screen)  # stable: equal screens stay in cover order
+        for key, candidate in (screened if whole else passing[:full_top]):
+            candidate.full = candidate.screen if whole else (yield from self.evaluate(candidate.version, c["full_k"], None))
+            if candidate.full is None:
+                continue
+            memory[key][-1]["full"] = round(candidate.full - parent.full, 6)
+            candidate.accepted = candidate.full > parent.full + float(c["min_gain"])
+        self.log += [x.row() for _, x in screened]
+        text = {MEMORY: write_memory(memory)}
+        best = max([x for _, x in screened if x.accepted], key=lambda x: x.full, default=None)
+        submit = (yield from self.edit(parent.version, text)) or parent.version  # the target's successor
+        for _, candidate in screened:
+            if candidate.full is not None:  # what `rsigym recurse` may validate carries the whole memory
+                version = yield from self.edit(candidate.version, text)
+                if version is not None and candidate is best:
+                    submit = version
+        yield from self.submit(submit)
+
     def load(self, version: str) -> Generator[Action, Step, Program]:
         """Read the target: its file list (which also names the version), its code/researcher.py and
         code/improver.py, or its params.toml when it is not a program that follows the contract.
@@ -893,6 +1209,7 @@ class ProgramImprover(PlanResearcher):
         if head.startswith("harness "):
             self.parent_version = head.split()[1]
         paths = [p.strip() for p in names.split(",")]
+        self.memory = read_memory((yield from self.read(self.parent_version, MEMORY)) if MEMORY in paths else None)
         for wanted in ([p for p in (RESEARCHER, SELF) if p in paths], ["params.toml"] if "params.toml" in paths else []):
             files: dict[str, str] = {}
             for path in wanted:

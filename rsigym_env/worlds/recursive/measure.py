@@ -2,8 +2,9 @@
 
 A **task** is one sim research episode on one benchmark with one seed (:func:`split_tasks`); a
 measurement runs the spec as the researcher of every task of a split, ``k`` seeds each
-(:func:`measure`). Episodes are deterministic, so they are cached by (spec id, benchmark, seed,
-settings): a spec measured twice costs the same but computes once.
+(:func:`measure`). Episodes are deterministic, so they are cached by (behaviour, benchmark, seed,
+settings): a spec measured twice costs the same but computes once, and so do specs that differ only in
+what their episodes never see (a program's memory, a spec's name and parent: :func:`behaviour_key`).
 
 **Billing.** Given the :class:`~rsigym_env.services.CallFunding` of the outer call (the dev
 evaluation's bill; :func:`rsigym_env.services.call_funding`), each inner episode gets a sub-key of
@@ -30,6 +31,9 @@ at all; episodes are made and run by the :class:`~.ports.Researchers` it is hand
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -113,8 +117,40 @@ def split_tasks(opts: RecursiveOptions, split: str, world_seed: int = 0, n_tasks
     return tasks[:n_tasks] if n_tasks else tasks
 
 
-def _cache_key(spec_id: str, s: Any) -> tuple:
-    return (spec_id, s.benchmark, s.seed, s.track, s.budget_usd, s.world, s.max_steps)
+def behaviour_key(files: dict[str, str]) -> str:
+    """What a spec's episodes depend on, as a string: for a program, its files without ``memory/`` (a
+    program is built from its code, params and limits only; it never sees its memory) and without the
+    spec's ``name`` and ``parent``; for other kinds (an ``llm`` reads its memory in its prompt) all
+    files but those two fields. Two views with the same key play the same episodes.
+
+    >>> a = {"spec.json": '{"kind": "program", "parent": "x"}', "code/researcher.py": "A = 1\\n"}
+    >>> behaviour_key(a) == behaviour_key(dict(a, **{"memory/moves.md": "{}"}))
+    True
+    >>> behaviour_key(a) == behaviour_key(dict(a, **{"code/researcher.py": "A = 2\\n"}))
+    False
+    """
+    try:
+        head = json.loads(files.get("spec.json", "{}"))
+    except ValueError:
+        head = None
+    if not isinstance(head, dict):
+        return json.dumps(files, sort_keys=True)
+    program = head.get("kind") == "program"
+    rest = {p: t for p, t in files.items() if p != "spec.json" and not (program and p.startswith("memory/"))}
+    return json.dumps({**rest, "spec.json": {k: v for k, v in head.items() if k not in ("name", "parent")}}, sort_keys=True)
+
+
+def _cache_key(behaviour: str, s: Any) -> tuple:
+    return (behaviour, s.benchmark, s.seed, s.track, s.budget_usd, s.world, s.max_steps)
+
+
+def _behaviour_id(spec: Any) -> str:
+    """The cache's name for what ``spec``'s episodes depend on (:func:`behaviour_key`): specs that differ
+    only in a program's memory, name or parent share their episodes."""
+    files = getattr(spec, "to_files", None)
+    if files is None:
+        return str(spec.id)
+    return "b-" + hashlib.sha256(behaviour_key(files()).encode()).hexdigest()[:24]
 
 
 def measure(spec: Any, opts: RecursiveOptions, split: str, k: int = 1, world_seed: int = 0,
@@ -130,7 +166,8 @@ def measure(spec: Any, opts: RecursiveOptions, split: str, k: int = 1, world_see
     tasks = split_tasks(opts, split, world_seed, n_tasks)
     specs = [using.episode(spec, bench, seed * MAX_K + j, opts.track, opts.budget_usd, opts.inner_world, opts.max_steps)
              for bench, seed in tasks for j in range(k)]
-    keys = [_cache_key(spec.id, s) for s in specs]
+    behaviour = _behaviour_id(spec)
+    keys = [_cache_key(behaviour, s) for s in specs]
     todo = [s for s, key in zip(specs, keys) if key not in _CACHE]
     elsewhere: dict[int, Any] = {}  # episodes that do not run here, on this process's platform
     if todo and (funding is None or opts.ray):
@@ -143,6 +180,8 @@ def measure(spec: Any, opts: RecursiveOptions, split: str, k: int = 1, world_see
         if cached is not None:
             record, source = cached, "cache"
             _CACHE.move_to_end(key)
+            if getattr(record, "agent", spec.id) != spec.id and dataclasses.is_dataclass(record):
+                record = dataclasses.replace(record, agent=spec.id)  # played by a sibling with the same behaviour
         elif id(s) in elsewhere:
             record, source = elsewhere[id(s)], "ray"
         else:

@@ -57,11 +57,19 @@ def markdown(result: dict[str, Any], command: str | None = None) -> str:
     if result.get("transfer"):
         lines += ["", "## Final researcher against the original (paired per task, mean over chains)", "",
                   "The bar is the interval between chains (n = chains); the pooled one pairs every chain's tasks "
-                  "as if they were independent (n = chains × tasks) and is shown beside it, not instead of it.", "",
+                  "as if they were independent (n = chains × tasks; the chains share their test tasks) and is shown "
+                  "beside it, not instead of it.", "",
                   "| suite | original index | final − original, between chains | pooled over chains' tasks |",
                   "|---|---:|---:|---:|"]
         for name, t in result["transfer"].items():
             lines.append(f"| {name} | {t['seed_index']:+.4f} | {_ci(t['gain'])} | {_ci(t.get('pooled'))} |")
+        if "transfer/local" not in result["transfer"]:
+            lines.append("| transfer/local | not run (`--transfer-local N`: N local-world episodes per researcher) | — | — |")
+        gain = result["transfer"].get("test", {}).get("gain") or {}
+        if (gain.get("n") or 0) > 1 and gain.get("se") == 0:
+            lines += ["", "Every chain's final researcher has the same test result: the interval between chains has "
+                          "zero width and says nothing about the test tasks' noise; the per-chain paired intervals "
+                          "below do."]
         beats = s.get("final_beats_seed_chains")
         if beats:
             lines += ["", f"Chains whose final researcher beats the original on test, paired over the test tasks "

@@ -19,7 +19,11 @@ A round:
    the improver's ``recombine`` then merges the validated candidates with a positive gain (and, with
    ``recombine_memory``, earlier rounds' near-passes) three-way into one more candidate, validated alike;
 5. measures accepted candidates on **test** (seeds no episode of the world ever runs), for the report
-   only: nothing the improver or the selection sees depends on test.
+   only: nothing the improver or the selection sees depends on test;
+6. if the improver wrote new memory into the parent itself (a version that differs from it only in
+   ``memory/``: the same episodes, :func:`~.measure.behaviour_key`), that **successor** takes the
+   parent's place: it is archived as the parent's child, measured, and the parent is no longer
+   selected, so what a round learned is kept even when it found nothing better.
 
 ``mode="target"``: the improver is fixed; ``mode="improver"``: the selected parent improves itself (its
 improver is part of its own files, so a round can change the next round's improver). The chain's
@@ -46,7 +50,7 @@ from ...catalog import env_id as env_id_of
 from ...episode import run_episode
 from ...metrics import ci95, compounding, improver_gain, mean_se, paired_gain
 from ...scenario import Scenario, load_scenario
-from .measure import Measurement, measure, split_tasks
+from .measure import Measurement, behaviour_key, measure, split_tasks
 from .ports import Researchers, researchers
 from .world import RecursiveOptions
 
@@ -91,6 +95,7 @@ class Outcome:
     best_dev_score: float | None
     metrics: dict[str, Any]
     attempts: list[str]
+    successor: Any = None   # the target with new memory the improver wrote into it (it behaves as the target)
 
 
 def _improver_setting(improver: Any, key: str) -> Any:
@@ -142,8 +147,9 @@ def _improver_recombine(improver: Any) -> str | None:
 
 
 def _without_lineage(files: dict[str, str]) -> dict[str, str]:
-    """``files`` without the improver's ``# lineage:`` first line of ``code/researcher.py`` (every
-    candidate rewrites it, so merges would always conflict there)."""
+    """``files`` without the improver's ``# lineage:`` first line of ``code/researcher.py`` and without
+    ``memory/`` (every candidate rewrites both, so merges would always conflict there)."""
+    files = {p: t for p, t in files.items() if not p.startswith("memory/")}
     text = files.get("code/researcher.py")
     if text is None or not text.startswith(LINEAGE):
         return files
@@ -173,6 +179,8 @@ def recombination(parent: dict[str, str], ranked: Sequence[tuple[str, dict[str, 
             merged, names = out, names + [name]
     if len(names) < 2:
         return None
+    for files in (parent, ranked[0][1]):  # the memory of the best one (the newest), else the parent's
+        merged |= {p: t for p, t in files.items() if p.startswith("memory/")}
     if "code/researcher.py" in merged:
         merged["code/researcher.py"] = f"{LINEAGE} recombine {' + '.join(names)}\n" + merged["code/researcher.py"]
     return merged, names
@@ -238,24 +246,34 @@ def improve_once(scenario: Scenario, opts: RecursiveOptions, improver: Any, targ
         sub = result.info["submitted"]
         files = env.unwrapped.harness_files(sub["harness"])
         submitted = target if files == target.to_files() else using.derived_from_files(files, parent=target.id)
-        by_id: dict[str, dict[str, str]] = {}
+        # a version that differs from a measured one only in what its episodes never see (a program's
+        # memory) shares its measurement; the newest such version (the improver's memory written last) is kept
+        key_of: dict[str, str] = {}
+        newest: dict[str, dict[str, str]] = {}
         for version in run.harness.versions:
             vfiles = run.harness.files(version)
             try:
-                by_id.setdefault(using.from_files(vfiles).id, vfiles)
+                key_of.setdefault(using.from_files(vfiles).id, behaviour_key(vfiles))
             except Exception:
                 continue
+            newest[behaviour_key(vfiles)] = vfiles
+        target_key = behaviour_key(target.to_files())
+        successor = None
+        if newest.get(target_key, target.to_files()) != target.to_files():
+            successor = using.derived_from_files(newest[target_key], parent=target.id)
+        if successor is not None and files == successor.to_files():
+            submitted = successor
         candidates, parent_train, seen = [], None, set()
         all_dev = len(split_tasks(world.opts, "dev", world.seed))
         for (spec_id, split, _n), m in sorted(world.measurements.items(), key=lambda kv: kv[0][2] is not None):
             # fully evaluated: on every dev task (a screen that already covers them all counts)
-            if split != "dev" or len(m.tasks) < all_dev or spec_id not in by_id or spec_id in seen:
+            if split != "dev" or len(m.tasks) < all_dev or spec_id not in key_of or key_of[spec_id] in seen:
                 continue
-            seen.add(spec_id)
-            vfiles = by_id[spec_id]
-            if vfiles == target.to_files():
+            seen.add(key_of[spec_id])
+            if key_of[spec_id] == target_key:
                 parent_train = m
                 continue
+            vfiles = newest[key_of[spec_id]]
             spec = using.derived_from_files(vfiles, parent=target.id)
             candidates.append((spec, m, _lineage_note(vfiles)))
         attempts = list(getattr(getattr(researcher, "inner", researcher), "attempts", None) or [])
@@ -267,7 +285,7 @@ def improve_once(scenario: Scenario, opts: RecursiveOptions, improver: Any, targ
     return Outcome(submitted, candidates, parent_train, float(result.reward), float(result.info["spend_usd"]),
                    result.steps, int(result.info["dev_evaluations"]), result.info.get("best_dev_score"),
                    result.info.get("metrics", {}), [str(a.get("event", a)) if isinstance(a, dict) else str(a)
-                                                    for a in attempts])
+                                                    for a in attempts], successor)
 
 
 def task_ids(m: Measurement) -> list[str]:
@@ -283,6 +301,7 @@ class _Chain:
         self.specs: dict[str, Any] = {}
         self.best: str | None = None
         self.near: list[tuple[str, str]] = []  # (candidate, its parent): validated, a positive gain, not accepted
+        self.superseded: set[str] = set()  # nodes whose successor (the same behaviour, newer memory) takes their place
 
     def measured(self, spec: Any, split: str) -> Measurement:
         m = measure(spec, self.opts, split, self.k, using=self.using)
@@ -336,7 +355,8 @@ def _run_chain(ctx: _Context, archive: Any, seed: int, root: Any, fixed_improver
     for r in range(1, rounds + 1):
         current_improver = fixed_improver or chain.specs[chain.best]
         rule = settings.selection or _improver_rule(current_improver) or "greedy"
-        parent_node = select_parent(archive, rule, rng, split="validation")
+        parent_node = select_parent([n for n in archive.nodes() if n.id not in chain.superseded], rule, rng,
+                                    split="validation")
         parent = chain.specs[parent_node.id]
         imp = fixed_improver or parent
         say(f"seed {seed} round {r}: {rule} selected {parent.id}; improving")
@@ -346,7 +366,8 @@ def _run_chain(ctx: _Context, archive: Any, seed: int, root: Any, fixed_improver
         fresh: list[tuple[Any, Measurement | None]] = []
         seen_ids = set()
         entries = list(out.candidates)
-        if out.submitted.id != parent.id and out.submitted.id not in {c[0].id for c in entries}:
+        successor = out.successor if out.successor is not None and out.successor.id not in archive else None
+        if out.submitted.id not in {parent.id, getattr(successor, "id", None)} | {c[0].id for c in entries}:
             entries.append((out.submitted, None, _lineage_note(out.submitted.to_files())))
         for spec, m, note in entries:
             if spec.id in seen_ids:
@@ -357,7 +378,8 @@ def _run_chain(ctx: _Context, archive: Any, seed: int, root: Any, fixed_improver
                 tampering += 1
             if spec.id in archive:  # proposed again (in an earlier round): its node keeps what it has
                 continue
-            behaviour = m.task_values() if m is not None else None
+            # the improver may ask that equal train results do not make a duplicate (IMPROVER["behaviour_novelty"])
+            behaviour = m.task_values() if m is not None and _improver_setting(imp, "behaviour_novelty") is not False else None
             reason = novelty(archive, spec.to_files(), behaviour, tasks=task_ids(m) if m is not None else None)
             archive.add(spec.to_files(), spec.id, parent=parent.id, generation=generation, chain=seed,
                         produced_by={"by": imp.id, "round": r, "operator": note})
@@ -399,9 +421,20 @@ def _run_chain(ctx: _Context, archive: Any, seed: int, root: Any, fixed_improver
         recombined = _recombine(ctx, chain, archive, imp, parent, screened, validation, test, generation, seed, r)
         if recombined is not None:
             screened.append(recombined)
-        before_id = chain.best
-        accepted_ids = [n.id for n in archive.nodes() if n.status == "accepted"]
-        chain.best = max(accepted_ids, key=lambda i: (validation[i].index, i == before_id))
+        before_id = current = chain.best
+        if successor is not None:  # the parent with this round's memory: it behaves as the parent and takes its place
+            archive.add(successor.to_files(), successor.id, parent=parent.id, generation=generation, chain=seed,
+                        produced_by={"by": imp.id, "round": r, "operator": "memory"})
+            registry.register(successor, note=f"recurse: seed {seed} round {r}: {parent.id} with new memory")
+            chain.specs[successor.id] = successor
+            validation[successor.id] = chain.measured(successor, "official")
+            test[successor.id] = chain.measured(successor, "test")
+            archive.set_status(successor.id, "accepted", note="its parent with new memory (a program never sees its "
+                               "memory: the same episodes); it takes the parent's place")
+            chain.superseded.add(parent.id)
+            current = successor.id if before_id == parent.id else before_id
+        accepted_ids = [n.id for n in archive.nodes() if n.status == "accepted" and n.id not in chain.superseded]
+        chain.best = max(accepted_ids, key=lambda i: (validation[i].index, i == current))
         before, after = test[before_id].index, test[chain.best].index
         indices.append(after)
         ids.append(chain.best)
@@ -409,7 +442,7 @@ def _run_chain(ctx: _Context, archive: Any, seed: int, root: Any, fixed_improver
         row = {
             "seed": seed, "round": r, "mode": mode, "selection": rule, "improver": imp.id, "target": parent.id,
             "parent_generation": parent_node.generation, "submitted": out.submitted.id, "improved": chain.best,
-            "changed": chain.best != before_id, "index_before": before, "index_after": after,
+            "changed": chain.best not in (before_id, current), "index_before": before, "index_after": after,
             "improver_gain": improver_gain(before, after), "reward": out.reward,
             "candidates": len(entries), "novel": len(fresh), "screened": screened,
             "accepted": sum(1 for s in screened if s["accepted"]),

@@ -14,6 +14,7 @@ from rsigym_env.errors import InsufficientBudget
 from rsigym_env.platform import Balance, Ledger, Platform, verify_audit
 from rsigym_env.run import ResearchRun
 from rsigym_env.worlds.recursive import RecursiveOptions, Settings, measure, recurse, split_tasks
+from rsigym_env.worlds.recursive.report import markdown
 from rsigym_env.scenario import list_scenarios, load_scenario
 from rsigym_env.scoring import normalized_gain
 from rsigym_env.worlds import WORLDS
@@ -134,7 +135,10 @@ def test_cli_recurse(tmp_path, capsys):
     assert main(["recurse", "--scenario", str(path), "--rounds", "2", "--seeds", "1", "--out", str(tmp_path / "o")]) == 0
     data = json.loads((tmp_path / "o" / "recursion.json").read_text())
     assert len(data["rows"]) == 2 and "rsigym recurse" in data["config"]["command"]
-    assert "compounding" in (tmp_path / "o" / "recursion.md").read_text()
+    report = (tmp_path / "o" / "recursion.md").read_text()
+    assert "compounding" in report and "| transfer/local | not run" in report and "zero width" not in report
+    data["transfer"]["test"]["gain"] = {"mean": 0.03, "se": 0.0, "n": 3, "low": 0.03, "high": 0.03}  # chains alike
+    assert "zero width" in markdown(data)
     assert main(["recurse", "--scenario", "sim-joint-aime-500"]) == 2
     capsys.readouterr()
     assert main(["agents", "list", "--json"]) == 0
@@ -365,6 +369,7 @@ def test_an_improver_program_says_how_many_of_its_candidates_recurse_validates()
         assert _improver_validate_top(edited) == read, value
     assert _improver_validate_top(seed.model_copy(update={"code": {}})) is None
     assert _improver_setting(seed, "validate_from") == "screened"      # any screened candidate, not only train winners
+    assert _improver_setting(seed, "behaviour_novelty") is False       # equal train results do not hide a move
     assert _improver_setting(seed.model_copy(update={"code": dict(seed.code, **{"improver.py": "IMPROVER = f()\n"})}),
                              "validate_from") is None                    # nothing of the program runs
 
@@ -405,3 +410,72 @@ def test_recombination_merges_the_moves_of_candidates_into_one_program():
     assert _improver_recombine(seed) in ("none", "accepted", "positive")
     with pytest.raises(ValueError, match="recombine must be one of"):
         recurse(tiny_scenario(), rounds=1, seeds=[0], settings=Settings(recombine="all"))
+
+
+def test_the_cover_improvers_memory_travels_through_the_archive_and_steers_the_next_round(tmp_path):
+    """Two rounds of the seed program improving itself (proposal "cover"): every node rebuilds from its chain
+    with the same id and the same memory/moves.md; the second round measures moves the first never tried
+    before any re-try; a parent whose round found nothing better is replaced by its successor (the same
+    behaviour, the new memory), never selected again."""
+    from rsigym_env.archive import Archive
+    from rsigym_env.programs.seed.improver import MEMORY, Program, base_tag, cover_order, read_memory, single_moves
+
+    result = recurse(tiny_scenario(target="program"), rounds=2, seeds=[0], mode="improver",
+                     archive=Archive(tmp_path / "a", "m"), settings=Settings(imp_k=0, transfer_tracks=()))
+    archive = Archive(tmp_path / "a", result["config"]["archives"][0])
+    nodes = {n.id: n for n in archive.nodes()}
+    memories = {}
+    for node in nodes.values():
+        files = archive.rebuild(node.id)
+        assert AgentSpec.from_files(files).id == node.id                      # the memory is part of the content id
+        memories[node.id] = read_memory(files.get(MEMORY))
+    first, second = result["rows"]
+    assert memories[first["target"]] == {} and memories[second["target"]]    # round 2's parent remembers round 1
+    tried_first = set(memories[second["target"]])
+    final = max((n for n in nodes.values() if n.produced_by.get("round") == 2), key=lambda n: len(memories[n.id]))
+    parent_files = archive.rebuild(second["target"])
+    program = Program({p: t for p, t in parent_files.items() if p in ("code/researcher.py", "code/improver.py")})
+    untried = [key for key, _, _ in cover_order(single_moves(program, 1.5), memories[second["target"]], retry=False,
+                                                on=base_tag(program.genome), genes=program.genome["STRATEGY"])]
+    assert untried and not set(untried) & tried_first
+    tried_second = [key for key, trials in memories[final.id].items() if len(trials) > len(memories[second["target"]].get(key, []))]
+    assert tried_second and set(tried_second) == set(untried[:len(tried_second)])   # the untried ones, in cover order
+    for node in nodes.values():
+        if node.produced_by.get("operator") == "memory":                        # a successor: same episodes as its parent
+            assert node.scores["validation"].values == nodes[node.parent].scores["validation"].values
+            assert all(row["target"] != node.parent for row in result["rows"] if row["round"] > node.produced_by["round"])
+    assert all(row["target"] in nodes and nodes[row["target"]].status == "accepted" for row in result["rows"])
+
+
+def test_the_improver_sees_train_only_never_a_test_task():
+    """Everything an improver receives in an outer episode (observations, infos, file reads) names no test
+    task and no test seed: test is measured by `rsigym recurse` outside any episode."""
+    from rsigym_env.agents import seed_program
+    from rsigym_env.programs.runtime import load_program
+
+    spec = seed_program()
+    scenario = tiny_scenario(target_spec=spec.model_dump(mode="json"))
+    opts = RecursiveOptions.model_validate(scenario.world_options)
+    improver = load_program(spec.code, "improver").make_improver({"candidates": 3})
+    seen: list[str] = []
+
+    class Recorder:
+        name = "recorder"
+
+        def reset(self, observation, info, seed=None):
+            seen.append(json.dumps([observation, info], default=str))
+            improver.reset(observation, info, seed)
+
+        def act(self, observation, info):
+            seen.append(json.dumps([observation, info], default=str))
+            return improver.act(observation, info)
+
+    env = gym.make("RSIGym/Harness-v0", scenario=scenario)
+    result = run_episode(env, Recorder(), seed=11)
+    env.close()
+    assert result.terminated and len(seen) > 5
+    text = "\n".join(seen)
+    dev = {seed for _, seed in split_tasks(opts, "dev", 11)}
+    assert any(str(seed) in text for seed in dev) or "evaluate" in text
+    for _bench, seed in split_tasks(opts, "test"):
+        assert str(seed) not in text
