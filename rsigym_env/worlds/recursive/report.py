@@ -93,8 +93,26 @@ def markdown(result: dict[str, Any], command: str | None = None) -> str:
               f"doing): {s.get('tampering_rate', 0):.3f}",
               f"* clade sizes (accepted nodes under each accepted first-generation node): {s.get('clade_sizes', {})}",
               *[f"* archive {a.get('name', i)}: " + ", ".join(f"{k2} {v}" for k2, v in a.items() if not isinstance(v, (dict, list)))
-                for i, a in enumerate(s.get("archives", []))], ""]
+                + _diversity(a.get("diversity")) for i, a in enumerate(s.get("archives", []))], ""]
     return "\n".join(lines)
+
+
+def _diversity(d: dict[str, Any] | None) -> str:
+    """An archive's diversity as the report's archive line ends it.
+
+    >>> _diversity({"distinct_forms": 59, "form_ratio": 1.0, "mean_gene_distance": 0.0375})
+    '; diversity: 59 distinct code forms (ratio 1.00), mean pairwise gene distance 0.0375'
+    >>> _diversity(None)
+    ''
+    """
+    if not d:
+        return ""
+    out = f"; diversity: {d['distinct_forms']} distinct code forms"
+    if d.get("form_ratio") is not None:
+        out += f" (ratio {d['form_ratio']:.2f})"
+    if d.get("mean_gene_distance") is not None:
+        out += f", mean pairwise gene distance {d['mean_gene_distance']:.4f}"
+    return out
 
 
 def plot(result: dict[str, Any], path: Path) -> Path | None:

@@ -137,6 +137,7 @@ def test_cli_recurse(tmp_path, capsys):
     assert len(data["rows"]) == 2 and "rsigym recurse" in data["config"]["command"]
     report = (tmp_path / "o" / "recursion.md").read_text()
     assert "compounding" in report and "| transfer/local | not run" in report and "zero width" not in report
+    assert "diversity: " in report and "distinct code forms" in report                # the archive's diversity
     data["transfer"]["test"]["gain"] = {"mean": 0.03, "se": 0.0, "n": 3, "low": 0.03, "high": 0.03}  # chains alike
     assert "zero width" in markdown(data)
     assert main(["recurse", "--scenario", "sim-joint-aime-500"]) == 2
