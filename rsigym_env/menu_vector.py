@@ -141,6 +141,29 @@ _ARG = [m.arg for m in MENU]
 _F = {name: i for i, name in enumerate(FEATURES)}
 
 
+def _drive(plans: dict[int, Any], run: Any) -> None:
+    """Step every row's plan (a generator yielding its next call) together: the calls the rows ask for at once
+    run as one batch (``run``: row -> call in, row -> answer out), each answer sent back to its row's plan.
+
+    >>> def plan(n):
+    ...     total = yield n
+    ...     yield total
+    >>> seen = []
+    >>> _drive({0: plan(1), 1: plan(2)}, lambda asks: (seen.append(dict(asks)), {i: a * 10 for i, a in asks.items()})[1])
+    >>> seen
+    [{0: 1, 1: 2}, {0: 10, 1: 20}]
+    """
+    asks = {i: next(plan) for i, plan in plans.items()}
+    while asks:
+        answers = run(asks)
+        asks = {}
+        for i, answer in answers.items():
+            try:
+                asks[i] = plans[i].send(answer)
+            except StopIteration:
+                pass
+
+
 def harness_versions(batch: SimBatch) -> tuple[list[str], list[dict[str, str]]]:
     """The version ids and files of the 32 harnesses the menu's fixes make from the initial one (bit j of
     the index: ``DEFECTS[j]`` fixed), made with the scalar run's own ``HarnessStore.edit`` of the edit
@@ -452,16 +475,7 @@ class MenuArrayEnv(VectorEnv):
     def _macro_gen(self, rows: np.ndarray, actions: np.ndarray) -> None:
         """``MenuAdapter._gen``: each row's plan (:meth:`_gen_plan`) asks for its calls one at a time; the
         calls all rows ask for at once run as one batch per (teacher, size) (:meth:`_generate_rows`)."""
-        plans = {i: self._gen_plan(i, *_ARG[a]) for i, a in zip(rows.tolist(), actions.tolist())}
-        asks = {i: next(plan) for i, plan in plans.items()}
-        while asks:
-            answers = self._generate_rows(asks)
-            asks = {}
-            for i, answer in answers.items():
-                try:
-                    asks[i] = plans[i].send(answer)
-                except StopIteration:
-                    pass
+        _drive({i: self._gen_plan(i, *_ARG[a]) for i, a in zip(rows.tolist(), actions.tolist())}, self._generate_rows)
 
     def _gen_plan(self, i: int, teacher: str, n: int) -> Any:
         """Row i's ``MenuAdapter._gen``: yields ``(teacher, n_examples)`` per call, is sent its ``(code, message)``."""
@@ -487,16 +501,7 @@ class MenuArrayEnv(VectorEnv):
     def _macro_clean(self, rows: np.ndarray, actions: np.ndarray) -> None:
         """``MenuAdapter._clean``: each row's plan (:meth:`_clean_plan`) asks for its calls one at a time;
         the calls all rows ask for at once run as one batch per operation (:meth:`_transform_rows`)."""
-        plans = {i: self._clean_plan(i) for i in rows.tolist()}
-        asks = {i: next(plan) for i, plan in plans.items()}
-        while asks:
-            answers = self._transform_rows(asks)
-            asks = {}
-            for i, answer in answers.items():
-                try:
-                    asks[i] = plans[i].send(answer)
-                except StopIteration:
-                    pass
+        _drive({i: self._clean_plan(i) for i in rows.tolist()}, self._transform_rows)
 
     def _clean_plan(self, i: int) -> Any:
         """Row i's ``MenuAdapter._clean``: yields ``(operation, datasets)`` per call, is sent the adapter's
