@@ -70,9 +70,11 @@ def test_streaming_callbacks_and_stdin(sbx: Sandbox) -> None:
 
 
 def test_background_wait_list_connect_kill(sbx: Sandbox, server: EnvdServer) -> None:
-    bg = sbx.commands.run("sleep 0.5; echo finished", background=True)
+    # connect() streams what comes after it (envd's Connect does not replay), so the echo waits long enough for
+    # list and connect to land first on a loaded machine (0.5 s did not, once, in CI)
+    bg = sbx.commands.run("sleep 2; echo finished", background=True)
     listed = {p.pid: p for p in sbx.commands.list()}
-    assert bg.pid in listed and listed[bg.pid].args == ["-l", "-c", "sleep 0.5; echo finished"]
+    assert bg.pid in listed and listed[bg.pid].args == ["-l", "-c", "sleep 2; echo finished"]
     other = sbx.commands.connect(bg.pid)
     assert bg.wait().stdout == "finished\n"
     assert other.wait().stdout == "finished\n"
