@@ -89,6 +89,15 @@ IMPROVER = {
     "behaviour_novelty": False,  # `rsigym recurse` drops a candidate whose train results equal an archived one's (True),
                                # or validates it like any other (False: a single move that changes nothing on the few
                                # train tasks may still pay on validation)
+    "skip_genes": [],          # cover: STRATEGY genes it never moves (what it has learned not to spend evaluations on)
+    "self_moves": 0,           # cover: this many edits of its own procedure per episode (single moves of the IMPROVER
+                               # genes in self_genes, untried ones first), written as versions of the target that differ
+                               # only in code/improver.py, never evaluated (no train task tells them apart: a program
+                               # runs its improver only on a spec harness); `rsigym recurse --mode improver` judges each
+                               # by metaproductivity (what it produces on fresh targets, paired on validation)
+    "self_genes": ["full_k", "min_gain", "step", "budget_reserve", "cover_screen", "screen_tasks", "full_top"],
+    "self_runs": 2,            # recurse: short improvements (one outer episode each, outer seeds no chain uses) per side
+    "self_candidates": 8,      # recurse: moves each short improvement measures at most (0: its own "candidates")
 }
 
 # How the "self" operator may move IMPROVER's numeric genes: [low, high, how]; how = "mul" (x*step or
@@ -122,6 +131,11 @@ IMPROVER_ALLELES = {
     "cover_screen": [True, False],
     "behaviour_novelty": [True, False],
     "retry": [True, False],
+    # the STRATEGY genes of the seed program, any sub-list (a list gene: a move adds or removes one)
+    "skip_genes": ["diagnose_k", "fix_harness", "fix_min_share", "teacher_rule", "probe_examples", "data_fraction",
+                   "data_chunks", "eval_reserve", "max_examples", "max_tokens_per_example", "data_source", "transforms",
+                   "learning_rate_scale", "num_epochs", "lora_rank", "lr_schedule", "early_base_eval", "k", "compare",
+                   "submit_rule"],
 }
 
 # A target that is not a program: how its params.toml numbers may move (others: within 4x of the original).
@@ -777,6 +791,41 @@ def single_moves(program: Program, step: float) -> list[tuple[str, Genome, str]]
     return out
 
 
+def self_moves(program: Program, genes: list[str], step: float,
+               memory: dict[str, list[dict[str, Any]]] | None = None) -> list[tuple[str, Genome, str]]:
+    """Single moves of the improver's own procedure: each IMPROVER gene in ``genes`` (dotted names reach
+    nested entries) one step each way in IMPROVER_RANGES or to each other value in IMPROVER_ALLELES, in
+    that fixed order, leaving out moves ``memory`` has seen (a key ``IMPROVER.<gene>=<value>`` or a trial's
+    ``undo``: the value an accepted move replaced). ``(key, genome, what)``; none when the program carries
+    no improver.
+
+    >>> files = {"code/researcher.py": 'STRATEGY = {"k": 3}\\nRANGES = {"k": [1, 8, "add"]}\\n',
+    ...          "code/improver.py": 'IMPROVER = {"full_k": 1, "cover_screen": False}\\n'
+    ...          'IMPROVER_RANGES = {"full_k": [1, 3, "add"]}\\nIMPROVER_ALLELES = {"cover_screen": [True, False]}\\n'}
+    >>> [m[0] for m in self_moves(Program(files), ["full_k", "cover_screen", "nope"], 1.5)]
+    ['IMPROVER.full_k=2', 'IMPROVER.cover_screen=True']
+    >>> [m[0] for m in self_moves(Program(files), ["full_k"], 1.5, {"IMPROVER.full_k=2": [{"on": "x"}]})]
+    []
+    """
+    own = program.genome.get("IMPROVER")
+    if not isinstance(own, dict):
+        return []
+    ranges, alleles = program.space.get("IMPROVER_RANGES", {}), program.space.get("IMPROVER_ALLELES", {})
+    seen = set(memory or {}) | {t["undo"] for trials in (memory or {}).values() for t in trials
+                                if isinstance(t.get("undo"), str)}
+    out: list[tuple[str, Genome, str]] = []
+    for name in genes:
+        try:
+            value = _get(own, name)
+        except (KeyError, TypeError):
+            continue
+        for new, what in gene_moves(name, value, alleles, ranges, step):
+            key = f"IMPROVER.{name}={inline(new)}"
+            if key not in seen:
+                out.append((key, dict(program.genome, IMPROVER=_set(own, name, new)), f"self {what}"))
+    return out
+
+
 def base_tag(genome: Genome) -> str:
     """A short name of a genome (the base a move was tried on), for the memory.
 
@@ -1153,7 +1202,9 @@ class ProgramImprover(PlanResearcher):
         c = self.config
         tag, memory = base_tag(parent.program.genome), self.memory
         genes = parent.program.genome.get("STRATEGY") or parent.program.genome.get("params") or {}
-        order = cover_order(single_moves(parent.program, float(c["step"])), memory, bool(c.get("retry", True)), tag, genes)
+        skip = set(c.get("skip_genes") or []) if isinstance(c.get("skip_genes"), list) else set()
+        moves = [m for m in single_moves(parent.program, float(c["step"])) if move_gene(m[0]) not in skip]
+        order = cover_order(moves, memory, bool(c.get("retry", True)), tag, genes)
         full_top, sk, st = max(0, int(c.get("full_top", 4))), c["screen_k"], c["screen_tasks"]
         whole = not c.get("cover_screen") or (self.tasks is not None and st >= self.tasks and sk == c["full_k"])
         if whole:  # one stage: every move is measured on all dev tasks
@@ -1187,6 +1238,7 @@ class ProgramImprover(PlanResearcher):
             memory[key][-1]["full"] = round(candidate.full - parent.full, 6)
             candidate.accepted = candidate.full > parent.full + float(c["min_gain"])
         self.log += [x.row() for _, x in screened]
+        yield from self.propose_self(parent, memory, tag)
         text = {MEMORY: write_memory(memory)}
         best = max([x for _, x in screened if x.accepted], key=lambda x: x.full, default=None)
         submit = (yield from self.edit(parent.version, text)) or parent.version  # the target's successor
@@ -1196,6 +1248,31 @@ class ProgramImprover(PlanResearcher):
                 if version is not None and candidate is best:
                     submit = version
         yield from self.submit(submit)
+
+    def propose_self(self, parent: Candidate, memory: dict[str, list[dict[str, Any]]], tag: str
+                     ) -> Generator[Action, Step, None]:
+        """``self_moves`` edits of the target's own procedure (:func:`self_moves` of ``self_genes``): each a
+        version of the target that differs only in ``code/improver.py``, not evaluated (its researcher plays
+        exactly the target's episodes); ``rsigym recurse --mode improver`` finds them and judges each by
+        what it produces. Each goes into the memory (tried, with its undo), so the next round proposes the
+        next ones."""
+        c = self.config
+        n = max(0, int(c.get("self_moves", 0) or 0))
+        genes = c.get("self_genes") if isinstance(c.get("self_genes"), list) else []
+        if not n or SELF not in parent.program.files:
+            return
+        own = parent.program.genome.get("IMPROVER") or {}
+        for key, genome, what in self_moves(parent.program, [str(g) for g in genes], float(c["step"]), memory)[:n]:
+            if self.steps + 8 > self.max_steps:
+                break
+            files = parent.program.write(genome, what)
+            version = yield from self.edit(parent.version, {SELF: files[SELF]})
+            if version is None:
+                continue
+            gene = key[len("IMPROVER."):].split("=", 1)[0]
+            memory.setdefault(key, []).append({"on": tag, "self": True, "screen": None, "full": None,
+                                               "undo": f"IMPROVER.{gene}={inline(_get(own, gene))}"})
+            self.log.append(Candidate(version, parent.program, parent.version, "self", what).row())
 
     def load(self, version: str) -> Generator[Action, Step, Program]:
         """Read the target: its file list (which also names the version), its code/researcher.py and
