@@ -89,6 +89,10 @@ IMPROVER = {
     "behaviour_novelty": False,  # `rsigym recurse` drops a candidate whose train results equal an archived one's (True),
                                # or validates it like any other (False: a single move that changes nothing on the few
                                # train tasks may still pay on validation)
+    "code_moves": False,       # cover: after the literal moves, AST edits of the plan's phase functions (code_moves():
+                               # drop, duplicate, swap or budget-guard a tool call, scale a money expression)
+    "code_guard": 0.25,        # code moves: a guarded call runs only while budget left >= this x the starting budget
+    "code_scale": [0.8, 1.25],  # code moves: the factors a money expression is scaled by
     "skip_genes": [],          # cover: STRATEGY genes it never moves (what it has learned not to spend evaluations on)
     "self_moves": 0,           # cover: this many edits of its own procedure per episode (single moves of the IMPROVER
                                # genes in self_genes, untried ones first), written as versions of the target that differ
@@ -656,7 +660,8 @@ class Program:
         if not self.is_program:
             return {"params.toml": rewrite_params(self.files["params.toml"], self.genome["params"], genome["params"])}
         ours = {n: genome[n] for n in ("STRATEGY", "PHASES") if n in genome}
-        out = {RESEARCHER: set_lineage(replace_literals(self.files[RESEARCHER], ours), lineage)}
+        source = genome["CODE"] if isinstance(genome.get("CODE"), str) else self.files[RESEARCHER]  # a code move's
+        out = {RESEARCHER: set_lineage(replace_literals(source, ours), lineage)}
         if "IMPROVER" in genome and not _same(genome["IMPROVER"], self.genome["IMPROVER"]):
             out[SELF] = replace_literals(self.files[SELF], {"IMPROVER": genome["IMPROVER"]})
         return out
@@ -823,6 +828,134 @@ def self_moves(program: Program, genes: list[str], step: float,
             key = f"IMPROVER.{name}={inline(new)}"
             if key not in seen:
                 out.append((key, dict(program.genome, IMPROVER=_set(own, name, new)), f"self {what}"))
+    return out
+
+
+# ---------------------------------------------------------------------------------- code moves
+
+NO_EDIT = ("phase_submit",)  # the contract's submit: never edited
+
+
+def check_program(source: str) -> str | None:
+    """Why ``source`` (a researcher.py) breaks the program contract, or None: it must parse and compile,
+    keep its literals (STRATEGY a dict, PHASES a list), define ``make_researcher``, and every phase its
+    PHASES and OPTIONAL_PHASES name must be a generator function ``phase_<x>(ctx)``.
+
+    >>> check_program("def f(:\\n"), check_program("STRATEGY = {}\\nPHASES = ['a']\\ndef make_researcher(p): pass\\n")
+    ('does not parse: invalid syntax (line 1)', 'phase a: no generator function phase_a(ctx)')
+    """
+    try:
+        tree = ast.parse(source)
+        compile(tree, RESEARCHER, "exec")
+    except (SyntaxError, ValueError) as exc:
+        return f"does not parse: {getattr(exc, 'msg', exc)} (line {getattr(exc, 'lineno', '?')})"
+    found = parse_literals(source, STRATEGY_LITERALS)
+    if not isinstance(found.get("STRATEGY"), dict) or not isinstance(found.get("PHASES"), list):
+        return "STRATEGY or PHASES is not a literal"
+    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    if "make_researcher" not in funcs:
+        return "no make_researcher"
+    for name in list(found["PHASES"]) + list(found.get("OPTIONAL_PHASES") or []):
+        f = funcs.get(f"phase_{name}")
+        if f is None or len(f.args.args) != 1 or not any(isinstance(x, (ast.Yield, ast.YieldFrom)) for x in ast.walk(f)):
+            return f"phase {name}: no generator function phase_{name}(ctx)"
+    return None
+
+
+def _names(node: ast.AST, ctx_type: type) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ctx_type)}
+
+
+def _calls_tool(node: ast.AST) -> bool:
+    return any(isinstance(x, (ast.Yield, ast.YieldFrom)) for x in ast.walk(node))
+
+
+def _mentions_budget(node: ast.AST) -> bool:
+    return any(isinstance(x, ast.Attribute) and x.attr in ("budget_start", "budget_left") for x in ast.walk(node))
+
+
+def _money_args(call: ast.Call) -> list[int]:
+    """Positions of ``call``'s arguments that are money expressions (they mention the budget)."""
+    return [j for j, a in enumerate(call.args) if isinstance(a, (ast.BinOp, ast.Attribute, ast.Call)) and _mentions_budget(a)]
+
+
+def code_moves(source: str, phases: list[str], guard: float = 0.25, scales: tuple[float, ...] = (0.8, 1.25)
+               ) -> list[tuple[str, str, str]]:
+    """AST edits of the phase functions ``phases`` runs (``phase_submit`` never), in a fixed order:
+    ``(key, new source, what)``. Per top-level statement ``i`` of a phase that calls a tool (a ``yield``):
+    ``drop`` it (when nothing after it reads a name it sets), ``dup`` it (run it twice), ``guard`` it (run
+    it only while ``ctx.budget_left() >= guard * ctx.budget_start``; same condition as drop), ``swap`` it
+    with the next statement (when neither reads or sets a name the other sets); and each money expression
+    (an argument mentioning ``budget_start``/``budget_left``) ``scale``d by each factor. Only the edited
+    function is rewritten (``ast.unparse``: its comments go), every other byte stays; an edit that breaks
+    the contract (:func:`check_program`) is left out.
+
+    >>> src = ("STRATEGY = {}\\nPHASES = ['a']\\ndef make_researcher(p):\\n    pass\\n"
+    ...        "def phase_a(ctx):\\n    x = yield 1\\n    yield from g(ctx, ctx.budget_start * 0.5)\\n    yield x\\n")
+    >>> [m[0] for m in code_moves(src, ["a"])]
+    ['code a dup 0', 'code a swap 0', 'code a drop 1', 'code a dup 1', 'code a guard 1', 'code a swap 1', 'code a money 1 x0.8', 'code a money 1 x1.25', 'code a drop 2', 'code a dup 2', 'code a guard 2']
+    >>> print(dict((k, t) for k, t, _ in code_moves(src, ["a"]))["code a guard 1"].split("def phase_a")[1])
+    (ctx):
+        x = (yield 1)
+        if ctx.budget_left() >= 0.25 * ctx.budget_start:
+            yield from g(ctx, ctx.budget_start * 0.5)
+        yield x
+    <BLANKLINE>
+    """
+    import copy
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    where = _Offsets(source)
+    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    out: list[tuple[str, str, str]] = []
+
+    def emit(func: ast.FunctionDef, body: list[ast.stmt], key: str, what: str) -> None:
+        new = copy.deepcopy(func)
+        new.body = body or [ast.Pass()]
+        new.decorator_list = []
+        ast.fix_missing_locations(new)
+        start = where.at(func.lineno, 0)
+        end = where.at(func.end_lineno or func.lineno, func.end_col_offset or 0)
+        text = source[:start] + ast.unparse(new) + source[end:]
+        if text != source and check_program(text) is None:
+            out.append((key, text, f"{key}: {what}"))
+
+    for phase in dict.fromkeys(phases):
+        func = funcs.get(f"phase_{phase}")
+        if func is None or func.name in NO_EDIT:
+            continue
+        body = func.body
+        for i, stmt in enumerate(body):
+            if not _calls_tool(stmt) or isinstance(stmt, ast.Return):
+                continue
+            later = set().union(*[_names(s, ast.Load) for s in body[i + 1:]]) if body[i + 1:] else set()
+            free = not (_names(stmt, ast.Store) & later)
+            line = ast.unparse(stmt).split("\n")[0][:60]
+            if free:
+                emit(func, body[:i] + body[i + 1:], f"code {phase} drop {i}", f"drop `{line}`")
+            emit(func, body[:i + 1] + [copy.deepcopy(stmt)] + body[i + 1:], f"code {phase} dup {i}", f"run `{line}` twice")
+            if free:
+                cond = ast.parse(f"ctx.budget_left() >= {guard!r} * ctx.budget_start", mode="eval").body
+                emit(func, body[:i] + [ast.If(test=cond, body=[stmt], orelse=[])] + body[i + 1:],
+                     f"code {phase} guard {i}", f"`{line}` only while budget left >= {guard!r} x start")
+            if i + 1 < len(body):
+                nxt = body[i + 1]
+                a_set, b_set = _names(stmt, ast.Store), _names(nxt, ast.Store)
+                if not isinstance(nxt, ast.Return) and not (a_set & (_names(nxt, ast.Load) | b_set)) \
+                        and not (b_set & _names(stmt, ast.Load)):
+                    emit(func, body[:i] + [nxt, stmt] + body[i + 2:], f"code {phase} swap {i}",
+                         f"swap `{line}` and the next statement")
+            if any(_money_args(call) for call in ast.walk(stmt) if isinstance(call, ast.Call)):
+                for factor in scales:
+                    edited = copy.deepcopy(stmt)
+                    call = next(c for c in ast.walk(edited) if isinstance(c, ast.Call) and _money_args(c))
+                    j = _money_args(call)[0]
+                    call.args[j] = ast.BinOp(left=call.args[j], op=ast.Mult(), right=ast.Constant(factor))
+                    emit(func, body[:i] + [edited] + body[i + 1:], f"code {phase} money {i} x{factor!r}",
+                         f"money `{ast.unparse(call.args[j])[:60]}`")
     return out
 
 
@@ -1204,6 +1337,13 @@ class ProgramImprover(PlanResearcher):
         genes = parent.program.genome.get("STRATEGY") or parent.program.genome.get("params") or {}
         skip = set(c.get("skip_genes") or []) if isinstance(c.get("skip_genes"), list) else set()
         moves = [m for m in single_moves(parent.program, float(c["step"])) if move_gene(m[0]) not in skip]
+        if c.get("code_moves") and RESEARCHER in parent.program.files:
+            scales = tuple(float(x) for x in c.get("code_scale") or () if _numeric(x))
+            code = [(key, dict(parent.program.genome, CODE=text), what) for key, text, what in
+                    code_moves(parent.program.files[RESEARCHER], list(parent.program.genome.get("PHASES") or []),
+                               float(c.get("code_guard", 0.25)), scales)]
+            cut = next((i for i, m in enumerate(moves) if m[0].startswith("phase ")), len(moves))
+            moves = moves[:cut] + code + moves[cut:]  # after the genes' moves, before the plan's
         order = cover_order(moves, memory, bool(c.get("retry", True)), tag, genes)
         full_top, sk, st = max(0, int(c.get("full_top", 4))), c["screen_k"], c["screen_tasks"]
         whole = not c.get("cover_screen") or (self.tasks is not None and st >= self.tasks and sk == c["full_k"])
