@@ -43,7 +43,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import math
 import os
+import re
 import subprocess
 import tempfile
 import threading
@@ -60,6 +62,7 @@ Agent = Callable[[str, str], Any]
 """``agent(mcp_url, run_key)``: drives one outer episode to ``submit``; may be ``async``."""
 
 DEFAULT_TIMEOUT_S = 3600.0
+LABEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class ImproverTimeout(TimeoutError):
@@ -170,8 +173,10 @@ class AgentImprover:
                  on_session: Callable[[Session], None] | None = None, poll_s: float = 0.05):
         from ..serving.listen import is_loopback
 
-        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if not isinstance(label, str) or not LABEL.fullmatch(label):
+            raise ValueError(f"label must be 1-64 letters, digits, '.', '_' or '-', got {label!r}")
         if not is_loopback(host):
             raise ValueError(f"{host} is not a loopback address: an improver's sessions are served on this machine "
                              "only (put `rsigym serve` behind a TLS proxy to reach runs from elsewhere)")

@@ -627,6 +627,10 @@ def test_recurse_refuses_an_outside_agent_as_its_own_improver_and_a_session_that
     from rsigym_env.scenario import load_scenario
     from rsigym_env.worlds.recursive import Settings, recurse
 
+    for bad, why in (({"timeout_s": 0}, "timeout_s"), ({"timeout_s": True}, "timeout_s"), ({"label": "a b"}, "label"),
+                     ({"host": "0.0.0.0"}, "not a loopback address")):
+        with pytest.raises(ValueError, match=why):
+            AgentImprover(None, **bad)
     scenario = load_scenario(SCENARIO, world_options={"official_seeds": 1, "test_seeds": 1})
     settings = Settings(imp_k=0, transfer_tracks=())
     with AgentImprover(lambda url, key: None, label="lazy", timeout_s=30, state_dir=tmp_path / "a") as lazy:
