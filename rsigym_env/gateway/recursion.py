@@ -19,8 +19,8 @@ its own run key; never the episode's seed, a held-out task or a test score.
 
 ``command_agent(command)`` makes an agent of a shell command (``rsigym recurse --improver-command``): it
 runs once per episode with ``RSIGYM_MCP_URL``, ``RSIGYM_REST_URL``, ``RSIGYM_RUN_KEY`` and
-``RSIGYM_MCP_CONFIG`` (a JSON MCP client config naming the server with its key, as Claude Code's
-``--mcp-config`` or Codex's take it) in its environment.
+``RSIGYM_MCP_CONFIG`` (a JSON MCP client config naming the server with its key, the ``mcpServers`` shape
+Claude Code's ``--mcp-config`` reads) in its environment.
 
 >>> import httpx
 >>> def submit_at_once(mcp_url: str, key: str) -> None:      # an agent over REST that changes nothing
@@ -28,12 +28,12 @@ runs once per episode with ``RSIGYM_MCP_URL``, ``RSIGYM_REST_URL``, ``RSIGYM_RUN
 ...     httpx.post(f"{rest}/tools/submit", json={"checkpoint": "base"},
 ...                headers={"Authorization": f"Bearer {key}"}, timeout=60)
 >>> from rsigym_env.scenario import load_scenario
->>> from rsigym_env.worlds.recursive import RecursiveOptions, improve_once
+>>> from rsigym_env.worlds.recursive import RecursiveOptions, improve_once, researchers
 >>> scenario = load_scenario("recursive-scripted-small", world_options={"official_seeds": 1})
 >>> opts = RecursiveOptions.model_validate(scenario.world_options)
 >>> with AgentImprover(submit_at_once, label="rest-example", timeout_s=120) as agent:
 ...     target = opts.spec()
-...     out = improve_once(scenario, opts, agent, target, seed=7, using=agent_researchers())
+...     out = improve_once(scenario, opts, agent, target, seed=7, using=researchers())
 ...     out.submitted.id == target.id, out.reward, agent.sessions[0]["state"], agent.id
 (True, 0.0, 'done', 'agent:rest-example')
 """
@@ -71,13 +71,6 @@ class ImproverTimeout(TimeoutError):
 
 class AgentFailed(RuntimeError):
     """An outside improver returned or raised without ending its session's episode."""
-
-
-def agent_researchers() -> Any:
-    """The researcher layer :func:`~rsigym_env.worlds.recursive.improve_once` needs (the installed one)."""
-    from ..worlds.recursive.ports import researchers
-
-    return researchers()
 
 
 @dataclass

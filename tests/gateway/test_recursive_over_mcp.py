@@ -650,6 +650,36 @@ def test_recurse_refuses_an_outside_agent_as_its_own_improver_and_a_session_that
         assert nobody.audits()[0]["verified"]["ok"]
 
 
+def test_recurse_serve_waits_for_whoever_connects_with_the_announced_key(tmp_path):
+    """With no agent (``rsigym recurse --serve``) a round only announces its session; a client that connects
+    later over REST with the announced key (another process, a person) ends it, and the round goes on."""
+    import threading
+
+    from rsigym_env.gateway.recursion import AgentImprover
+    from rsigym_env.scenario import load_scenario
+    from rsigym_env.worlds.recursive import Settings, recurse
+
+    announced: list[str] = []
+
+    def someone(session: Any) -> None:  # connects a little after the announcement, from another thread
+        announced.append(session.announce())
+
+        def drive() -> None:
+            time.sleep(0.3)
+            auth = {"Authorization": f"Bearer {session.key}"}
+            assert httpx2.get(f"{session.rest_url}/observation", headers=auth, timeout=30).status_code == 200
+            httpx2.post(f"{session.rest_url}/tools/submit", json={"checkpoint": "base"}, headers=auth, timeout=60)
+
+        threading.Thread(target=drive, daemon=True).start()
+
+    scenario = load_scenario(SCENARIO, world_options={"official_seeds": 1, "test_seeds": 1})
+    with AgentImprover(None, label="served", timeout_s=60, on_session=someone, state_dir=tmp_path) as served:
+        result = recurse(scenario, rounds=1, seeds=[0], improver=served, settings=Settings(imp_k=0, transfer_tracks=()))
+        assert [s["state"] for s in served.sessions] == ["done"] and served.audits()[0]["verified"]["ok"]
+    assert len(announced) == 1 and "run key rsr_" in announced[0] and "/mcp" in announced[0]
+    assert [(r["round"], r["improver"], r["submitted"] == r["target"]) for r in result["rows"]] == [(1, "agent:served", True)]
+
+
 IDEAS = [(GENE, lambda v: round(min(0.95, v + 0.15), 2)), ("lora_rank", lambda v: min(128, 2 * v)),  # the test
          ("probe_examples", lambda v: min(200, 2 * v)), ("data_chunks", lambda v: min(6, v + 1)),       # agent's
          ("max_tokens_per_example", lambda v: min(32768, 2 * v)), (GENE, lambda v: round(max(0.05, v - 0.1), 2))]
