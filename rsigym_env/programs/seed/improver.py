@@ -476,9 +476,11 @@ def mutate_self(genome: Genome, space: dict[str, Any], rng: random.Random, step:
     names = []
     for name in list(ranges) + [a for a in alleles if a not in ranges]:
         try:
-            names.append((name, _get(own, name)))
+            value = _get(own, name)
         except (KeyError, TypeError):
             continue
+        if not isinstance(value, list):  # list genes (skip_genes) move only by cover's self_moves
+            names.append((name, value))
     rng.shuffle(names)
     for name, value in names:
         moved = mutate_gene(name, value, alleles, ranges, rng, step)

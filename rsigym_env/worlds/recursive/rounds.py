@@ -57,6 +57,7 @@ from .world import RecursiveOptions
 FRESH_SEED_BASE = 9_000  # outer seeds of imp@k's fresh-target runs: chains use seed*1000 + round
 META_SEED_BASE = 8_500   # outer seeds of the short improvements that judge an improver's edit of itself
 MAX_SELF_RUNS = 4        # an improver may ask for at most this many short improvements per side
+MAX_SELF_EDITS = 4       # ...and have at most this many edits of its own procedure judged per round (the first ones)
 RULES = ("greedy", "dgm", "thompson", "sica", "metaproductive")
 MAX_VALIDATE_TOP = 12  # an improver may ask for at most this many validations per round besides its submission
 
@@ -399,9 +400,9 @@ def _judge_self_edits(ctx: "_Context", chain: "_Chain", archive: Any, imp: Any, 
                       edits: list[str], validation: dict[str, Measurement], test: dict[str, Measurement],
                       generation: int, seed: int, r: int) -> list[dict[str, Any]]:
     """The improver's edits of its own procedure (``--mode improver``): each is the parent with the
-    edited ``code/improver.py`` (archived as its child), judged by :func:`metaproductivity` against the
-    parent on fresh short improvements of the chain's original target, and accepted by the same rule as
-    any candidate (the 95 % lower bound above ``accept_low``); settings ``self_runs`` / ``self_candidates``
+    edited ``code/improver.py`` (archived as its child; the first ``MAX_SELF_EDITS``), judged by
+    :func:`metaproductivity` against the parent on fresh short improvements of the chain's original
+    target, and accepted by the same rule as any candidate (the 95 % lower bound above ``accept_low``); settings ``self_runs`` / ``self_candidates``
     from the improver's own ``IMPROVER``. The best accepted edit is carried onto the chain's researcher
     (its files with that ``improver.py``), which takes the researcher's place, so the next round runs the
     edited procedure. One row per edit."""
@@ -413,7 +414,7 @@ def _judge_self_edits(ctx: "_Context", chain: "_Chain", archive: Any, imp: Any, 
     cap = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 0 else 0
     rows: list[dict[str, Any]] = []
     before = parent.to_files()
-    for text in edits:
+    for text in edits[:MAX_SELF_EDITS]:
         files = dict(before, **{SELF_PATH: text})
         what = _improver_changes(before.get(SELF_PATH, ""), text)
         try:

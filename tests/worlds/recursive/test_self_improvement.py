@@ -11,6 +11,7 @@ from rsigym_env.scenario import load_scenario
 from rsigym_env.worlds.recursive import Settings, recurse
 from rsigym_env.worlds.recursive.measure import measure
 from rsigym_env.worlds.recursive.ports import researchers
+from rsigym_env.worlds.recursive.report import markdown
 from rsigym_env.worlds.recursive.world import RecursiveOptions
 
 # swe-bench-verified and terminal-bench-2: where fixing the harness pays on every validation seed
@@ -76,19 +77,27 @@ def test_an_improver_edit_that_produces_more_is_accepted_and_the_next_round_runs
     assert own(archive.rebuild(second["improver"]))["min_gain"] != own(spec.to_files())["min_gain"]
     assert [x["what"] for x in second["self_edits"]] == ["IMPROVER.min_gain 0.02 -> 0.018"]  # and goes on from it
     assert result["summary"]["self_edits"][1] >= 1
+    assert "edits of the improver's own procedure (judged by metaproductivity): 2, accepted 1" in markdown(result)
 
 
 def test_an_improver_edit_that_changes_nothing_it_produces_is_rejected(tmp_path):
-    """``tournament`` is read only by the random procedure: the edited cover improver submits the very same
-    program on the fresh short improvement, its metaproductive gain is 0 [0, 0], and it is not accepted."""
-    spec = crippled(dict(SMALL, self_genes=["tournament"]))
+    """``tournament`` and ``operator_weights`` are read only by the random procedure: each edited cover
+    improver submits the very same program on the fresh short improvement, its metaproductive gain is
+    0 [0, 0], and it is not accepted. An improver that proposes more edits than a round judges
+    (``MAX_SELF_EDITS``) gets the first ones judged, no more."""
+    from rsigym_env.worlds.recursive.rounds import MAX_SELF_EDITS
+
+    genes = ["tournament", "operator_weights.point", "operator_weights.phase", "operator_weights.crossover"]
+    spec = crippled(dict(SMALL, self_moves=MAX_SELF_EDITS + 2, self_genes=genes))
     result, archive = run(spec, tmp_path, rounds=1)
     (row,) = result["rows"]
-    (edit,) = row["self_edits"]
-    ((a, b),) = edit["products"]
-    assert a == b and edit["gain"] == 0.0 and not edit["accepted"]
-    assert archive.get(edit["id"]).status == "rejected"
-    assert own(archive.rebuild(row["improved"]))["tournament"] == own(spec.to_files())["tournament"]
+    assert len(row["self_edits"]) == MAX_SELF_EDITS
+    assert row["self_edits"][0]["what"] == "IMPROVER.tournament 2 -> 3"
+    for edit in row["self_edits"]:
+        ((a, b),) = edit["products"]
+        assert a == b and edit["gain"] == 0.0 and not edit["accepted"]
+        assert archive.get(edit["id"]).status == "rejected"
+    assert own(archive.rebuild(row["improved"])) == own(spec.to_files())   # the procedure is unchanged
 
 
 def test_without_self_moves_no_edit_of_the_improver_is_proposed(tmp_path):
