@@ -17,6 +17,10 @@ its ``code/researcher.py`` holds the strategy as module-level literals (``STRATE
    first: ``cover_screen``); write every trial into the memory, the memory into every fully
    evaluated candidate and into the target (its successor: same behaviour, new memory); submit the
    best that beats the target on train, else the successor. No randomness in what is tried.
+   Off in the seed: ``code_moves`` adds AST edits of the plan's phase functions (:func:`code_moves`) to
+   the moves; ``self_moves`` writes that many edits of this procedure (:func:`self_moves`) as versions
+   that differ only in ``code/improver.py``, which ``rsigym recurse --mode improver`` judges by what the
+   edited improver produces (``rounds.metaproductivity``).
 4. ``proposal: "random"`` (the procedure before 2026-12-05): while proposals, steps and budget
    remain, pick a base from the in-episode archive (``select``: greedy, tournament, latest or root),
    apply one operator drawn by ``operator_weights`` with a ``random.Random`` seeded from the episode's
