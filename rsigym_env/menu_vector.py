@@ -141,6 +141,9 @@ N_VERSIONS = 1 << len(DEFECTS)  # harness versions the menu's fixes can make
 _KIND = np.array([m.kind for m in MENU])
 _ARG = [m.arg for m in MENU]
 _F = {name: i for i, name in enumerate(FEATURES)}
+_GROUP = np.array([{"eval_latest": "eval", "eval_base": "eval", "submit_best": "submit",
+                    "submit_latest": "submit"}.get(m.kind, m.kind) for m in MENU])
+_K = np.array([m.arg if m.kind in ("eval_latest", "eval_base") else 0 for m in MENU], np.int64)
 _TEACHER = np.array([TEACHERS.index(m.arg[0]) if m.kind == "gen" else -1 for m in MENU], np.int64)
 _GEN_N = np.array([m.arg[1] if m.kind == "gen" else 0 for m in MENU], np.int64)
 _MEAN_EXACT = 8  # from this many scores on, a candidate's mean is NumPy's (pairwise), below it a running sum
@@ -240,9 +243,10 @@ class MenuArrayEnv(VectorEnv):
             (default: in memory); ``rsigym audit verify`` accepts it.
         autoreset_mode: ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED`` (enum or its value), as
             ``ResearchVectorEnv``.
-        write_episodes: write each finished episode to the ledger (default). False skips it (a training
-            run nobody audits: ~1/3 of a step's time on the harness track at N = 256); the money is
-            reserved, refused and settled in the arrays all the same.
+        write_episodes: write each finished episode to the ledger (default, ``True`` or ``"episode"``: an
+            account and an audited entry per episode); ``"step"``: one account and one audited entry per step
+            for the episodes that ended in it; ``False`` skips it (a training run nobody audits). The money
+            is reserved, refused and settled in the arrays all the same (``bench/README.md``: what each costs).
 
     Money per env, in arrays (as ``ResearchVectorEnv``'s): :attr:`budget_left_usd`, :attr:`spent_usd`,
     :attr:`refusals` (the current episode's) and :attr:`episodes` (finished ones).
@@ -254,7 +258,7 @@ class MenuArrayEnv(VectorEnv):
                  world: str | None = None, benchmark: str | None = None, budget_usd: float | None = None,
                  max_steps: int | None = None, time_limit_h: float | None = None,
                  world_options: dict[str, Any] | None = None, ledger_path: str | Path | None = None,
-                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP, write_episodes: bool = True):
+                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP, write_episodes: bool | str = True):
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
         s = self.scenario = resolve_scenario(scenario, track=track, world=world, benchmark=benchmark,
@@ -271,6 +275,9 @@ class MenuArrayEnv(VectorEnv):
         self.single_observation_space = spaces.Box(-1.0, 1.0, shape=(len(FEATURES),), dtype=np.float32)
         self.observation_space = spaces.Box(-1.0, 1.0, shape=(n, len(FEATURES)), dtype=np.float32)
         self.budget_n = _nano_near(s.budget_usd)
+        # available / NANO < MIN_USD, in nano-dollars: the smallest integer whose dollars are not below it
+        self._min_n = next(v for v in range(math.floor(MIN_USD * NANO) - 2, math.ceil(MIN_USD * NANO) + 3)
+                           if v / NANO >= MIN_USD)
         self.time_limit_s = s.time_limit_h * 3600.0
         self.tools = set(s.tools())
         sandbox = s.permissions.sandbox
@@ -308,7 +315,9 @@ class MenuArrayEnv(VectorEnv):
         self.eval_cost, self.evaluations = z(), z(np.int64)
         self.episodes = z(np.int64)
         self._open = z(bool)  # an episode is under way and not yet written to the ledger
-        self.write_episodes = write_episodes
+        if write_episodes not in (True, False, "episode", "step"):
+            raise ValueError(f"write_episodes is True, False, 'episode' or 'step', got {write_episodes!r}")
+        self.write_episodes = "episode" if write_episodes is True else write_episodes
         self._key_secret, self._keys = secrets.token_hex(16), 0  # episode i's account: key_id(f"{secret}-{i}")
         self._tools: dict[tuple, Any] = {}  # a data call's arguments -> its authorized tool (or refusal)
         # datasets: slot j of a row is the j-th dataset its episode made (counts as the sim's Dataset; the
@@ -383,8 +392,8 @@ class MenuArrayEnv(VectorEnv):
         self._calls = np.zeros(n, np.int64)
         acting = np.ones(n, bool)
         acting[resetting] = False
-        kinds = _KIND[actions]
-        for kind in np.unique(kinds[acting]).tolist():
+        kinds = _GROUP[actions]  # the two evaluations are one pass, and so are the two submits
+        for kind in sorted(set(kinds[acting].tolist())):
             rows = np.flatnonzero(acting & (kinds == kind))
             getattr(self, "_macro_" + kind)(rows, actions[rows])
         self.last_error[acting] = ~self._ok[acting]
@@ -451,11 +460,10 @@ class MenuArrayEnv(VectorEnv):
 
     # ------------------------------------------------------------------ macros (rows do one each)
 
-    def _macro_eval_latest(self, rows: np.ndarray, actions: np.ndarray) -> None:
-        self._evaluate(rows, np.array([_ARG[a] for a in actions.tolist()], np.int64), self.n_ckpt[rows])
-
-    def _macro_eval_base(self, rows: np.ndarray, actions: np.ndarray) -> None:
-        self._evaluate(rows, np.array([_ARG[a] for a in actions.tolist()], np.int64), np.zeros(rows.size, np.int64))
+    def _macro_eval(self, rows: np.ndarray, actions: np.ndarray) -> None:
+        """``eval_latest_k*`` (the latest checkpoint) and ``eval_base_k*`` (base), with the latest harness."""
+        latest = _KIND[actions] == "eval_latest"
+        self._evaluate(rows, _K[actions], np.where(latest, self.n_ckpt[rows], 0))
 
     def _macro_fix(self, rows: np.ndarray, actions: np.ndarray) -> None:
         defect = np.array([DEFECTS.index(_ARG[a]) for a in actions.tolist()], np.intp)
@@ -485,18 +493,16 @@ class MenuArrayEnv(VectorEnv):
         self._call(rows)
         self._wait(rows)
 
-    def _macro_submit_latest(self, rows: np.ndarray, actions: np.ndarray) -> None:
-        self._submit(rows, self.n_ckpt[rows] * N_VERSIONS + self._version(rows))
-
-    def _macro_submit_best(self, rows: np.ndarray, actions: np.ndarray) -> None:
-        """The adapter's best candidate: the highest mean dev score, the first scored on a tie (else latest)."""
+    def _macro_submit(self, rows: np.ndarray, actions: np.ndarray) -> None:
+        """``submit_latest``: the latest checkpoint and harness; ``submit_best``: the adapter's best candidate,
+        the highest mean dev score, the first scored on a tie (else the latest)."""
+        latest = self.n_ckpt[rows] * N_VERSIONS + self._version(rows)
         scored = self.n_scores[rows] > 0
         mean = np.where(scored, self.means[rows], -np.inf)
         top = scored & (mean == mean.max(axis=1, keepdims=True))
         order = np.where(top, self.first_scored[rows], np.iinfo(np.int64).max)
-        best = order.argmin(axis=1)
-        latest = self.n_ckpt[rows] * N_VERSIONS + self._version(rows)
-        self._submit(rows, np.where(scored.any(axis=1), best, latest))
+        best = np.where(scored.any(axis=1), order.argmin(axis=1), latest)
+        self._submit(rows, np.where(_KIND[actions] == "submit_best", best, latest))
 
     def _macro_gen(self, rows: np.ndarray, actions: np.ndarray) -> None:
         """``MenuAdapter._gen`` for every row at once: a size below the largest is one ``generate_data`` call,
@@ -579,7 +585,7 @@ class MenuArrayEnv(VectorEnv):
         lr = np.array([_ARG[a] for a in actions.tolist()])
         go = np.ones(rows.size, bool)
         settings = np.empty(rows.size, object)
-        for value in np.unique(lr).tolist():
+        for value in set(lr.tolist()):
             at = lr == value
             tool = self._train_tool(value)
             if isinstance(tool, ActionError):
@@ -764,8 +770,9 @@ class MenuArrayEnv(VectorEnv):
         self._call(rows)
         code = self._gen_error[teacher]
         barred = code != ""
-        for value in np.unique(code[barred]).tolist():
-            self._refuse(rows[code == value], value)
+        if barred.any():
+            for value in set(code[barred].tolist()):
+                self._refuse(rows[code == value], value)
         m = rows.size
         ran, short, needs, available = np.zeros(m, bool), np.zeros(m, bool), np.zeros(m), np.zeros(m)
         ok = np.flatnonzero(~barred)
@@ -792,9 +799,10 @@ class MenuArrayEnv(VectorEnv):
             u = uniforms(self.data_keys[r], self.data_counter[r], GENERATE_DRAWS)
             self.data_counter[r] += 1
             size = k.astype(float)
-            cut = binomial(size, self._over, u[:, 0])
+            cut, duplicate = binomial(np.concatenate([size, size]),  # element-wise: one pass for two draws
+                                      np.concatenate([np.full(r.size, self._over), self._dup_rate[t]]),
+                                      np.concatenate([u[:, 0], u[:, 2]])).reshape(2, -1)
             correct = binomial(k - cut, self.teacher_acc[r, t], u[:, 1])
-            duplicate = binomial(size, self._dup_rate[t], u[:, 2])
             output_tokens = np.rint(k * self._mean_tokens)
             tokens = k * domain.example_prompt_tokens + output_tokens.astype(np.int64)
             cost = (input_tokens[fits] * self._price_in[t] + output_tokens * self._price_out[t]) * PER_M
@@ -822,17 +830,21 @@ class MenuArrayEnv(VectorEnv):
             self._refuse(rows, self._transform_error[operation])
             self._after_call(rows)
             return made
-        valid = sources >= 0
         at = np.maximum(sources, 0)
-        r2 = rows[:, None]
-
-        def total(a: np.ndarray) -> np.ndarray:
-            return np.where(valid, a[r2, at], 0).sum(axis=1)
-
-        n, correct, duplicate, tokens = (total(a) for a in (self.ds_n, self.ds_correct, self.ds_dup, self.ds_tokens))
-        weighted = np.zeros(rows.size)  # sum(d.teacher_skill * d.n for d in parts), one part after the other
-        for j in range(sources.shape[1]):
-            weighted = weighted + np.where(valid[:, j], self.ds_skill[rows, at[:, j]] * self.ds_n[rows, at[:, j]], 0.0)
+        if sources.shape[1] == 1:  # filter, dedupe: one source
+            one = at[:, 0]
+            n, correct, duplicate, tokens = (a[rows, one] for a in (self.ds_n, self.ds_correct, self.ds_dup,
+                                                                    self.ds_tokens))
+            weighted = self.ds_skill[rows, one] * n
+        else:
+            valid = sources >= 0
+            r2 = rows[:, None]
+            n, correct, duplicate, tokens = (np.where(valid, a[r2, at], 0).sum(axis=1)
+                                             for a in (self.ds_n, self.ds_correct, self.ds_dup, self.ds_tokens))
+            parts = np.where(valid, self.ds_skill[r2, at] * self.ds_n[r2, at], 0.0)
+            weighted = parts[:, 0].copy()  # sum(d.teacher_skill * d.n for d in parts), one part after the other
+            for j in range(1, sources.shape[1]):
+                weighted += parts[:, j]
         skill = np.where(n > 0, weighted / np.maximum(n, 1), self.ds_skill[rows, at[:, 0]])
         domain, options = self.batch.model.domain, self.batch.model.options
         if operation == "filter":
@@ -853,8 +865,9 @@ class MenuArrayEnv(VectorEnv):
                 self.data_counter[r] += 1
                 share_of = n
                 if operation == "filter":
-                    kept_correct = binomial(correct.astype(float), FILTER_RECALL, u[:, 0])
-                    kept_incorrect = binomial((n - correct).astype(float), FILTER_FALSE_PASS, u[:, 1])
+                    kept_correct, kept_incorrect = binomial(
+                        np.concatenate([correct, n - correct]).astype(float),
+                        np.repeat([FILTER_RECALL, FILTER_FALSE_PASS], r.size), u.T.ravel()).reshape(2, -1)
                     kept = kept_correct + kept_incorrect
                     duplicate = np.rint(duplicate * np.where(n > 0, kept / np.maximum(n, 1), 0.0)).astype(np.int64)
                     correct = kept_correct
@@ -1000,14 +1013,15 @@ class MenuArrayEnv(VectorEnv):
         if not rows.size:
             return
         s = self.scenario
-        reason = np.select(
-            [self.steps[rows] >= s.max_steps, self.refusals[rows] >= s.refusal_limit,
-             self.clock[rows] >= self.time_limit_s, ~self.running[rows] & (self._available_usd(rows) < MIN_USD)],
-            ["step limit", "refusal limit", "time limit", "budget exhausted"], "")
-        ending = reason != ""
+        limits = [self.steps[rows] >= s.max_steps, self.refusals[rows] >= s.refusal_limit,
+                  self.clock[rows] >= self.time_limit_s,
+                  ~self.running[rows] & (self.budget_n - self.spent_n[rows] - self.reserved_n[rows] < self._min_n)]
+        ending = limits[0] | limits[1] | limits[2] | limits[3]
         if ending.any():
+            reason = np.select([c[ending] for c in limits], ["step limit", "refusal limit", "time limit",
+                                                             "budget exhausted"], "")
             ends = rows[ending]
-            self._end(ends, self.initial_official[ends], terminated=False, reason=reason[ending])
+            self._end(ends, self.initial_official[ends], terminated=False, reason=reason)
 
     def _end(self, rows: np.ndarray, final: np.ndarray, *, terminated: bool, reason: Any) -> None:
         """The episode's result: running jobs billed for the share that ran, the normalized gain."""
@@ -1041,29 +1055,44 @@ class MenuArrayEnv(VectorEnv):
             self._write(rows, result=False)
 
     def _write(self, rows: np.ndarray, *, result: bool = True) -> None:
-        """Write the episodes of ``rows`` (ended) to the ledger, one account each (the scenario's budget, a
-        key id of its own): the episode's whole spend reserved and settled in one entry, audited with its
-        seed, steps, refusals, end and (for an episode that ended here, not one cut short) its official
-        result; an episode that spent nothing is one audit record. The chain is ``rsigym audit verify``'s;
-        the ledger's own guards check again that no episode spent more than its budget."""
-        if not self.write_episodes:
+        """Write the episodes of ``rows`` (ended) to the ledger. Per episode (the default): one account each
+        (the scenario's budget, a key id of its own), the episode's whole spend reserved and settled, the
+        settlement audited with its seed, steps, refusals, end and (for an episode that ended here, not one
+        cut short) its official result; an episode that spent nothing is one audit record. Per step
+        (``write_episodes="step"``): one account for the episodes of the step (their budgets together), their
+        spend reserved and settled at once, one audited entry listing each episode as above with its spend;
+        each episode's spend is checked against its own budget first. The chain is ``rsigym audit verify``'s;
+        the ledger's own guards check again that no account spent more than its budget."""
+        if not self.write_episodes or not rows.size:
             self._open[rows] = False
             return
         ledger, budget = self.platform.ledger, self.scenario.budget_usd
+        events = []
         for i in rows.tolist():
-            self._keys += 1
-            key = PlatformKey.key_id(f"{self._key_secret}-{self._keys}")
-            ledger.open_account(key, budget)
             event: dict[str, Any] = {
-                "key": key, "tool": "episode", "decision": "allowed", "seed": int(self.episode_seeds[i]),
-                "steps": int(self.steps[i]), "refusals": int(self.refusals[i]), "end_reason": str(self.end_reason[i]),
-                "elapsed_h": float(self.clock[i]) / 3600.0}
+                "seed": int(self.episode_seeds[i]), "steps": int(self.steps[i]), "refusals": int(self.refusals[i]),
+                "end_reason": str(self.end_reason[i]), "elapsed_h": float(self.clock[i]) / 3600.0}
             if result:
                 initial, final = float(self.initial_official[i]), float(self._final[i])
                 event.update(initial_score=initial, official_score=final, normalized_gain=normalized_gain(initial, final))
-            spent = int(self.spent_n[i]) / NANO
-            if spent:
-                ledger.settle(ledger.reserve(key, spent, audit=event, label="episode"), spent, audit=event)
+            events.append(event)
+        spent_n = self.spent_n[rows]
+        if self.write_episodes == "step":
+            if (spent_n > self.budget_n).any():  # the arrays' guard failed: never write such an entry
+                raise RuntimeError(f"episodes {rows[spent_n > self.budget_n].tolist()} spent more than their budget")
+            for event, nano in zip(events, spent_n.tolist()):
+                event["spend_usd"] = nano / NANO
+            batches = [({"tool": "episodes", "decision": "allowed", "episodes": events}, int(spent_n.sum()),
+                        rows.size * self.budget_n / NANO)]
+        else:
+            batches = [({"tool": "episode", "decision": "allowed", **event}, nano, budget)
+                       for event, nano in zip(events, spent_n.tolist())]
+        for event, nano, usd in batches:
+            self._keys += 1
+            key = event["key"] = PlatformKey.key_id(f"{self._key_secret}-{self._keys}")
+            ledger.open_account(key, usd)
+            if nano:
+                ledger.settle(ledger.reserve(key, nano / NANO, label=event["tool"]), nano / NANO, audit=event)
             else:
                 ledger.record(event)
         self._open[rows] = False
