@@ -32,37 +32,49 @@ State arrays (row i = env i; see ``MenuArrayEnv.__init__``):
   grown on demand;
 * dev candidates, index ``checkpoint * 32 + harness version``: number of scores, mean and the order a
   candidate was first scored in (the adapter's and the run's dict order, for ties), (N, 32 (1 + K)); the
-  scores themselves in a list per row and candidate, averaged by ``np.mean`` as the adapter does when
-  one is added (a zero-padded array summed along an axis rounds differently from ``np.mean`` of the list
-  from 4 values on: measured); ``initial_dev``, ``best_dev``, ``last_dev``;
+  mean is the adapter's ``np.mean`` of the scores: below 8 scores NumPy adds them one by one, which is a
+  running sum (``score_sum``); from 8 on its pairwise sum, so the first 7 scores are kept
+  (``score_head``) and a candidate scored 8 times or more gets its list (rare); ``initial_dev``,
+  ``best_dev``, ``last_dev``;
 * one running job per row (the menu's evaluations and trainings block: start, then ``wait`` for it):
   ready time, cost, and its result (an evaluation's score and failure counts, drawn when it starts as
   the scalar world does; a training's checkpoint state);
+* datasets, struct-of-arrays: slot j of a row is the j-th dataset its episode made (``ds-(j+1)``), with
+  the sim's counts (``ds_n``, ``ds_correct``, ``ds_dup``, ``ds_tokens``; no dev prompts: the menu generates
+  synthetic data only) and teacher skill, and the adapter's record of it (teacher, pass rate to 4 digits
+  as ``stats()`` gives it, made by a transform, cleaned); per row the train set, the pool per teacher,
+  the dataset of the newest checkpoint and of the running training, best pass rate and dollars per
+  example per teacher, generations and trainings; each world's ``data`` and ``train`` stream keys and
+  counters, teacher accuracies (drawn with the world) and calibrated teacher skills (at first use);
 * the adapter's memory for the features: ``harness_read``, failure shares and cost of the last finished
-  evaluation, evaluations finished, ``last_error``; the data and training features (``data_features``)
-  and mask bits (``can_clean``, ``has_train_set``), written when a data or training call changes them.
+  evaluation, evaluations finished, ``last_error``. Features and mask are computed from the arrays.
 
-The frequent macros (evaluate, fix, wait, submit) run as array operations over the rows that chose them.
-The data and training macros (``gen``, ``clean``, ``train``) keep per-row state (``_Rows``) and run on the
-row's own :class:`~rsigym_env.worlds.sim.world.SimWorld` (made from the batch's draw of its episode seed
-at its first data call, its clock set to the row's), through the scalar tool models and permission checks
-(``parse_action``, ``authorize``, once per argument set) and the same bookkeeping as ``MenuAdapter``; their
-money, clock, steps and limits go through the same arrays as the rest. ``gen`` and ``clean`` are a plan
-per row (the adapter's, as a generator that asks for one call at a time); the calls all rows ask for at
-once run as one batch (``generate_batch``, ``transform_batch``: each world's own stream draws, element-wise,
-so a row's result is what its world alone gives). ``train`` runs row by row.
+Every macro runs as array passes over the rows that chose it; no per-row object (``SimWorld``,
+``Dataset``, plan generator) is on the path. ``gen`` and ``clean`` follow the adapter's plans
+(``MenuAdapter._gen``, ``._clean``) a phase at a time: each phase is one call per row still in its plan
+(a max generation: up to four rounds of a refused full size and a cut-to-fit call; a clean: filter, then
+dedupe, of the k-th raw dataset of the newest raw one's teacher, then the mix into the pool), and a call
+is :meth:`MenuArrayEnv._generate` or :meth:`~MenuArrayEnv._transform`: permission (once per teacher or
+operation), quote, reserve or refuse, the world's aggregate draw from its own ``data`` stream
+(``generate_datasets``, ``filter_datasets``, ``dedupe_datasets`` and ``mix_datasets`` as element-wise
+NumPy over the rows), bill, time, the adapter's record, the run's limits. ``train`` always starts from
+base, so ``train_model``'s lineage terms vanish and a checkpoint is a closed form of the dataset's counts
+and the world's ``train`` draw (its ``math.exp`` and ``**`` stay Python's, per training row). The step's
+evaluations (dev ones, submits' official ones and the reset episodes' initial official score) are one
+``SimBatch.evaluate`` pass. Python's own ``round``, ``_nano_up`` and ``_nano_near`` are NumPy passes that
+give the same floats (``round_digits``, ``nano_up``, ``nano_near``).
 
 Shared with the scalar env (parity by construction): the menu, mask and feature definitions
-(``wrappers/menu.py``: ``MENU``, ``FEATURES``, ``Dataset``, ``MenuAdapter._fit``), scenario loading,
-the episode seed (Gymnasium's ``np_random``, as ``ResearchEnv.reset``), world draws, evaluation kernels
-and bills (``SimBatch``), data generation, transforms and training (``SimWorld``), tool validation and
-permissions, harness version ids, the ledger's nano-dollar rounding and refusal message,
+(``wrappers/menu.py``: ``MENU``, ``FEATURES``, ``FIT_SHARE``), scenario loading, the episode seed
+(Gymnasium's ``np_random``, as ``ResearchEnv.reset``), world draws, evaluation kernels and bills
+(``SimBatch``), the data model's draws and constants (``binomial``, ``norm_ppf``, ``calibrate_skill``,
+``truncated_mean_tokens``, stream keys), tool validation and permissions, harness version ids, prices,
 ``normalized_gain``, the run's ``MIN_USD``.
 
 Re-implemented (parity by test): the run's call sequence per macro (``ResearchRun.execute``: step count,
 refusals, limits in the run's order — steps, refusals, time, money), the ledger's reserve/settle
 arithmetic, the clock's ``wait``, the run's dev bookkeeping, the adapter's features, mask and macro
-plans. ``tests/test_menu_vector.py`` plays seeded random action sequences over the whole menu (mostly
+plans, the sim's generate/transform/train bookkeeping on counts (``SimRollout``, ``SimTrain``). ``tests/test_menu_vector.py`` plays seeded random action sequences over the whole menu (mostly
 unmasked entries, some masked ones that the env refuses) and the shipped RL policy through this env
 and through ``DiscreteMenu`` on the scalar env, on every track and benchmark, and compares every row.
 
@@ -70,18 +82,21 @@ Money and audit: the money lives in the arrays above (:attr:`MenuArrayEnv.budget
 :attr:`~MenuArrayEnv.spent_usd`, :attr:`~MenuArrayEnv.refusals`, :attr:`~MenuArrayEnv.episodes`, as
 ``ResearchVectorEnv`` names them). Each finished episode (and one a ``reset`` or ``close`` cuts short) is
 written to a ledger at the end of the step it ends in: an account of its own (a fresh platform key with the
-scenario's budget), its whole spend reserved and settled in one audited entry (its seed, steps, refusals,
-end) and its official result as a record, on a hash-chained audit log that ``rsigym audit verify`` accepts
+scenario's budget), its whole spend reserved and settled, the settlement audited with its seed, steps,
+refusals, end and official result, on a hash-chained audit log that ``rsigym audit verify`` accepts
 (``ledger_path=``: a file; default: in memory). That is batched per episode, not per tool call: the
 per-call trail (each reserve, settle and refusal) is the scalar env's and the per-env route's.
+``write_episodes="step"`` batches further: one account and one audited entry per step listing the episodes
+that ended in it (each one's spend checked against its budget first); ``False`` writes nothing.
 
 Autoreset: ``NEXT_STEP`` (default), ``SAME_STEP`` (``final_obs``/``final_info``) and ``DISABLED``
 (``reset(options={"reset_mask": mask})``), as ``ResearchVectorEnv``.
 
 Not here (use ``array=False``): the text log and the rest of the scalar ``info`` (``result``, ``message``,
 ``events``, ``calls``, ``macro``, ``metrics``, the reset keys but ``seed``), ``blocking=False``, non-sim
-worlds. Speed: ``bench/README.md`` ("The vector sim"); the per-row Python of the data macros
-(``Dataset`` records, features) and ``train`` is what is left of a Python loop per row.
+worlds. Speed: ``bench/README.md`` ("The vector sim"). Per-row Python left on the path: a reset row's
+episode seed (its Gymnasium generator), a training row's two ``math`` calls, Python's ``round`` where a
+value is within float noise of a half, and the ledger entry per finished episode (default).
 
 >>> env = MenuArrayEnv(2, track="harness", benchmark="aime", budget_usd=500)
 >>> obs, info = env.reset(seed=0)
@@ -384,7 +399,7 @@ class MenuArrayEnv(VectorEnv):
             if self.autoreset_mode == AutoresetMode.DISABLED:
                 raise gym.error.ResetNeeded(f"envs {resetting.tolist()} have ended: reset them "
                                             "(options={'reset_mask': ...})")
-            self._reset_rows(resetting, [None] * resetting.size)
+            self._reset_rows(resetting, [None] * resetting.size, official=False)
         self._reward = np.zeros(n)
         self._terminated, self._truncated = np.zeros(n, bool), np.zeros(n, bool)
         self._ok, self._spent_before = np.ones(n, bool), self.spent_n.copy()
@@ -392,10 +407,12 @@ class MenuArrayEnv(VectorEnv):
         self._calls = np.zeros(n, np.int64)
         acting = np.ones(n, bool)
         acting[resetting] = False
-        kinds = _GROUP[actions]  # the two evaluations are one pass, and so are the two submits
+        kinds = _GROUP[actions]
+        self._staged: dict[str, tuple[np.ndarray, ...]] = {}
         for kind in sorted(set(kinds[acting].tolist())):
             rows = np.flatnonzero(acting & (kinds == kind))
             getattr(self, "_macro_" + kind)(rows, actions[rows])
+        self._evaluations(resetting)  # every evaluation of the step, one pass
         self.last_error[acting] = ~self._ok[acting]
         info: dict[str, Any] = {"action_mask": self._mask(), "n_calls": self._calls.copy(),
                                 "_action_mask": np.ones(n, bool), "_n_calls": acting.copy()}
@@ -403,8 +420,7 @@ class MenuArrayEnv(VectorEnv):
         spent = self.spent_n / NANO
         cost = np.zeros(n)  # the run's round(after - before, 9), where the last call spent anything
         paid = np.flatnonzero(self.spent_n != self._spent_before)
-        cost[paid] = [round(a / NANO - b / NANO, 9) for a, b in zip(self.spent_n[paid].tolist(),
-                                                                     self._spent_before[paid].tolist())]
+        cost[paid] = round_digits(self.spent_n[paid] / NANO - self._spent_before[paid] / NANO, 9)
         for key, value in (("ok", self._ok), ("error", self._error), ("cost_usd", cost),
                            ("budget_left_usd", balance), ("spent_usd", spent)):
             info[key], info[f"_{key}"] = value, acting.copy()
@@ -461,9 +477,10 @@ class MenuArrayEnv(VectorEnv):
     # ------------------------------------------------------------------ macros (rows do one each)
 
     def _macro_eval(self, rows: np.ndarray, actions: np.ndarray) -> None:
-        """``eval_latest_k*`` (the latest checkpoint) and ``eval_base_k*`` (base), with the latest harness."""
+        """``eval_latest_k*`` (the latest checkpoint) and ``eval_base_k*`` (base), with the latest harness: run
+        in the step's evaluation pass (:meth:`_evaluations`)."""
         latest = _KIND[actions] == "eval_latest"
-        self._evaluate(rows, _K[actions], np.where(latest, self.n_ckpt[rows], 0))
+        self._staged["eval"] = (rows, _K[actions], np.where(latest, self.n_ckpt[rows], 0))
 
     def _macro_fix(self, rows: np.ndarray, actions: np.ndarray) -> None:
         defect = np.array([DEFECTS.index(_ARG[a]) for a in actions.tolist()], np.intp)
@@ -502,7 +519,7 @@ class MenuArrayEnv(VectorEnv):
         top = scored & (mean == mean.max(axis=1, keepdims=True))
         order = np.where(top, self.first_scored[rows], np.iinfo(np.int64).max)
         best = np.where(scored.any(axis=1), order.argmin(axis=1), latest)
-        self._submit(rows, np.where(_KIND[actions] == "submit_best", best, latest))
+        self._staged["submit"] = (rows, np.where(_KIND[actions] == "submit_best", best, latest))
 
     def _macro_gen(self, rows: np.ndarray, actions: np.ndarray) -> None:
         """``MenuAdapter._gen`` for every row at once: a size below the largest is one ``generate_data`` call,
@@ -892,29 +909,55 @@ class MenuArrayEnv(VectorEnv):
         self._after_call(rows)
         return made
 
-    def _evaluate(self, rows: np.ndarray, k: np.ndarray, ckpt: np.ndarray) -> None:
-        """``evaluate`` (reserve the quote or refuse it; draw the result; a job), then ``wait`` for it."""
-        self._call(rows)
-        if "evaluate" not in self.tools:  # every track has it; kept for other scenarios
-            self._refuse(rows, "forbidden_tool")
-            self._after_call(rows)
-            return
-        version = self._version(rows)
-        harness = self._harness(version)
-        usd = self.batch.dev_bill(rows, harness, k)[0]
-        hold = nano_up(usd)
-        fits = hold <= self.budget_n - self.spent_n[rows] - self.reserved_n[rows]
-        self._refuse(rows[~fits], "insufficient_budget")
-        go, ckpt = rows[fits], ckpt[fits]
-        if go.size:
-            self._ran(go)
-            out = self.batch.evaluate(self.ckpt_skill[go, ckpt], self.ckpt_memory[go, ckpt],
-                                      self._harness(version[fits]), k=k[fits], split="dev", rows=go)
-            self.reserved_n[go] += hold[fits]
-            self.running[go], self.job_train[go] = True, False
-            self.job_start[go], self.job_ready[go] = self.clock[go], self.clock[go] + out.seconds
-            self.job_usd[go], self.job_score[go], self.job_counts[go] = out.usd, out.score, out.counts
-            self.job_cand[go], self.job_k[go] = ckpt * N_VERSIONS + version[fits], k[fits]
+    def _evaluations(self, resetting: np.ndarray) -> None:
+        """The step's evaluations in one ``SimBatch.evaluate`` pass (rows are independent, so this is what
+        each gives alone): the staged ``evaluate`` calls (reserve the quote or refuse it; draw the result; a
+        job, then ``wait`` for it), the staged ``submit`` calls (the official score ends the episode) and the
+        initial official score of the episodes reset at the start of the step."""
+        empty = np.zeros(0, np.int64)
+        rows, k, ckpt = self._staged.get("eval", (empty, empty, empty))
+        go = hold = version = empty
+        if rows.size:
+            self._call(rows)
+            if "evaluate" not in self.tools:  # every track has it; kept for other scenarios
+                self._refuse(rows, "forbidden_tool")
+                self._after_call(rows)
+                rows = empty
+            else:
+                version = self._version(rows)
+                hold = nano_up(self.batch.dev_bill(rows, self._harness(version), k)[0])
+                fits = hold <= self.budget_n - self.spent_n[rows] - self.reserved_n[rows]
+                self._refuse(rows[~fits], "insufficient_budget")
+                go, ckpt, version, k, hold = rows[fits], ckpt[fits], version[fits], k[fits], hold[fits]
+                self._ran(go)
+        submits, cand = self._staged.get("submit", (empty, empty))
+        if submits.size:
+            self._call(submits)
+            if "submit" not in self.tools:
+                self._refuse(submits, "forbidden_tool")
+                self._after_call(submits)
+                submits, cand = empty, empty
+            else:
+                self._ran(submits)
+        every = np.concatenate([go, submits, resetting])
+        if every.size:
+            official = np.arange(every.size) >= go.size
+            which = np.concatenate([ckpt * N_VERSIONS + version, cand, np.zeros(resetting.size, np.int64)])
+            c, v = np.divmod(which, N_VERSIONS)
+            out = self.batch.evaluate(self.ckpt_skill[every, c], np.where(official, 0.0, self.ckpt_memory[every, c]),
+                                      self._harness(v), k=np.concatenate([k, np.full(every.size - go.size,
+                                                                                     self.scenario.official_k)]),
+                                      split=official, rows=every)
+            g, s = go.size, go.size + submits.size
+            self.initial_official[resetting] = out.score[s:]
+            if g:
+                self.reserved_n[go] += hold
+                self.running[go], self.job_train[go] = True, False
+                self.job_start[go], self.job_ready[go] = self.clock[go], self.clock[go] + out.seconds[:g]
+                self.job_usd[go], self.job_score[go], self.job_counts[go] = out.usd[:g], out.score[:g], out.counts[:g]
+                self.job_cand[go], self.job_k[go] = which[:g], k
+            if submits.size:
+                self._end(submits, out.score[g:s], terminated=True, reason="submitted")
         self._after_call(rows)
         waiting = go[~self.done[go]]
         while waiting.size:  # DiscreteMenu's blocking evaluate: wait until the job is in
@@ -996,16 +1039,6 @@ class MenuArrayEnv(VectorEnv):
     def _settle(self, rows: np.ndarray, charge: np.ndarray) -> None:
         self.spent_n[rows] += charge
         self.reserved_n[rows] = 0
-
-    def _submit(self, rows: np.ndarray, cand: np.ndarray) -> None:
-        self._call(rows)
-        if "submit" not in self.tools:
-            self._refuse(rows, "forbidden_tool")
-            self._after_call(rows)
-            return
-        self._ran(rows)
-        final = self._official(rows, cand)
-        self._end(rows, final, terminated=True, reason="submitted")
 
     def _after_call(self, rows: np.ndarray) -> None:
         """The run's limits after a call, in its order: steps, refusals, time, money."""
@@ -1099,8 +1132,9 @@ class MenuArrayEnv(VectorEnv):
 
     # ------------------------------------------------------------------ state
 
-    def _reset_rows(self, rows: np.ndarray, seeds: Sequence[int | None]) -> None:
-        """New episodes at ``rows``: the episode seed as ``ResearchEnv.reset`` draws it, the world it gives."""
+    def _reset_rows(self, rows: np.ndarray, seeds: Sequence[int | None], official: bool = True) -> None:
+        """New episodes at ``rows``: the episode seed as ``ResearchEnv.reset`` draws it, the world it gives, and
+        (``official``; else the step's evaluation pass does it) the initial system's official score."""
         episode = []
         for i, seed in zip(rows.tolist(), seeds):
             if seed is not None or self._rngs[i] is None:
@@ -1130,7 +1164,8 @@ class MenuArrayEnv(VectorEnv):
         self.end_reason[rows] = ""
         self._open[rows] = True
         self.initial_dev[rows] = self.best_dev[rows] = self.last_dev[rows] = -1.0
-        self.initial_official[rows] = self._official(rows, np.zeros(rows.size, np.int64))
+        if official:
+            self.initial_official[rows] = self._official(rows, np.zeros(rows.size, np.int64))
 
     def _official(self, rows: np.ndarray, cand: np.ndarray) -> np.ndarray:
         """The official avg@k of a candidate (checkpoint and harness version; the world's fixed draw)."""
