@@ -669,16 +669,20 @@ class MenuArrayEnv(VectorEnv):
 
     def _call(self, rows: np.ndarray) -> None:
         """A call of a macro begins: counted in ``n_calls``; the step's ``cost_usd`` is the last call's."""
+        if not rows.size:
+            return
         self._calls[rows] += 1
         self._ok[rows], self._error[rows] = True, ""
         self._spent_before[rows] = self.spent_n[rows]
 
     def _ran(self, rows: np.ndarray) -> None:
-        self.steps[rows] += 1
+        if rows.size:
+            self.steps[rows] += 1
 
     def _refuse(self, rows: np.ndarray, code: str) -> None:
-        self.refusals[rows] += 1
-        self._ok[rows], self._error[rows] = False, code
+        if rows.size:
+            self.refusals[rows] += 1
+            self._ok[rows], self._error[rows] = False, code
 
     def _tool(self, name: str, args: dict[str, Any]) -> Any:
         """``authorize(scenario, parse_action(...))`` of a data call, remembered per arguments (the same
@@ -800,10 +804,11 @@ class MenuArrayEnv(VectorEnv):
         left = self.budget_n - self.spent_n[r] - self.reserved_n[r]
         fits = hold <= left
         poor = ok[~fits]
-        short[poor] = True
-        needs[poor] = round_digits(hold[~fits] / NANO, 4)
-        available[poor] = round_digits(left[~fits] / NANO, 4)
-        self._refuse(rows[poor], "insufficient_budget")
+        if poor.size:
+            short[poor] = True
+            needs[poor] = round_digits(hold[~fits] / NANO, 4)
+            available[poor] = round_digits(left[~fits] / NANO, 4)
+            self._refuse(rows[poor], "insufficient_budget")
         go = ok[fits]
         ran[go] = True
         r, t, k, hold = r[fits], t[fits], k[fits], hold[fits]
