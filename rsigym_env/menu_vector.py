@@ -527,6 +527,7 @@ class MenuArrayEnv(VectorEnv):
         size, refused, then a call cut to fit what is left above ``MAX_RESERVE`` of the budget). Each round
         is one array call (:meth:`_generate`) over the rows still in their plan."""
         teacher, n = _TEACHER[actions], _GEN_N[actions]
+        self._calibrate(rows, teacher)
         is_max = n == GEN_SIZES[-1]
         reserve_max = MAX_RESERVE * self.scenario.budget_usd
         for chunk in range(MAX_CHUNKS):
@@ -774,6 +775,16 @@ class MenuArrayEnv(VectorEnv):
         self.train_set[rows[full]] = slot[full]
         return slot
 
+    def _calibrate(self, rows: np.ndarray, teacher: np.ndarray) -> None:
+        """``SimWorld.teacher_skill`` of each row's teacher where it is not known yet, in one ``calibrate_skill``
+        call (its rows stop on their own, as ``teacher_skills``): the skill at which the teacher solves the
+        world's tasks (official, then dev) as often as its accuracy on the world says."""
+        missing = np.isnan(self.teacher_skill[rows, teacher]) & (self._gen_error[teacher] == "")
+        if missing.any():
+            r, t = rows[missing], teacher[missing]
+            self.teacher_skill[r, t] = calibrate_skill(self._both_halves[self.batch.worlds.half[r]], 1.0,
+                                                       self.teacher_acc[r, t])
+
     def _grow_datasets(self, slots: int) -> None:
         pad = ((0, 0), (0, slots - self.ds_n.shape[1]))
         for name in ("ds_n", "ds_correct", "ds_dup", "ds_tokens", "ds_teacher", "ds_skill", "ds_rate", "ds_clean",
@@ -813,11 +824,7 @@ class MenuArrayEnv(VectorEnv):
         ran[go] = True
         r, t, k, hold = r[fits], t[fits], k[fits], hold[fits]
         if r.size:
-            missing = np.isnan(self.teacher_skill[r, t])
-            if missing.any():
-                mr, mt = r[missing], t[missing]
-                self.teacher_skill[mr, mt] = calibrate_skill(self._both_halves[self.batch.worlds.half[mr]], 1.0,
-                                                             self.teacher_acc[mr, mt])
+            self._calibrate(r, t)
             u = uniforms(self.data_keys[r], self.data_counter[r], GENERATE_DRAWS)
             self.data_counter[r] += 1
             size = k.astype(float)
@@ -881,7 +888,9 @@ class MenuArrayEnv(VectorEnv):
         go = np.flatnonzero(fits)
         if go.size:
             r = rows[go]
-            n, correct, duplicate, tokens, skill, hold = (a[go] for a in (n, correct, duplicate, tokens, skill, hold))
+            if go.size < rows.size:
+                n, correct, duplicate, tokens, skill, hold, usd, wall, at = (
+                    a[go] for a in (n, correct, duplicate, tokens, skill, hold, usd, wall, at))
             if operation != "mix":
                 u = uniforms(self.data_keys[r], self.data_counter[r], 2 if operation == "filter" else 1)
                 self.data_counter[r] += 1
@@ -904,12 +913,12 @@ class MenuArrayEnv(VectorEnv):
                 tokens = np.rint(tokens * share).astype(np.int64)
                 duplicate = np.minimum(duplicate, kept)
                 n = kept
-            self.spent_n[r] += np.minimum(nano_near(usd[go]), hold)
-            self.clock[r] += wall[go]
+            self.spent_n[r] += np.minimum(nano_near(usd), hold)
+            self.clock[r] += wall
             self._ran(r)
             if operation == "filter":
-                self.ds_cleaned[r, sources[go, 0]] = True
-            made[go] = self._new_datasets(r, n, correct, duplicate, tokens, skill, self.ds_teacher[r, at[go, 0]],
+                self.ds_cleaned[r, at[:, 0]] = True
+            made[go] = self._new_datasets(r, n, correct, duplicate, tokens, skill, self.ds_teacher[r, at[:, 0]],
                                           clean=True)
         self._after_call(rows)
         return made
