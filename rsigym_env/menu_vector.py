@@ -1115,12 +1115,13 @@ class MenuArrayEnv(VectorEnv):
             return
         ledger, budget = self.platform.ledger, self.scenario.budget_usd
         events = []
-        for i in rows.tolist():
-            event: dict[str, Any] = {
-                "seed": int(self.episode_seeds[i]), "steps": int(self.steps[i]), "refusals": int(self.refusals[i]),
-                "end_reason": str(self.end_reason[i]), "elapsed_h": float(self.clock[i]) / 3600.0}
+        columns = zip(self.episode_seeds[rows].tolist(), self.steps[rows].tolist(), self.refusals[rows].tolist(),
+                      self.end_reason[rows].tolist(), self.clock[rows].tolist(), self.initial_official[rows].tolist(),
+                      self._final[rows].tolist())
+        for seed, steps, refusals, reason, clock, initial, final in columns:
+            event: dict[str, Any] = {"seed": seed, "steps": steps, "refusals": refusals, "end_reason": str(reason),
+                                     "elapsed_h": clock / 3600.0}
             if result:
-                initial, final = float(self.initial_official[i]), float(self._final[i])
                 event.update(initial_score=initial, official_score=final, normalized_gain=normalized_gain(initial, final))
             events.append(event)
         spent_n = self.spent_n[rows]
