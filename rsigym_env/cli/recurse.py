@@ -38,6 +38,17 @@ def cmd_recurse(args: argparse.Namespace, console: Console) -> int:
     command += (["--accept-low", str(args.accept_low)] if args.accept_low else [])
     command += (["--transfer-local", str(args.transfer_local)] if args.transfer_local else [])
     command += (["--archive", args.archive] if args.archive else [])
+    outside = bool(args.serve or args.improver_command)
+    if outside:
+        if args.improver or args.mode != "target":
+            console.print("[red]error:[/] --serve / --improver-command make an outside agent the improver: "
+                          "give neither --improver nor --mode improver with them")
+            return 2
+        if args.improver_timeout <= 0:
+            console.print("[red]error:[/] --improver-timeout must be a positive number of seconds")
+            return 2
+        command += (["--improver-command", args.improver_command] if args.improver_command else ["--serve"])
+        command += ["--improver-timeout", f"{args.improver_timeout:g}"] + (["--port", str(args.port)] if args.port else [])
 
     def on_round(row: dict[str, Any]) -> None:
         if not args.quiet:
@@ -51,18 +62,44 @@ def cmd_recurse(args: argparse.Namespace, console: Console) -> int:
         if not args.quiet:
             console.print(f"[dim]{text}[/]", highlight=False)
 
+    def on_session(session: Any) -> None:  # even with --quiet: whoever drives the session needs this line
+        console.print(session.announce(), highlight=False, markup=False, soft_wrap=True)
+
     started = time.perf_counter()
+    improver: Any = args.improver
+    if outside:
+        from ..gateway.recursion import AgentImprover, command_agent
+
+        agent = command_agent(args.improver_command, timeout_s=args.improver_timeout) if args.improver_command else None
+        try:
+            improver = AgentImprover(agent, label="command" if agent else "served", timeout_s=args.improver_timeout,
+                                     port=args.port, on_session=on_session).start()
+        except (OSError, RuntimeError, ValueError) as exc:
+            console.print(f"[red]error:[/] the improver's session service could not start: {exc}")
+            return 2
+        console.print(f"improver sessions served at {improver.url} (MCP {improver.url}/mcp, REST {improver.url}/v1); "
+                      "one session per round, each with its own run key", highlight=False)
     try:
         settings = Settings(selection=args.select, accept_low=args.accept_low, validate_top=args.validate_top,
                             imp_k=args.imp_k, imp_runs=args.imp_runs, imp_generations=args.imp_generations,
                             transfer_local=args.transfer_local, recombine=args.recombine)
         archive = Archive(name=args.archive or f"recursion-{stamp}")
-        result = recurse(scenario, rounds=args.rounds, seeds=seeds, improver=args.improver, target=args.target,
+        result = recurse(scenario, rounds=args.rounds, seeds=seeds, improver=improver, target=args.target,
                          mode=args.mode, ray=args.ray or None, on_round=on_round, archive=archive, settings=settings,
                          on_progress=on_progress)
     except (ValueError, KeyError) as exc:
         console.print(f"[red]error:[/] {exc}")
         return 2
+    except (TimeoutError, RuntimeError) as exc:
+        from ..gateway.recursion import AgentFailed
+
+        if not isinstance(exc, (TimeoutError, AgentFailed)):
+            raise
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        return 3
+    finally:
+        if outside:
+            improver.close()
     result["config"]["command"] = shlex.join(command)
     result["config"]["wall_s"] = time.perf_counter() - started
     out.mkdir(parents=True, exist_ok=True)
@@ -110,6 +147,21 @@ def register(sub: Any) -> None:
                      help="whose improvers imp@k measures: generation 0 and the last (default), or every generation")
     rec.add_argument("--transfer-local", type=int, default=0,
                      help="local-world episodes (benchmarks) per researcher in the final-vs-original comparison (default 0)")
+    outside = rec.add_argument_group(
+        "an outside agent as the improver", "Each round's outer episode (the improver improving the selected parent) "
+        "is a session of a session service served on loopback over MCP (<url>/mcp) and REST (<url>/v1), with a run "
+        "key of its own; the round waits for its submit, then judges it as any improver's (docs/recursion.md, "
+        "'Your agent as the improver'). The agent sees train (dev) evaluations and its submission's validation "
+        "score only; never a test task.")
+    outside.add_argument("--serve", action="store_true",
+                         help="print each round's MCP URL and run key and wait for whoever connects to submit")
+    outside.add_argument("--improver-command", metavar="CMD",
+                         help="run this shell command once per round, with RSIGYM_MCP_URL, RSIGYM_REST_URL, "
+                              "RSIGYM_RUN_KEY and RSIGYM_MCP_CONFIG (an MCP client config file) in its environment, "
+                              "e.g. 'claude -p \"Improve the researcher; submit\" --mcp-config \"$RSIGYM_MCP_CONFIG\"'")
+    outside.add_argument("--improver-timeout", type=float, default=3600.0,
+                         help="seconds one round's session may take before it is closed and recurse stops (default 3600)")
+    outside.add_argument("--port", type=int, default=0, help="port of the sessions' service on 127.0.0.1 (default: a free one)")
     rec.add_argument("--archive", help="archive name under $RSIGYM_HOME/archives (default recursion-<timestamp>)")
     rec.add_argument("--out", help="directory for recursion.json and recursion.md (default runs/recursion-<timestamp>)")
     rec.add_argument("-q", "--quiet", action="store_true")

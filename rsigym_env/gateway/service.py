@@ -279,7 +279,12 @@ class SessionService:
 
     def create_run(self, request: RunRequest) -> dict[str, Any]:
         """Start a run; ``{run_id, run_key, ...}`` — the key is shown only here."""
-        scenario = resolve_scenario(request)
+        return self.open_run(resolve_scenario(request), request.seed, request.label)
+
+    def open_run(self, scenario: Scenario, seed: int | None = None, label: str | None = None) -> dict[str, Any]:
+        """Start a run of ``scenario`` as it is (what :meth:`create_run` does once the request is resolved; a
+        caller in this process, such as ``rsigym recurse`` opening a round's outer episode, hands the scenario
+        itself); ``{run_id, run_key, ...}``."""
         with self._lock:
             open_runs = sum(1 for e in self._entries.values() if e.host is not None) + self._starting
             if open_runs >= self.max_active_runs:
@@ -291,8 +296,8 @@ class SessionService:
             key = new_run_key(run_id)
             run_dir = self.runs_dir / run_id
             run_dir.mkdir(mode=0o700)
-            seed = request.seed if request.seed is not None else secrets.randbelow(2**31)
-            entry = _Entry(RunMeta.new(run_id, secret_hash(key), scenario, seed, request.label), run_dir)
+            seed = seed if seed is not None else secrets.randbelow(2**31)
+            entry = _Entry(RunMeta.new(run_id, secret_hash(key), scenario, seed, label), run_dir)
             entry.meta.save(run_dir)
             host = self._new_host(entry)
             try:
@@ -475,6 +480,16 @@ class SessionService:
 
     def job(self, run_id: str, job_id: str) -> dict[str, Any] | None:
         return self._use(run_id, lambda host: host.job(job_id))  # type: ignore[return-value]
+
+    def local_env(self, run_id: str) -> Any:
+        """The gym env of an open run hosted in this process (not in a Ray actor): for a caller in this
+        process that reads what the episode left in its world once it is over (``rsigym recurse`` reads a
+        round's candidates); :class:`GatewayError` ``not_local`` otherwise. Never exposed to run keys."""
+        entry = self._entry(run_id)
+        served = getattr(entry.host, "served", None)
+        if served is None:
+            raise GatewayError("not_local", f"run {run_id} is not open in this process", 409)
+        return served.env
 
     def tools(self, run_id: str) -> list[str]:
         """The tools this run's key allows."""

@@ -13,7 +13,12 @@ their sandbox (bubblewrap; skipped where it is not usable):
   over real HTTP, each of its tool calls sent as an MCP tool call and each MCP result fed back as the
   tool message.
 
-Both check that nothing the client received names a held-out task: the recursive world's official
+And over ``rsigym recurse``'s whole round loop (:class:`rsigym_env.gateway.recursion.AgentImprover`: each
+round's outer episode a session with a key of its own): 2 rounds x 1 chain, the test as the agent over the MCP
+SDK client, then the ``llm`` researcher with its scripted chat model; the archive grows, acceptance follows the
+paired validation gains, every session's audit verifies; ``--improver-command`` from the command line.
+
+All check that nothing the client received names a held-out task: the recursive world's official
 (validation) tasks are ``official/<benchmark>/seed-<n>`` with seeds ``0 ... official_seeds-1`` and its
 test tasks use seeds from ``test_first_seed`` (2,000,000); only ``dev/...`` task ids may appear.
 """
@@ -398,8 +403,9 @@ class ImproverPolicy:
     the MCP result — and answers with the next tool call of the same loop as the test by hand. What went
     wrong in it is kept in ``error`` (the chat server turns it into a 500, and the researcher stops)."""
 
-    def __init__(self, value: float) -> None:
-        self.value = value
+    def __init__(self, value: float | Any, n_tasks: int | None = N_TASKS) -> None:
+        self.value = value                    # the gene's new value, or a function of its value in the read program
+        self.n_tasks = n_tasks                # dev tasks per evaluation (None: all of them, so recurse archives both)
         self.state = "start"
         self.ref = ""
         self.parts: list[str] = []
@@ -435,7 +441,8 @@ class ImproverPolicy:
                 self.ref, self.state = f"harness:latest/{CODE}@{offset}", "paging"
                 return Call("read", {"ref": self.ref})
             self.source, self.state = "".join(self.parts), "edited"
-            return Call("edit_harness", {"path": CODE, "content": set_gene(self.source, GENE, self.value)})
+            value = self.value(strategy(self.source)[GENE]) if callable(self.value) else self.value
+            return Call("edit_harness", {"path": CODE, "content": set_gene(self.source, GENE, value)})
         if state == "edited":
             self.edited = HARNESS.search(text).group(1)
             self.pending = [self.edited, self.initial]
@@ -445,7 +452,8 @@ class ImproverPolicy:
                 self.jobs[self.pending.pop(0)] = STARTED.search(text).group(1)
             if self.pending:
                 self.state = "evaluating"
-                return Call("evaluate", {"harness": self.pending[0], "k": 1, "n_tasks": N_TASKS})
+                sized = {} if self.n_tasks is None else {"n_tasks": self.n_tasks}
+                return Call("evaluate", {"harness": self.pending[0], "k": 1, **sized})
             self.pending, self.state = list(self.jobs), "waited"
             return Call("wait", {"job": self.jobs[self.pending[0]]})
         if state == "waited":  # (an error reply, the job having finished already, is fine too)
@@ -541,3 +549,288 @@ def test_the_held_out_check_catches_what_it_looks_for():
                  "task aime seed-1 failed", "\"test_first_seed\": 2000000"):
         with pytest.raises(AssertionError):
             assert_nothing_held_out([dev, leak], secret)
+
+
+# ------------------------------------------------------------------------------------------------ (c) the round loop
+
+
+ROUNDS, CHAIN = 2, 0                            # 2 rounds x 1 chain of `rsigym recurse`
+RECURSE_LIMIT_S = 150.0
+
+
+def recurse_with(agent: Any, tmp_path: Path, label: str) -> tuple[dict[str, Any], list[dict[str, Any]], list[bool]]:
+    """``recurse`` over 2 rounds x 1 chain of the small scenario (the seed program as target) with ``agent``
+    as the improver over MCP; the result, each session's audit and whether each session's books balance."""
+    from rsigym_env.archive import Archive
+    from rsigym_env.gateway.recursion import AgentImprover
+    from rsigym_env.scenario import load_scenario
+    from rsigym_env.worlds.recursive import Settings, recurse
+
+    scenario = load_scenario(SCENARIO, world_options=OPTIONS)
+    improver = AgentImprover(agent, label=label, timeout_s=RECURSE_LIMIT_S, state_dir=tmp_path / "sessions")
+    with improver:
+        result = recurse(scenario, rounds=ROUNDS, seeds=[CHAIN], improver=improver,
+                         archive=Archive(tmp_path / "archives", f"mcp-{label}"),
+                         settings=Settings(imp_k=0, transfer_tracks=()))
+        audits = improver.audits()
+        books = []
+        for session in improver.sessions:
+            path = improver.service.runs_dir / session["run_id"] / "ledger.sqlite"
+            with Ledger(path) as ledger:
+                books.append(ledger.books().ok and not ledger.open_reservations() and verify_audit(path).ok)
+        sessions = list(improver.sessions)
+    assert [s["state"] for s in sessions] == ["done"] * ROUNDS, sessions
+    return result, audits, books
+
+
+def assert_rounds_judged(result: dict[str, Any], audits: list[dict[str, Any]], books: list[bool], label: str,
+                         tmp_path: Path) -> tuple[list[dict[str, Any]], dict[str, Any], Any]:
+    """The round loop ran as for a program improver: a row per round naming the outside improver; the archive
+    grew in every round by what the agent fully evaluated or submitted; every submission other than the parent
+    was validated, paired with its parent, and accepted exactly when the 95 % lower bound of that validation
+    gain is above 0; only accepted nodes have a test score; the report carries the rounds; and every session's
+    books balance and its audit chain verifies. The rows, the archive's nodes and the archive."""
+    from rsigym_env.archive import Archive
+    from rsigym_env.worlds.recursive import markdown
+
+    rows = result["rows"]
+    assert [(r["seed"], r["round"]) for r in rows] == [(CHAIN, 1), (CHAIN, 2)]
+    assert result["config"]["improver"] == f"agent:{label}" and all(r["improver"] == f"agent:{label}" for r in rows)
+    archive = Archive(tmp_path / "archives", result["config"]["archives"][0])
+    nodes = {n.id: n for n in archive.nodes()}
+    for row in rows:
+        made = [n for n in nodes.values() if n.produced_by.get("round") == row["round"]]
+        assert made and all(n.produced_by["by"] == f"agent:{label}" and n.parent == row["target"] for n in made)
+        assert all("train" in n.scores for n in made if n.id != row["submitted"])  # fully evaluated by the agent
+        assert row["dev_evaluations"] >= 2 and row["spend_usd"] > 0 and row["steps"] > 0
+        assert math.isfinite(row["reward"]) and math.isfinite(row["index_before"]) and math.isfinite(row["index_after"])
+        screened = {s["id"]: s for s in row["screened"]}
+        if row["submitted"] != row["target"]:
+            assert row["submitted"] in screened or nodes[row["submitted"]].status == "duplicate"
+        for sid, s in screened.items():
+            assert s["accepted"] == (s["low"] is not None and s["low"] > 0)
+            assert nodes[sid].status == ("accepted" if s["accepted"] else "rejected")
+            assert "validation" in nodes[sid].scores
+    assert all(("test" in n.scores) == (n.status == "accepted") for n in nodes.values())
+    assert rows[1]["index_before"] == rows[0]["index_after"]
+    text = markdown(result, "rsigym recurse (test)")
+    assert f"| {CHAIN} | 1 |" in text and f"| {CHAIN} | 2 |" in text and f"agent:{label}" in text
+    assert len(audits) == ROUNDS and all(a["verified"]["ok"] and a["records"] for a in audits)
+    assert books == [True] * ROUNDS
+    return rows, nodes, archive
+
+
+def test_recurse_refuses_an_outside_agent_as_its_own_improver_and_a_session_that_never_ends(tmp_path):
+    """An outside agent cannot be improved by a round (mode 'improver'); an agent that returns without submit,
+    or a session that outlives its limit, stops recurse with a clear error, its session closed and settled."""
+    from rsigym_env.gateway.recursion import AgentFailed, AgentImprover, ImproverTimeout
+    from rsigym_env.scenario import load_scenario
+    from rsigym_env.worlds.recursive import Settings, recurse
+
+    for bad, why in (({"timeout_s": 0}, "timeout_s"), ({"timeout_s": True}, "timeout_s"), ({"label": "a b"}, "label"),
+                     ({"host": "0.0.0.0"}, "not a loopback address")):
+        with pytest.raises(ValueError, match=why):
+            AgentImprover(None, **bad)
+    scenario = load_scenario(SCENARIO, world_options={"official_seeds": 1, "test_seeds": 1})
+    settings = Settings(imp_k=0, transfer_tracks=())
+    with AgentImprover(lambda url, key: None, label="lazy", timeout_s=30, state_dir=tmp_path / "a") as lazy:
+        with pytest.raises(ValueError, match="mode 'target'"):
+            recurse(scenario, rounds=1, seeds=[0], improver=lazy, mode="improver", settings=settings)
+        assert lazy.sessions == []  # refused before anything ran
+        with pytest.raises(AgentFailed, match="returned without ending the episode"):
+            recurse(scenario, rounds=1, seeds=[0], improver=lazy, settings=settings)
+        assert lazy.service.run_summary(lazy.sessions[0]["run_id"])["code"] == "improver_failed"
+    with AgentImprover(None, label="nobody", timeout_s=0.5, state_dir=tmp_path / "b") as nobody:
+        started = time.monotonic()
+        with pytest.raises(ImproverTimeout, match="within 0.5 s"):
+            recurse(scenario, rounds=1, seeds=[0], improver=nobody, settings=settings)
+        assert time.monotonic() - started < 30
+        run = nobody.service.run_summary(nobody.sessions[0]["run_id"])
+        assert run["state"] == "closed" and run["code"] == "improver_timeout"
+        assert nobody.audits()[0]["verified"]["ok"]
+
+
+def test_recurse_serve_waits_for_whoever_connects_with_the_announced_key(tmp_path):
+    """With no agent (``rsigym recurse --serve``) a round only announces its session; a client that connects
+    later over REST with the announced key (another process, a person) ends it, and the round goes on."""
+    import threading
+
+    from rsigym_env.gateway.recursion import AgentImprover
+    from rsigym_env.scenario import load_scenario
+    from rsigym_env.worlds.recursive import Settings, recurse
+
+    announced: list[str] = []
+
+    def someone(session: Any) -> None:  # connects a little after the announcement, from another thread
+        announced.append(session.announce())
+
+        def drive() -> None:
+            time.sleep(0.3)
+            auth = {"Authorization": f"Bearer {session.key}"}
+            assert httpx2.get(f"{session.rest_url}/observation", headers=auth, timeout=30).status_code == 200
+            httpx2.post(f"{session.rest_url}/tools/submit", json={"checkpoint": "base"}, headers=auth, timeout=60)
+
+        threading.Thread(target=drive, daemon=True).start()
+
+    scenario = load_scenario(SCENARIO, world_options={"official_seeds": 1, "test_seeds": 1})
+    with AgentImprover(None, label="served", timeout_s=60, on_session=someone, state_dir=tmp_path) as served:
+        result = recurse(scenario, rounds=1, seeds=[0], improver=served, settings=Settings(imp_k=0, transfer_tracks=()))
+        assert [s["state"] for s in served.sessions] == ["done"] and served.audits()[0]["verified"]["ok"]
+    assert len(announced) == 1 and "run key rsr_" in announced[0] and "/mcp" in announced[0]
+    assert [(r["round"], r["improver"], r["submitted"] == r["target"]) for r in result["rows"]] == [(1, "agent:served", True)]
+
+
+IDEAS = [(GENE, lambda v: round(min(0.95, v + 0.15), 2)), ("lora_rank", lambda v: min(128, 2 * v)),  # the test
+         ("probe_examples", lambda v: min(200, 2 * v)), ("data_chunks", lambda v: min(6, v + 1)),       # agent's
+         ("max_tokens_per_example", lambda v: min(32768, 2 * v)), (GENE, lambda v: round(max(0.05, v - 0.1), 2))]
+MAX_EDITS = 3                                   # edits the test agent evaluates per round at most
+
+
+@needs_sandbox
+def test_recurse_with_an_mcp_client_as_the_improver_by_hand(tmp_path):
+    """The test is the agent, over the MCP SDK client, in every round: it reads the parent program, evaluates it
+    on every train task, then writes and evaluates its next untried ideas (it remembers across rounds, as an
+    agent with a memory does) until one beats the parent on dev (at most MAX_EDITS), and submits the best edit."""
+    seen = Seen()
+    episodes: list[dict[str, Any]] = []
+    ideas = list(IDEAS)
+
+    async def agent(mcp_url: str, key: str) -> None:
+        async with mcp_client(mcp_url.removesuffix("/mcp"), key, seen) as client:
+            async def call(tool: str, args: dict[str, Any]) -> Any:
+                result = await seen.call(client, tool, args)
+                assert not result.is_error, result.content[0].text
+                return result
+
+            async def dev_score(version: str) -> float:
+                job = STARTED.search((await call("evaluate", {"harness": version, "k": 1})).content[0].text).group(1)
+                waited = await seen.call(client, "wait", {"job": job})
+                if waited.is_error:  # it finished before this wait
+                    assert waited.structured_content["error"] == "unknown_ref", waited.content[0].text
+                text = (await call("read", {"ref": job})).content[0].text
+                assert "dev/aime/seed-" in text and "episode_failed" not in text, text
+                return float(DEV_SCORE.search(text).group(1))
+
+            briefing = (await seen.resource(client, OBSERVATION_URI))["log"]
+            assert CODE in briefing and "kind program" in briefing
+            initial = HARNESS.search((await call("read", {"ref": "harness:latest"})).content[0].text).group(1)
+            source = await read_file(seen, client, f"harness:latest/{CODE}")
+            genes = strategy(source)
+            scores = {initial: await dev_score(initial)}
+            edits: list[str] = []
+            while ideas and len(edits) < MAX_EDITS and max(scores.values()) <= scores[initial]:
+                gene, change = ideas.pop(0)
+                wrote = await call("edit_harness", {"path": CODE, "content": set_gene(source, gene, change(genes[gene])),
+                                                    "base_version": initial})
+                edits.append(wrote.structured_content["result"]["version"])
+                scores[edits[-1]] = await dev_score(edits[-1])
+            best = max(edits, key=lambda v: scores[v])
+            done = await call("submit", {"checkpoint": "base", "harness": best})
+            for _ in range(5):  # submit may be a job: wait for it (bounded)
+                if done.structured_content["done"]:
+                    break
+                done = await call("wait", {"job": STARTED.search(done.content[0].text).group(1)})
+            assert done.structured_content["done"]
+            after = await seen.call(client, "read", {"ref": "budget"})
+            assert after.is_error and after.structured_content["error"] == "episode_over"
+            episodes.append({"parent": genes, "scores": scores, "initial": initial, "best": best,
+                             "reward": done.structured_content["reward"]})
+
+    started = time.monotonic()
+    result, audits, books = recurse_with(agent, tmp_path, "mcp-by-hand")
+    rows, nodes, archive = assert_rounds_judged(result, audits, books, "mcp-by-hand", tmp_path)
+    assert len(episodes) == ROUNDS
+    first = episodes[0]
+    assert first["scores"][first["best"]] > first["scores"][first["initial"]], first  # an edit wins on dev
+    for row, episode in zip(rows, episodes):
+        assert row["reward"] == pytest.approx(episode["reward"])  # the round's reward is the session's
+        assert row["submitted"] != row["target"] and row["submitted"] in nodes
+        assert strategy(archive.rebuild(row["target"])[CODE]) == episode["parent"]  # it was shown the selected parent
+    assert_nothing_held_out(seen.texts, held_out())
+    assert max(t for _, t in seen.calls) < CALL_LIMIT_S
+    assert time.monotonic() - started < RECURSE_LIMIT_S
+
+
+@needs_sandbox
+def test_recurse_with_the_llm_researcher_as_the_improver_over_mcp(tmp_path):
+    """The ``llm`` researcher, its chat model scripted and served over real HTTP, improves the parent in every
+    round through the MCP SDK client: each tool call an MCP call, each MCP result its tool message."""
+    from rsigym_env.baselines.llm_researcher import LLMArgs, LLMResearcher
+    from rsigym_env.serving import ModelRegistry, OpenAIServer, ScriptedChatModel
+
+    seen, sent, policies = Seen(), [], []
+
+    async def agent(mcp_url: str, key: str) -> None:
+        policy = ImproverPolicy(lambda was: round(min(0.95, was + 0.15 * (len(policies) + 1)), 2), n_tasks=None)
+        model = ScriptedChatModel([policy], repeat_last=True)
+        policies.append(policy)
+        with OpenAIServer(ModelRegistry({"improver": model})) as chat:
+            researcher = LLMResearcher(LLMArgs(base_url=chat.base_url, api_key="x", model="improver", max_retries=0))
+            try:
+                async with mcp_client(mcp_url.removesuffix("/mcp"), key, seen) as client:
+                    await drive_over_mcp(client, seen, researcher)
+            finally:
+                researcher.close()
+        assert policy.error is None and researcher.stop_reason is None, (policy.error, researcher.stop_reason)
+        sent.extend(m.text for r in model.requests for m in r.messages)
+
+    started = time.monotonic()
+    result, audits, books = recurse_with(agent, tmp_path, "llm")
+    rows, nodes, archive = assert_rounds_judged(result, audits, books, "llm", tmp_path)
+    assert len(policies) == ROUNDS
+    for row, policy in zip(rows, policies):
+        assert row["dev_evaluations"] == 2  # the model's two evaluations, on every train task
+        assert (row["submitted"] == row["target"]) == (policy.better == policy.initial)
+        assert archive.rebuild(row["target"])[CODE] == policy.source  # it read the selected parent
+    assert_nothing_held_out(seen.texts + sent, held_out())
+    assert max(t for _, t in seen.calls) < CALL_LIMIT_S
+    assert time.monotonic() - started < RECURSE_LIMIT_S
+
+
+REST_AGENT = '''
+import json, os, re, httpx
+rest, key = os.environ["RSIGYM_REST_URL"], os.environ["RSIGYM_RUN_KEY"]
+config = json.load(open(os.environ["RSIGYM_MCP_CONFIG"]))["mcpServers"]["rsigym"]
+assert config["url"] == os.environ["RSIGYM_MCP_URL"] and config["headers"]["Authorization"] == "Bearer " + key
+auth = {"Authorization": "Bearer " + key}
+def call(tool, args):
+    return httpx.post(f"{rest}/tools/{tool}", json=args, headers=auth, timeout=60).json()
+job = call("evaluate", {"k": 1})["result"]["job"]
+call("wait", {"job": job})
+reply = call("submit", {"checkpoint": "base"})
+for _ in range(5):
+    if reply["done"]:
+        break
+    reply = call("wait", {"job": re.search(r"started as (job-[0-9]+)", reply["text"]).group(1)})
+print("agent done:", reply["done"])
+'''
+
+
+def test_cli_recurse_runs_an_improver_command_per_round_and_stops_clearly_when_it_does_not_submit(tmp_path, capfd):
+    """``rsigym recurse --improver-command``: the command runs once per round with its session in its environment
+    (here a REST agent that evaluates once and submits), and the rounds are reported as for any improver; a command
+    that does not submit, a session nobody drives past --improver-timeout, and flags that contradict an outside
+    improver each stop it with a clear error."""
+    import shlex
+    import sys
+
+    from rsigym_env.cli import main
+
+    agent = tmp_path / "agent.py"
+    agent.write_text(REST_AGENT)
+    base = ["recurse", "--scenario", SCENARIO, "--rounds", "2", "--seeds", "1", "--imp-k", "0"]
+    command = f"{shlex.quote(sys.executable)} {shlex.quote(str(agent))}"
+    assert main(base + ["--improver-command", command, "--out", str(tmp_path / "o")]) == 0
+    out = capfd.readouterr().out
+    assert out.count("improver session ") == 2 and out.count("agent done: True") == 2
+    data = json.loads((tmp_path / "o" / "recursion.json").read_text())
+    assert [(r["round"], r["improver"], r["dev_evaluations"]) for r in data["rows"]] == [(1, "agent:command", 1),
+                                                                                          (2, "agent:command", 1)]
+    assert "--improver-command" in data["config"]["command"] and "rsr_" not in data["config"]["command"]
+    assert main(base + ["--improver-command", "exit 0", "--out", str(tmp_path / "x")]) == 3
+    assert "returned without ending the episode" in capfd.readouterr().out
+    assert main(base + ["--serve", "--improver-timeout", "0.5", "--out", str(tmp_path / "y")]) == 3
+    assert "within 0.5 s: no submit" in " ".join(capfd.readouterr().out.split())
+    assert main(base + ["--serve", "--mode", "improver"]) == 2
+    assert main(base + ["--serve", "--improver-timeout", "0"]) == 2
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()

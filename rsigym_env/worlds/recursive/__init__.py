@@ -10,7 +10,8 @@ The package, by job:
 * :mod:`.rounds` - :func:`recurse`, rounds of archive-based improvement with train / validation / test
   splits, paired acceptance, imp@k and transfer (``rsigym recurse``).
 * :mod:`.report` - the rounds' Markdown and JSON report and their plot.
-* :mod:`.ports` - what the world is handed from the researcher layer (:class:`Researchers`).
+* :mod:`.ports` - what the world is handed from the researcher layer (:class:`Researchers`), and how an
+  outside agent plays a round's outer episode (:class:`EpisodePlayer`).
 
 **Layering.** Worlds sit below the researchers: nothing under :mod:`rsigym_env.worlds` imports
 :mod:`rsigym_env.agents`, :mod:`rsigym_env.sweep` or :mod:`rsigym_env.env`, not even inside a
@@ -29,15 +30,15 @@ researchers, running inner episodes, the agent registry - it is handed as a
 """
 
 from .improver import SEARCH, ImproverArgs, ScriptedImprover
-from .ports import Researchers, researchers, use_researchers
+from .ports import EpisodePlayer, OuterEpisode, Researchers, is_player, researchers, use_researchers
 from .measure import ALL_BENCHMARKS, DEV_SEED_BASE, MAX_K, Measurement, measure, split_tasks
 from .report import markdown, plot, to_json
 from .rounds import Settings, improve_once, recurse
 from .world import RecursiveEvaluation, RecursiveOptions, RecursiveWorld, make_recursive_world
 
 __all__ = [
-    "ALL_BENCHMARKS", "DEV_SEED_BASE", "MAX_K", "SEARCH", "ImproverArgs", "Measurement", "RecursiveEvaluation",
-    "RecursiveOptions", "RecursiveWorld", "Researchers", "ScriptedImprover", "Settings", "improve_once",
-    "make_recursive_world", "markdown", "measure", "plot", "recurse", "researchers", "split_tasks", "to_json",
+    "ALL_BENCHMARKS", "DEV_SEED_BASE", "EpisodePlayer", "MAX_K", "SEARCH", "ImproverArgs", "Measurement",
+    "OuterEpisode", "RecursiveEvaluation", "RecursiveOptions", "RecursiveWorld", "Researchers", "ScriptedImprover", "Settings", "improve_once",
+    "is_player", "make_recursive_world", "markdown", "measure", "plot", "recurse", "researchers", "split_tasks", "to_json",
     "use_researchers",
 ]

@@ -1,4 +1,4 @@
-"""What the recursive world needs from the layers above it, as a protocol it is handed.
+"""What the recursive world needs from the layers above it, as protocols it is handed.
 
 The recursive world parses researcher specs and runs inner episodes with researchers, but worlds sit
 below the researchers (the layering rule of :mod:`rsigym_env.worlds`): nothing here imports
@@ -50,6 +50,45 @@ class Researchers(Protocol):
 
     def run_elsewhere(self, episodes: Sequence[Any], *, ray: bool) -> list[Any]:
         """Run ``episodes`` on platforms of their own (Ray tasks with ``ray``); their records."""
+
+
+class OuterEpisode(Protocol):
+    """One outer episode of the recursive world played to its end, its env still open: what a round reads
+    (the harness versions, the world's train measurements, the end ``info``), then closes it (:meth:`close`)."""
+
+    env: Any                 # the episode's gym env (``env.unwrapped.run``, ``env.unwrapped.harness_files``)
+    reward: float            # the outer reward (the normalized gain of the validation index)
+    steps: int
+    info: dict[str, Any]     # the end ``info``: submitted, spend_usd, dev_evaluations, best_dev_score, metrics
+    attempts: list[Any]      # tampering attempts the improver's sandbox recorded (none for an outside agent)
+
+    def close(self) -> None:
+        """Release the env (and whatever played it)."""
+
+
+class EpisodePlayer(Protocol):
+    """An improver that plays each round's outer episode itself instead of being a researcher spec run in
+    this process: e.g. an outside agent driving a session of the session service over MCP or REST
+    (:class:`rsigym_env.gateway.recursion.AgentImprover`). ``id`` names it in the archive and the report.
+    :func:`~.rounds.recurse` judges what it submits exactly as a program improver's submission."""
+
+    id: str
+
+    def play(self, scenario: Any, seed: int) -> OuterEpisode:
+        """Play one outer episode of ``scenario`` (whose target is the round's parent) with outer seed
+        ``seed`` to its end (submit, or out of steps or money); raise if it does not end (e.g. a timeout)."""
+
+
+def is_player(improver: Any) -> bool:
+    """Does ``improver`` play its outer episodes itself (an :class:`EpisodePlayer`, not a spec)?
+
+    >>> class Agent:
+    ...     id = "agent:x"
+    ...     def play(self, scenario, seed): ...
+    >>> is_player(Agent()), is_player(object())
+    (True, False)
+    """
+    return callable(getattr(improver, "play", None)) and isinstance(getattr(improver, "id", None), str)
 
 
 _INSTALLED: list[Researchers] = []

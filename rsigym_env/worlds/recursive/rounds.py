@@ -51,7 +51,7 @@ from ...episode import run_episode
 from ...metrics import ci95, compounding, improver_gain, mean_se, paired_gain
 from ...scenario import Scenario, load_scenario
 from .measure import Measurement, behaviour_key, measure, split_tasks
-from .ports import Researchers, researchers
+from .ports import Researchers, is_player, researchers
 from .world import RecursiveOptions
 
 FRESH_SEED_BASE = 9_000  # outer seeds of imp@k's fresh-target runs: chains use seed*1000 + round
@@ -230,20 +230,55 @@ def _recombine(ctx: "_Context", chain: "_Chain", archive: Any, imp: Any, parent:
             "validation": validation[spec.id].index, "recombines": names}
 
 
-def improve_once(scenario: Scenario, opts: RecursiveOptions, improver: Any, target: Any, seed: int,
-                 using: Researchers) -> Outcome:
-    """One outer episode of the recursive world: ``improver`` improves ``target`` (outer seed ``seed``)."""
+@dataclass
+class Played:
+    """An outer episode played here by a researcher spec (:class:`~.ports.OuterEpisode`)."""
+
+    env: Any
+    reward: float
+    steps: int
+    info: dict[str, Any]
+    attempts: list[Any]
+    researcher: Any = None
+
+    def close(self) -> None:
+        close = getattr(self.researcher, "close", None)
+        try:
+            if close is not None:
+                close()
+        finally:
+            self.env.close()
+
+
+def play_here(scenario: Scenario, improver: Any, seed: int, using: Researchers) -> Played:
+    """The outer episode with ``improver`` (a researcher spec) as its researcher, in this process."""
     import gymnasium as gym
 
+    env = gym.make(env_id_of(scenario.track), scenario=scenario)
+    researcher = None
+    try:
+        researcher = using.build(improver)
+        result = run_episode(env, researcher, seed=seed)
+    except BaseException:
+        Played(env, 0.0, 0, {}, [], researcher).close()
+        raise
+    attempts = list(getattr(getattr(researcher, "inner", researcher), "attempts", None) or [])
+    return Played(env, float(result.reward), result.steps, result.info, attempts, researcher)
+
+
+def improve_once(scenario: Scenario, opts: RecursiveOptions, improver: Any, target: Any, seed: int,
+                 using: Researchers) -> Outcome:
+    """One outer episode of the recursive world: ``improver`` improves ``target`` (outer seed ``seed``).
+    A researcher spec plays it here (:func:`play_here`); an :class:`~.ports.EpisodePlayer` (an outside
+    agent) plays it itself. Either way what it left in the episode's world becomes the :class:`Outcome`."""
     scen = scenario.model_copy(update={"world_options": opts.model_copy(update={
         "target_spec": target.model_dump(mode="json")}).model_dump(mode="json")})
-    env = gym.make(env_id_of(scenario.track), scenario=scen)
-    researcher = using.build(improver)
+    played = improver.play(scen, seed) if is_player(improver) else play_here(scen, improver, seed, using)
     try:
-        result = run_episode(env, researcher, seed=seed)
+        env, info = played.env, played.info
         run = env.unwrapped.run
         world = run.world
-        sub = result.info["submitted"]
+        sub = info["submitted"]
         files = env.unwrapped.harness_files(sub["harness"])
         submitted = target if files == target.to_files() else using.derived_from_files(files, parent=target.id)
         # a version that differs from a measured one only in what its episodes never see (a program's
@@ -276,16 +311,12 @@ def improve_once(scenario: Scenario, opts: RecursiveOptions, improver: Any, targ
             vfiles = newest[key_of[spec_id]]
             spec = using.derived_from_files(vfiles, parent=target.id)
             candidates.append((spec, m, _lineage_note(vfiles)))
-        attempts = list(getattr(getattr(researcher, "inner", researcher), "attempts", None) or [])
     finally:
-        close = getattr(researcher, "close", None)
-        if close is not None:
-            close()
-        env.close()
-    return Outcome(submitted, candidates, parent_train, float(result.reward), float(result.info["spend_usd"]),
-                   result.steps, int(result.info["dev_evaluations"]), result.info.get("best_dev_score"),
-                   result.info.get("metrics", {}), [str(a.get("event", a)) if isinstance(a, dict) else str(a)
-                                                    for a in attempts], successor)
+        played.close()
+    return Outcome(submitted, candidates, parent_train, float(played.reward), float(info["spend_usd"]),
+                   played.steps, int(info["dev_evaluations"]), info.get("best_dev_score"),
+                   info.get("metrics", {}), [str(a.get("event", a)) if isinstance(a, dict) else str(a)
+                                             for a in played.attempts], successor)
 
 
 def task_ids(m: Measurement) -> list[str]:
@@ -471,6 +502,11 @@ def recurse(
     test index before and after, costs and tampering attempts; per chain the test indices and
     :func:`compounding`; ``imp`` the imp@k of each generation's frozen improver; ``transfer`` the final
     researcher against the original on test, other tracks and (optionally) the local world.
+
+    ``improver``: a registered id or bundled name, a spec (run here as the outer episodes' researcher), or an
+    :class:`~.ports.EpisodePlayer` that plays each outer episode itself, such as an outside agent over MCP
+    (:class:`rsigym_env.gateway.recursion.AgentImprover`; ``mode="target"`` only). Either way the round
+    judges what was submitted and fully evaluated in the episode alike: archive, validation, test.
     """
     from ...archive import Archive
 
@@ -494,7 +530,12 @@ def recurse(
     first_improver = (first_target if improver is None else registry.get(improver) if isinstance(improver, str)
                       else improver)
     registry.register(first_target)
-    registry.register(first_improver)
+    if is_player(first_improver):  # an outside agent: it has no files, so it cannot be improved by a round
+        if mode != "target":
+            raise ValueError(f"improver {first_improver.id} plays its episodes itself (an outside agent): it can only "
+                             "improve the target (mode 'target'), not be improved by a round (mode 'improver')")
+    else:
+        registry.register(first_improver)
     k = scenario.official_k
     say = on_progress or (lambda _text: None)
     ctx = _Context(scenario, opts, k, using, registry, settings, say)
