@@ -494,7 +494,8 @@ class BubblewrapEnvironment(BaseEnvironment):
         """One request of the verifier: ``{"argv": [...], "stdin": str, "timeout_s": n}`` → run it in a
         fresh sandbox over a copy of ``/app`` with no ``/tests``, no ``/logs``, no probe socket and no
         network, and answer ``{"exit_code", "stdout", "stderr", "limit"}``. The code under test thus
-        never shares a process, a uid or a writable path with the verifier."""
+        never shares a process, a uid or a writable path with the verifier. (For a code task that sandbox
+        was started when the verifier phase began: :meth:`_prestart_probe`.)"""
         try:
             reply = await self._run_probe(await reader.readline())
         except Exception as exc:  # noqa: BLE001 - a bad request gets an answer, never a crash
