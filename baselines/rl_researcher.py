@@ -16,7 +16,9 @@ scripted researcher's recipe in menu terms) and clones it (cross-entropy on its 
 returns; 97.6% greedy agreement), then runs 150 PPO iterations (18,000 episodes). Since issue 30 the
 sim's best choices depend on what evaluations reveal, and PPO from scratch collapsed to submitting at
 once; from the cloned start it improves on the expert. It took 1,248 s of wall time on this 2-core
-machine under a load of 10-16 from other jobs. It runs two rollout workers (``--workers``), each
+machine under a load of 10-16 from other jobs; since the training runs on one BLAS thread (OpenBLAS's second
+thread spun between the small products), 255-269 s at a load of 6-9 (``bench/README.md``, "The vector sim,
+round 2"). It runs two rollout workers (``--workers``), each
 stepping ``num_envs`` sim envs in lockstep (``--vector``: through the vector sim, ``MenuArrayEnv``,
 :func:`collect_vector`, the same episodes for the same actions; no faster here, as a worker's episodes fall
 into 15 scenarios of ~4 envs each: ``bench/README.md``, "The vector sim"); episodes cycle over the five benchmarks
@@ -76,6 +78,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from rsigym_env.catalog import TRACKS
 from rsigym_env.catalog import DEFECTS, FAILURE_MODES
@@ -854,11 +857,16 @@ def main(argv: list[str] | None = None) -> None:
         args = Args(**{k: getattr(ns, k) for k in Args.__dataclass_fields__ if hasattr(ns, k)})
         trainer = Trainer(args)
         t0 = time.time()
+        # one BLAS thread, here and in the rollout workers forked from here: the products are small, and
+        # OpenBLAS's second thread spins between them (on 2 shared cores: 674 s -> 269 s of wall time, 413 ->
+        # 176 s of CPU; bench/README.md, "The vector sim, round 2")
+        limits = threadpool_limits(limits=1, user_api="blas")
         try:
             trainer.run()
             final = trainer.evaluate(seeds=args.final_eval_seeds)
         finally:
             trainer.close()
+            limits.restore_original_limits()
         wall = time.time() - t0
         out = args.out or str(default_policy_path())
         trainer.save(out, {"wall_s": round(wall, 1), "cpu_count": os.cpu_count(),

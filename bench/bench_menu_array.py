@@ -5,13 +5,16 @@ A step is one menu entry per env (one or more tool calls); the aggregate rate is
 Policies: ``masked`` (a seeded uniform draw over each env's unmasked entries: data macros are most of them)
 and ``policy`` (the shipped RL policy, greedy: one batched forward pass per step, its time included; the
 scripted-like mix: evaluate, fix, probe the teachers, buy data, clean, train, evaluate, submit); each row
-also gives the rate in the env's own time (``reset`` and ``step``, without the policy's). Rows:
-the joint track (every macro) at each N; the harness track at the largest N (evaluate, fix, wait and
-submit only: the macros that are array code end to end); ``route``: the same id with ``array=False``
-(``ResearchVectorEnv`` over ``DiscreteMenu`` sub-envs). CartPole-v1 (``gym.make``, sampled) runs at the
-start, the end, and for 1 s right before each row (the ``[x]`` ratio).
+also gives the rate in the env's own time (``reset`` and ``step``, without the policy's). Rows: every track
+(joint: every macro; data; harness: evaluate, fix, wait and submit) at each N, with the default ledger (an
+account and an audited entry per finished episode); at the largest N the joint and harness tracks again with
+``write_episodes="step"`` (one ledger entry per step) and ``False`` (none), to show what the default costs;
+``route``: the joint id with ``array=False`` (``ResearchVectorEnv`` over ``DiscreteMenu`` sub-envs).
+CartPole-v1 (``gym.make``, sampled) runs at the start, the end, and for 1 s right before each row (the
+``[x]`` ratio). The policy's forward pass runs on one BLAS thread (OpenBLAS's second thread spins between
+calls: on 2 shared cores that made the 256 x 50 forward pass take ~19 ms instead of ~1.4 ms).
 
-    python bench/bench_menu_array.py [--seconds 3] [--sizes 1,16,256] [--route-sizes 16]
+    python bench/bench_menu_array.py [--seconds 3] [--sizes 1,16,256] [--route-sizes 16] [--tracks joint,data,harness]
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import rsigym_env  # noqa: F401  (first: it pins NumPy's code; registers the ids
 
 import gymnasium as gym
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from rsigym_env.baselines.rl_researcher import default_policy_path, policy_actions, shared_policy
 
@@ -33,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_env import cartpole  # noqa: E402  (the same reference as bench_env.py)
 
 KWARGS = {"benchmark": "swe-bench-verified", "budget_usd": 500}
-IDS = {"joint": "RSIGym/Joint-v0", "harness": "RSIGym/Harness-v0"}
+IDS = {"joint": "RSIGym/Joint-v0", "data": "RSIGym/Data-v0", "harness": "RSIGym/Harness-v0"}
 
 
 def measure(env, n: int, seconds: float, policy: str) -> tuple[float, float, float, int]:
@@ -68,25 +72,31 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--sizes", default="1,16,256")
     parser.add_argument("--route-sizes", default="16")
+    parser.add_argument("--tracks", default="joint,data,harness")
     args = parser.parse_args()
     sizes = [int(n) for n in args.sizes.split(",")]
     print(f"load before {os.getloadavg()}")
     ref = cartpole(args.seconds)
     print(f"cartpole-v1 (gym.make, sampled): {ref:,.0f} steps/s", flush=True)
-    rows = ([("array", "joint", n) for n in sizes] + [("array", "harness", sizes[-1])]
-            + [("route", "joint", int(n)) for n in args.route_sizes.split(",")])
+    tracks = args.tracks.split(",")
+    rows = ([("array", track, n, "episode") for track in tracks for n in sizes]
+            + [("array", track, sizes[-1], mode) for track in ("joint", "harness") if track in tracks
+               for mode in ("step", False)]
+            + [("route", "joint", int(n), "episode") for n in args.route_sizes.split(",") if n])
     for policy in ("masked", "policy"):
-        for kind, track, n in rows:
+        for kind, track, n, ledger in rows:
             near = cartpole(1.0)
+            extra = {"write_episodes": ledger} if kind == "array" else {}
             env = gym.make_vec(IDS[track], num_envs=n, vectorization_mode="vector_entry_point", menu=True,
-                               array=kind == "array", **KWARGS)
+                               array=kind == "array", **extra, **KWARGS)
             assert type(env.unwrapped).__name__ == ("MenuArrayEnv" if kind == "array" else "ResearchVectorEnv")
-            rate, env_rate, per_episode, episodes = measure(env, n, args.seconds, policy)
+            with threadpool_limits(limits=1, user_api="blas"):
+                rate, env_rate, per_episode, episodes = measure(env, n, args.seconds, policy)
             env.close()
-            print(f"{policy:6s} {kind:5s} {track:7s} N={n:4d}: {rate:9,.0f} steps/s ({rate / ref:6.3f}x cartpole "
-                  f"[{rate / near:6.3f}x]); env alone {env_rate:9,.0f} ({env_rate / ref:6.3f}x); "
-                  f"{per_episode:5.1f} steps/episode over {episodes} episodes, load {os.getloadavg()[0]:.2f}",
-                  flush=True)
+            print(f"{policy:6s} {kind:5s} {track:7s} N={n:4d} ledger={str(ledger):7s}: {rate:9,.0f} steps/s "
+                  f"({rate / ref:6.3f}x cartpole [{rate / near:6.3f}x]); env alone {env_rate:9,.0f} "
+                  f"({env_rate / ref:6.3f}x [{env_rate / near:6.3f}x]); {per_episode:5.1f} steps/episode over "
+                  f"{episodes} episodes, load {os.getloadavg()[0]:.2f}", flush=True)
     print(f"cartpole-v1 again: {cartpole(args.seconds):,.0f} steps/s; load after {os.getloadavg()}")
 
 

@@ -32,37 +32,49 @@ State arrays (row i = env i; see ``MenuArrayEnv.__init__``):
   grown on demand;
 * dev candidates, index ``checkpoint * 32 + harness version``: number of scores, mean and the order a
   candidate was first scored in (the adapter's and the run's dict order, for ties), (N, 32 (1 + K)); the
-  scores themselves in a list per row and candidate, averaged by ``np.mean`` as the adapter does when
-  one is added (a zero-padded array summed along an axis rounds differently from ``np.mean`` of the list
-  from 4 values on: measured); ``initial_dev``, ``best_dev``, ``last_dev``;
+  mean is the adapter's ``np.mean`` of the scores: below 8 scores NumPy adds them one by one, which is a
+  running sum (``score_sum``); from 8 on its pairwise sum, so the first 7 scores are kept
+  (``score_head``) and a candidate scored 8 times or more gets its list (rare); ``initial_dev``,
+  ``best_dev``, ``last_dev``;
 * one running job per row (the menu's evaluations and trainings block: start, then ``wait`` for it):
   ready time, cost, and its result (an evaluation's score and failure counts, drawn when it starts as
   the scalar world does; a training's checkpoint state);
+* datasets, struct-of-arrays: slot j of a row is the j-th dataset its episode made (``ds-(j+1)``), with
+  the sim's counts (``ds_n``, ``ds_correct``, ``ds_dup``, ``ds_tokens``; no dev prompts: the menu generates
+  synthetic data only) and teacher skill, and the adapter's record of it (teacher, pass rate to 4 digits
+  as ``stats()`` gives it, made by a transform, cleaned); per row the train set, the pool per teacher,
+  the dataset of the newest checkpoint and of the running training, best pass rate and dollars per
+  example per teacher, generations and trainings; each world's ``data`` and ``train`` stream keys and
+  counters, teacher accuracies (drawn with the world) and calibrated teacher skills (at first use);
 * the adapter's memory for the features: ``harness_read``, failure shares and cost of the last finished
-  evaluation, evaluations finished, ``last_error``; the data and training features (``data_features``)
-  and mask bits (``can_clean``, ``has_train_set``), written when a data or training call changes them.
+  evaluation, evaluations finished, ``last_error``. Features and mask are computed from the arrays.
 
-The frequent macros (evaluate, fix, wait, submit) run as array operations over the rows that chose them.
-The data and training macros (``gen``, ``clean``, ``train``) keep per-row state (``_Rows``) and run on the
-row's own :class:`~rsigym_env.worlds.sim.world.SimWorld` (made from the batch's draw of its episode seed
-at its first data call, its clock set to the row's), through the scalar tool models and permission checks
-(``parse_action``, ``authorize``, once per argument set) and the same bookkeeping as ``MenuAdapter``; their
-money, clock, steps and limits go through the same arrays as the rest. ``gen`` and ``clean`` are a plan
-per row (the adapter's, as a generator that asks for one call at a time); the calls all rows ask for at
-once run as one batch (``generate_batch``, ``transform_batch``: each world's own stream draws, element-wise,
-so a row's result is what its world alone gives). ``train`` runs row by row.
+Every macro runs as array passes over the rows that chose it; no per-row object (``SimWorld``,
+``Dataset``, plan generator) is on the path. ``gen`` and ``clean`` follow the adapter's plans
+(``MenuAdapter._gen``, ``._clean``) a phase at a time: each phase is one call per row still in its plan
+(a max generation: up to four rounds of a refused full size and a cut-to-fit call; a clean: filter, then
+dedupe, of the k-th raw dataset of the newest raw one's teacher, then the mix into the pool), and a call
+is :meth:`MenuArrayEnv._generate` or :meth:`~MenuArrayEnv._transform`: permission (once per teacher or
+operation), quote, reserve or refuse, the world's aggregate draw from its own ``data`` stream
+(``generate_datasets``, ``filter_datasets``, ``dedupe_datasets`` and ``mix_datasets`` as element-wise
+NumPy over the rows), bill, time, the adapter's record, the run's limits. ``train`` always starts from
+base, so ``train_model``'s lineage terms vanish and a checkpoint is a closed form of the dataset's counts
+and the world's ``train`` draw (its ``math.exp`` and ``**`` stay Python's, per training row). The step's
+evaluations (dev ones, submits' official ones and the reset episodes' initial official score) are one
+``SimBatch.evaluate`` pass. Python's own ``round``, ``_nano_up`` and ``_nano_near`` are NumPy passes that
+give the same floats (``round_digits``, ``nano_up``, ``nano_near``).
 
 Shared with the scalar env (parity by construction): the menu, mask and feature definitions
-(``wrappers/menu.py``: ``MENU``, ``FEATURES``, ``Dataset``, ``MenuAdapter._fit``), scenario loading,
-the episode seed (Gymnasium's ``np_random``, as ``ResearchEnv.reset``), world draws, evaluation kernels
-and bills (``SimBatch``), data generation, transforms and training (``SimWorld``), tool validation and
-permissions, harness version ids, the ledger's nano-dollar rounding and refusal message,
+(``wrappers/menu.py``: ``MENU``, ``FEATURES``, ``FIT_SHARE``), scenario loading, the episode seed
+(Gymnasium's ``np_random``, as ``ResearchEnv.reset``), world draws, evaluation kernels and bills
+(``SimBatch``), the data model's draws and constants (``binomial``, ``norm_ppf``, ``calibrate_skill``,
+``truncated_mean_tokens``, stream keys), tool validation and permissions, harness version ids, prices,
 ``normalized_gain``, the run's ``MIN_USD``.
 
 Re-implemented (parity by test): the run's call sequence per macro (``ResearchRun.execute``: step count,
 refusals, limits in the run's order — steps, refusals, time, money), the ledger's reserve/settle
 arithmetic, the clock's ``wait``, the run's dev bookkeeping, the adapter's features, mask and macro
-plans. ``tests/test_menu_vector.py`` plays seeded random action sequences over the whole menu (mostly
+plans, the sim's generate/transform/train bookkeeping on counts (``SimRollout``, ``SimTrain``). ``tests/test_menu_vector.py`` plays seeded random action sequences over the whole menu (mostly
 unmasked entries, some masked ones that the env refuses) and the shipped RL policy through this env
 and through ``DiscreteMenu`` on the scalar env, on every track and benchmark, and compares every row.
 
@@ -70,18 +82,21 @@ Money and audit: the money lives in the arrays above (:attr:`MenuArrayEnv.budget
 :attr:`~MenuArrayEnv.spent_usd`, :attr:`~MenuArrayEnv.refusals`, :attr:`~MenuArrayEnv.episodes`, as
 ``ResearchVectorEnv`` names them). Each finished episode (and one a ``reset`` or ``close`` cuts short) is
 written to a ledger at the end of the step it ends in: an account of its own (a fresh platform key with the
-scenario's budget), its whole spend reserved and settled in one audited entry (its seed, steps, refusals,
-end) and its official result as a record, on a hash-chained audit log that ``rsigym audit verify`` accepts
+scenario's budget), its whole spend reserved and settled, the settlement audited with its seed, steps,
+refusals, end and official result, on a hash-chained audit log that ``rsigym audit verify`` accepts
 (``ledger_path=``: a file; default: in memory). That is batched per episode, not per tool call: the
 per-call trail (each reserve, settle and refusal) is the scalar env's and the per-env route's.
+``write_episodes="step"`` batches further: one account and one audited entry per step listing the episodes
+that ended in it (each one's spend checked against its budget first); ``False`` writes nothing.
 
 Autoreset: ``NEXT_STEP`` (default), ``SAME_STEP`` (``final_obs``/``final_info``) and ``DISABLED``
 (``reset(options={"reset_mask": mask})``), as ``ResearchVectorEnv``.
 
 Not here (use ``array=False``): the text log and the rest of the scalar ``info`` (``result``, ``message``,
 ``events``, ``calls``, ``macro``, ``metrics``, the reset keys but ``seed``), ``blocking=False``, non-sim
-worlds. Speed: ``bench/README.md`` ("The vector sim"); the per-row Python of the data macros
-(``Dataset`` records, features) and ``train`` is what is left of a Python loop per row.
+worlds. Speed: ``bench/README.md`` ("The vector sim"). Per-row Python left on the path: a reset row's
+episode seed (its Gymnasium generator), a training row's two ``math`` calls, Python's ``round`` where a
+value is within float noise of a half, and the ledger entry per finished episode (default).
 
 >>> env = MenuArrayEnv(2, track="harness", benchmark="aime", budget_usd=500)
 >>> obs, info = env.reset(seed=0)
@@ -96,9 +111,7 @@ worlds. Speed: ``bench/README.md`` ("The vector sim"); the per-row Python of the
 from __future__ import annotations
 
 import math
-import operator
 import secrets
-from functools import reduce
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -113,19 +126,23 @@ from .catalog import DEFECTS, FAILURE_MODES
 from .errors import ActionError
 from .harness import HarnessStore
 from .platform.permissions import authorize
-from .platform.ledger import NANO, _nano_near, _nano_up
+from .platform.ledger import NANO, _nano_near
+from .prices import PER_M
 from .run import MIN_USD
 from .env import resolve_scenario
 from .platform.core import Platform, PlatformKey
 from .platform.ledger import Ledger
 from .scenario import Scenario
 from .scoring import normalized_gain
-from .tools import Train, parse_action
+from .tools import GenerateData, Train, parse_action
 from .worlds.sim.batch import HarnessArrays, SimBatch
-from .worlds.sim.clock import SimClock
-from .worlds.sim.world import SimWorld, generate_batch, transform_batch
-from .wrappers.menu import (DEFAULT_LR, FEATURES, FIXES, GEN_SIZES, MAX_CHUNKS,
-                            MAX_RESERVE, MENU, MENU_INDEX, MISSING, TEACHERS, Dataset, MenuAdapter, _option_line)
+from .worlds.sim.benchmarks import TEACHER_DUPLICATES
+from .worlds.sim.draws import benchmark_key, binomial, norm_ppf, stream_keys, uniforms
+from .worlds.sim.model import (DEDUPE_RECALL, DUPLICATE_WEIGHT, FILTER_FALSE_PASS, FILTER_RECALL, GENERATE_DRAWS,
+                               INTENSITY_SCALE, TRAIN_NOISE, TrainSettings, calibrate_skill, truncated_mean_tokens)
+from .worlds.sim.world import TRANSFORM_SECONDS_PER_EXAMPLE, TRANSFORM_STARTUP_S
+from .wrappers.menu import (DEFAULT_LR, FEATURES, FIT_SHARE, FIXES, GEN_SIZES, MAX_CHUNKS,
+                            MAX_RESERVE, MENU, MENU_INDEX, MISSING, TEACHERS, _option_line)
 
 __all__ = ["ARRAY_MACROS", "INFO_KEYS", "MenuArrayEnv"]
 
@@ -139,29 +156,13 @@ N_VERSIONS = 1 << len(DEFECTS)  # harness versions the menu's fixes can make
 _KIND = np.array([m.kind for m in MENU])
 _ARG = [m.arg for m in MENU]
 _F = {name: i for i, name in enumerate(FEATURES)}
-
-
-def _drive(plans: dict[int, Any], run: Any) -> None:
-    """Step every row's plan (a generator yielding its next call) together: the calls the rows ask for at once
-    run as one batch (``run``: row -> call in, row -> answer out), each answer sent back to its row's plan.
-
-    >>> def plan(n):
-    ...     total = yield n
-    ...     yield total
-    >>> seen = []
-    >>> _drive({0: plan(1), 1: plan(2)}, lambda asks: (seen.append(dict(asks)), {i: a * 10 for i, a in asks.items()})[1])
-    >>> seen
-    [{0: 1, 1: 2}, {0: 10, 1: 20}]
-    """
-    asks = {i: next(plan) for i, plan in plans.items()}
-    while asks:
-        answers = run(asks)
-        asks = {}
-        for i, answer in answers.items():
-            try:
-                asks[i] = plans[i].send(answer)
-            except StopIteration:
-                pass
+_GROUP = np.array([{"eval_latest": "eval", "eval_base": "eval", "submit_best": "submit",
+                    "submit_latest": "submit"}.get(m.kind, m.kind) for m in MENU])
+_K = np.array([m.arg if m.kind in ("eval_latest", "eval_base") else 0 for m in MENU], np.int64)
+_TEACHER = np.array([TEACHERS.index(m.arg[0]) if m.kind == "gen" else -1 for m in MENU], np.int64)
+_GEN_N = np.array([m.arg[1] if m.kind == "gen" else 0 for m in MENU], np.int64)
+_MEAN_EXACT = 8  # from this many scores on, a candidate's mean is NumPy's (pairwise), below it a running sum
+_MAX_TOKENS = GenerateData.model_fields["max_tokens_per_example"].default  # the menu's generations leave it
 
 
 def harness_versions(batch: SimBatch) -> tuple[list[str], list[dict[str, str]]]:
@@ -187,36 +188,63 @@ def harness_versions(batch: SimBatch) -> tuple[list[str], list[dict[str, str]]]:
     return ids, files
 
 
-def _nano(values: np.ndarray, convert: Any) -> np.ndarray:
-    """The ledger's scalar rounding (``_nano_up`` or ``_nano_near``) of each dollar amount."""
-    return np.array([convert(v) for v in values.tolist()], dtype=np.int64)
+def nano_up(usd: np.ndarray) -> np.ndarray:
+    """The ledger's :func:`~rsigym_env.platform.ledger._nano_up` of each dollar amount (the same float steps).
+
+    >>> from rsigym_env.platform.ledger import _nano_up
+    >>> values = np.array([0.1, 1e-9, 0.3333333333, 2.5e-10, 123.456789012])
+    >>> nano_up(values).tolist() == [_nano_up(v) for v in values.tolist()]
+    True
+    """
+    exact = np.asarray(usd, float) * NANO
+    near = np.rint(exact)
+    return np.where(np.abs(exact - near) <= 1e-6 + exact * 1e-15, near, np.ceil(exact)).astype(np.int64)
 
 
-class _Rows:
-    """The per-row memory of the rare macros (data and training), as the run and the adapter keep it.
+def nano_near(usd: np.ndarray) -> np.ndarray:
+    """The ledger's :func:`~rsigym_env.platform.ledger._nano_near` (``round``: half to even) of each amount.
 
-    ``world`` is the row's own :class:`~rsigym_env.worlds.sim.world.SimWorld` (made at the row's first
-    data call from its episode seed): generation, transforms and training run on it, so their results
-    are the scalar world's; evaluations stay in the batch."""
+    >>> nano_near(np.array([2.5e-9, 3.5e-9, 0.1])).tolist() == [_nano_near(v) for v in (2.5e-9, 3.5e-9, 0.1)]
+    True
+    """
+    return np.rint(np.asarray(usd, float) * NANO).astype(np.int64)
 
-    __slots__ = ("world", "datasets", "train_set", "pools", "ckpt_data", "counters", "pass_rates", "usd_per_example",
-                 "generations", "trainings", "pending")
 
-    def __init__(self) -> None:
-        self.world: SimWorld | None = None
-        self.datasets: dict[str, Dataset] = {}  # the adapter's view: id -> Dataset
-        self.train_set: str | None = None
-        self.pools: dict[str, str] = {}
-        self.ckpt_data: dict[int, str] = {}  # checkpoint index -> dataset it was trained on
-        self.counters: dict[str, int] = {}  # the run's id counters
-        self.pass_rates: dict[str, float] = {}
-        self.usd_per_example: dict[str, float] = {}
-        self.generations = self.trainings = 0
-        self.pending: tuple[str, str] | None = None  # the running train job's (checkpoint id, dataset)
+def round_digits(x: np.ndarray, digits: int) -> np.ndarray:
+    """Python's ``round(v, digits)`` of each value (correctly rounded, half to even on the exact binary value):
+    ``rint(v * 10**digits) / 10**digits``, which is the same wherever the product is not within float noise
+    of a half; those few values are rounded by Python itself.
 
-    def next(self, prefix: str) -> str:
-        self.counters[prefix] = self.counters.get(prefix, 0) + 1
-        return f"{prefix}-{self.counters[prefix]}"
+    >>> values = np.array([0.12345, 0.00005, 2.675, 1 / 3, 0.5, 1234.56785])
+    >>> round_digits(values, 4).tolist() == [round(v, 4) for v in values.tolist()]
+    True
+    """
+    x = np.asarray(x, float)
+    scale = 10.0 ** digits
+    y = x * scale
+    out = np.rint(y) / scale
+    near_half = np.abs(np.abs(y - np.trunc(y)) - 0.5) <= 4 * np.spacing(np.abs(y))  # the product's rounding
+    if near_half.any():
+        out[near_half] = [round(v, digits) for v in x[near_half].tolist()]
+    return out
+
+
+def _first_true(mask: np.ndarray, count: int) -> np.ndarray:
+    """(M, count): the column indices of the first ``count`` True entries of each row, in order (-1 past the
+    row's last).
+
+    >>> _first_true(np.array([[False, True, True], [False, False, False]]), 2).tolist()
+    [[1, 2], [-1, -1]]
+    """
+    order = np.argsort(~mask, axis=1, kind="stable")[:, :count]
+    return np.where(np.take_along_axis(mask, order, axis=1), order, -1)
+
+
+def _log1p_table(size: int) -> np.ndarray:
+    """``math.log1p(n) / math.log1p(20_000)`` for n < size: ``MenuAdapter.features``' train_set_size, by
+    ``math`` as there."""
+    top = math.log1p(20_000)
+    return np.array([math.log1p(n) / top for n in range(size)])
 
 
 class MenuArrayEnv(VectorEnv):
@@ -230,9 +258,10 @@ class MenuArrayEnv(VectorEnv):
             (default: in memory); ``rsigym audit verify`` accepts it.
         autoreset_mode: ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED`` (enum or its value), as
             ``ResearchVectorEnv``.
-        write_episodes: write each finished episode to the ledger (default). False skips it (a training
-            run nobody audits: ~1/3 of a step's time on the harness track at N = 256); the money is
-            reserved, refused and settled in the arrays all the same.
+        write_episodes: write each finished episode to the ledger (default, ``True`` or ``"episode"``: an
+            account and an audited entry per episode); ``"step"``: one account and one audited entry per step
+            for the episodes that ended in it; ``False`` skips it (a training run nobody audits). The money
+            is reserved, refused and settled in the arrays all the same (``bench/README.md``: what each costs).
 
     Money per env, in arrays (as ``ResearchVectorEnv``'s): :attr:`budget_left_usd`, :attr:`spent_usd`,
     :attr:`refusals` (the current episode's) and :attr:`episodes` (finished ones).
@@ -244,7 +273,7 @@ class MenuArrayEnv(VectorEnv):
                  world: str | None = None, benchmark: str | None = None, budget_usd: float | None = None,
                  max_steps: int | None = None, time_limit_h: float | None = None,
                  world_options: dict[str, Any] | None = None, ledger_path: str | Path | None = None,
-                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP, write_episodes: bool = True):
+                 autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP, write_episodes: bool | str = True):
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
         s = self.scenario = resolve_scenario(scenario, track=track, world=world, benchmark=benchmark,
@@ -261,6 +290,9 @@ class MenuArrayEnv(VectorEnv):
         self.single_observation_space = spaces.Box(-1.0, 1.0, shape=(len(FEATURES),), dtype=np.float32)
         self.observation_space = spaces.Box(-1.0, 1.0, shape=(n, len(FEATURES)), dtype=np.float32)
         self.budget_n = _nano_near(s.budget_usd)
+        # available / NANO < MIN_USD, in nano-dollars: the smallest integer whose dollars are not below it
+        self._min_n = next(v for v in range(math.floor(MIN_USD * NANO) - 2, math.ceil(MIN_USD * NANO) + 3)
+                           if v / NANO >= MIN_USD)
         self.time_limit_s = s.time_limit_h * 3600.0
         self.tools = set(s.tools())
         sandbox = s.permissions.sandbox
@@ -281,10 +313,12 @@ class MenuArrayEnv(VectorEnv):
         # checkpoints: index 0 is base; n_ckpt finished ones follow (skill and dev memory of each)
         self.ckpt_skill, self.ckpt_memory, self.n_ckpt = np.zeros((n, 1)), np.zeros((n, 1)), z(np.int64)
         # candidates: checkpoint index * N_VERSIONS + harness version
-        self.score_lists: list[dict[int, list[float]]] = [{} for _ in range(n)]  # row -> candidate -> scores
         self.n_scores = np.zeros((n, N_VERSIONS), np.int64)
         self.means = np.zeros((n, N_VERSIONS))
         self.first_scored = np.zeros((n, N_VERSIONS), np.int64)  # 0: never; else the order (1, 2, ...)
+        self.score_sum = np.zeros((n, N_VERSIONS))  # running sum of a candidate's scores (below _MEAN_EXACT)
+        self.score_head = np.zeros((n, N_VERSIONS, _MEAN_EXACT - 1))  # its first scores, for NumPy's mean from 8 on
+        self._score_lists: dict[tuple[int, int], list[float]] = {}  # (row, candidate) -> scores, from 8 on
         self.n_candidates = z(np.int64)
         self.initial_dev, self.best_dev, self.last_dev = z(), z(), z()
         # the running job (one at most: the menu's evaluations and trainings wait for theirs)
@@ -294,14 +328,30 @@ class MenuArrayEnv(VectorEnv):
         self.job_skill, self.job_memory = z(), z()
         self.fail_shares = np.zeros((n, len(FAILURE_MODES)))
         self.eval_cost, self.evaluations = z(), z(np.int64)
-        self.rows = [_Rows() for _ in range(n)]
-        self.data_features = np.tile(self._no_data_features(), (n, 1))  # features 8-15 and 31-36, 39 per row
-        self.can_clean, self.has_train_set = z(bool), z(bool)
         self.episodes = z(np.int64)
         self._open = z(bool)  # an episode is under way and not yet written to the ledger
-        self.write_episodes = write_episodes
+        if write_episodes not in (True, False, "episode", "step"):
+            raise ValueError(f"write_episodes is True, False, 'episode' or 'step', got {write_episodes!r}")
+        self.write_episodes = "episode" if write_episodes is True else write_episodes
         self._key_secret, self._keys = secrets.token_hex(16), 0  # episode i's account: key_id(f"{secret}-{i}")
         self._tools: dict[tuple, Any] = {}  # a data call's arguments -> its authorized tool (or refusal)
+        # datasets: slot j of a row is the j-th dataset its episode made (counts as the sim's Dataset; the
+        # adapter's record: teacher, rounded pass rate, made by a transform, cleaned); grown on demand
+        self.n_ds = z(np.int64)
+        self.ds_n, self.ds_correct, self.ds_dup, self.ds_tokens, self.ds_teacher = (
+            np.zeros((n, 8), np.int64) for _ in range(5))
+        self.ds_skill, self.ds_rate = np.zeros((n, 8)), np.zeros((n, 8))
+        self.ds_clean, self.ds_cleaned = np.zeros((n, 8), bool), np.zeros((n, 8), bool)
+        n_teachers = len(TEACHERS)
+        self.train_set, self.ckpt_ds, self.job_ds = z(np.int64) - 1, z(np.int64) - 1, z(np.int64) - 1
+        self.pools = np.full((n, n_teachers), -1, np.int64)  # the adapter's pool per teacher (a slot)
+        self.pass_rates, self.usd_per_example = np.full((n, n_teachers), -1.0), np.full((n, n_teachers), np.nan)
+        self.generations, self.trainings = z(np.int64), z(np.int64)
+        self.teacher_acc, self.teacher_skill = np.zeros((n, n_teachers)), np.full((n, n_teachers), np.nan)
+        self.data_keys, self.train_keys = z(np.uint64), z(np.uint64)  # each world's data and train streams
+        self.data_counter, self.train_counter = z(np.uint64), z(np.uint64)
+        self._data_constants()
+        self._size_table = _log1p_table(1 << 16)
         self._started = False
 
     # ------------------------------------------------------------------ gymnasium API
@@ -349,7 +399,7 @@ class MenuArrayEnv(VectorEnv):
             if self.autoreset_mode == AutoresetMode.DISABLED:
                 raise gym.error.ResetNeeded(f"envs {resetting.tolist()} have ended: reset them "
                                             "(options={'reset_mask': ...})")
-            self._reset_rows(resetting, [None] * resetting.size)
+            self._reset_rows(resetting, [None] * resetting.size, official=False)
         self._reward = np.zeros(n)
         self._terminated, self._truncated = np.zeros(n, bool), np.zeros(n, bool)
         self._ok, self._spent_before = np.ones(n, bool), self.spent_n.copy()
@@ -357,10 +407,12 @@ class MenuArrayEnv(VectorEnv):
         self._calls = np.zeros(n, np.int64)
         acting = np.ones(n, bool)
         acting[resetting] = False
-        kinds = _KIND[actions]
-        for kind in np.unique(kinds[acting]).tolist():
+        kinds = _GROUP[actions]
+        self._staged: dict[str, tuple[np.ndarray, ...]] = {}
+        for kind in sorted(set(kinds[acting].tolist())):
             rows = np.flatnonzero(acting & (kinds == kind))
             getattr(self, "_macro_" + kind)(rows, actions[rows])
+        self._evaluations(resetting)  # every evaluation of the step, one pass
         self.last_error[acting] = ~self._ok[acting]
         info: dict[str, Any] = {"action_mask": self._mask(), "n_calls": self._calls.copy(),
                                 "_action_mask": np.ones(n, bool), "_n_calls": acting.copy()}
@@ -368,8 +420,7 @@ class MenuArrayEnv(VectorEnv):
         spent = self.spent_n / NANO
         cost = np.zeros(n)  # the run's round(after - before, 9), where the last call spent anything
         paid = np.flatnonzero(self.spent_n != self._spent_before)
-        cost[paid] = [round(a / NANO - b / NANO, 9) for a, b in zip(self.spent_n[paid].tolist(),
-                                                                     self._spent_before[paid].tolist())]
+        cost[paid] = round_digits(self.spent_n[paid] / NANO - self._spent_before[paid] / NANO, 9)
         for key, value in (("ok", self._ok), ("error", self._error), ("cost_usd", cost),
                            ("budget_left_usd", balance), ("spent_usd", spent)):
             info[key], info[f"_{key}"] = value, acting.copy()
@@ -425,11 +476,11 @@ class MenuArrayEnv(VectorEnv):
 
     # ------------------------------------------------------------------ macros (rows do one each)
 
-    def _macro_eval_latest(self, rows: np.ndarray, actions: np.ndarray) -> None:
-        self._evaluate(rows, np.array([_ARG[a] for a in actions.tolist()], np.int64), self.n_ckpt[rows])
-
-    def _macro_eval_base(self, rows: np.ndarray, actions: np.ndarray) -> None:
-        self._evaluate(rows, np.array([_ARG[a] for a in actions.tolist()], np.int64), np.zeros(rows.size, np.int64))
+    def _macro_eval(self, rows: np.ndarray, actions: np.ndarray) -> None:
+        """``eval_latest_k*`` (the latest checkpoint) and ``eval_base_k*`` (base), with the latest harness: run
+        in the step's evaluation pass (:meth:`_evaluations`)."""
+        latest = _KIND[actions] == "eval_latest"
+        self._staged["eval"] = (rows, _K[actions], np.where(latest, self.n_ckpt[rows], 0))
 
     def _macro_fix(self, rows: np.ndarray, actions: np.ndarray) -> None:
         defect = np.array([DEFECTS.index(_ARG[a]) for a in actions.tolist()], np.intp)
@@ -459,163 +510,180 @@ class MenuArrayEnv(VectorEnv):
         self._call(rows)
         self._wait(rows)
 
-    def _macro_submit_latest(self, rows: np.ndarray, actions: np.ndarray) -> None:
-        self._submit(rows, self.n_ckpt[rows] * N_VERSIONS + self._version(rows))
-
-    def _macro_submit_best(self, rows: np.ndarray, actions: np.ndarray) -> None:
-        """The adapter's best candidate: the highest mean dev score, the first scored on a tie (else latest)."""
+    def _macro_submit(self, rows: np.ndarray, actions: np.ndarray) -> None:
+        """``submit_latest``: the latest checkpoint and harness; ``submit_best``: the adapter's best candidate,
+        the highest mean dev score, the first scored on a tie (else the latest)."""
+        latest = self.n_ckpt[rows] * N_VERSIONS + self._version(rows)
         scored = self.n_scores[rows] > 0
         mean = np.where(scored, self.means[rows], -np.inf)
         top = scored & (mean == mean.max(axis=1, keepdims=True))
         order = np.where(top, self.first_scored[rows], np.iinfo(np.int64).max)
-        best = order.argmin(axis=1)
-        latest = self.n_ckpt[rows] * N_VERSIONS + self._version(rows)
-        self._submit(rows, np.where(scored.any(axis=1), best, latest))
+        best = np.where(scored.any(axis=1), order.argmin(axis=1), latest)
+        self._staged["submit"] = (rows, np.where(_KIND[actions] == "submit_best", best, latest))
 
     def _macro_gen(self, rows: np.ndarray, actions: np.ndarray) -> None:
-        """``MenuAdapter._gen``: each row's plan (:meth:`_gen_plan`) asks for its calls one at a time; the
-        calls all rows ask for at once run as one batch per (teacher, size) (:meth:`_generate_rows`)."""
-        _drive({i: self._gen_plan(i, *_ARG[a]) for i, a in zip(rows.tolist(), actions.tolist())}, self._generate_rows)
-
-    def _gen_plan(self, i: int, teacher: str, n: int) -> Any:
-        """Row i's ``MenuAdapter._gen``: yields ``(teacher, n_examples)`` per call, is sent its ``(code, message)``."""
-        if n < GEN_SIZES[-1]:
-            error, message = yield teacher, n
-            if error == "insufficient_budget" and not self.done[i]:
-                fit = _fit(n, message, 0.0)
-                if fit >= 1:
-                    yield teacher, fit
-            return
-        reserve = MAX_RESERVE * self.scenario.budget_usd
+        """``MenuAdapter._gen`` for every row at once: a size below the largest is one ``generate_data`` call,
+        and if the budget refuses it one cut to fit; ``max`` is up to ``MAX_CHUNKS`` rounds of (the largest
+        size, refused, then a call cut to fit what is left above ``MAX_RESERVE`` of the budget). Each round
+        is one array call (:meth:`_generate`) over the rows still in their plan."""
+        teacher, n = _TEACHER[actions], _GEN_N[actions]
+        self._calibrate(rows, teacher)
+        is_max = n == GEN_SIZES[-1]
+        reserve_max = MAX_RESERVE * self.scenario.budget_usd
         for chunk in range(MAX_CHUNKS):
-            error, message = yield teacher, n
-            if error != "insufficient_budget" or self.done[i]:
-                break
-            fit = _fit(n, message, reserve)
-            if fit < (1 if chunk == 0 else GEN_SIZES[0]):
-                break
-            error, _ = yield teacher, fit
-            if error or self.done[i]:
-                break
+            if not rows.size:
+                return
+            _, short, needs, available = self._generate(rows, teacher, n)
+            more = short & ~self.done[rows]
+            reserve = np.where(is_max, reserve_max, 0.0)
+            fit = _fit(n, needs, available, reserve)
+            more &= fit >= np.where(is_max & (chunk > 0), GEN_SIZES[0], 1)
+            rows, teacher, n, is_max, fit = rows[more], teacher[more], n[more], is_max[more], fit[more]
+            if not rows.size:
+                return
+            ran, *_ = self._generate(rows, teacher, fit)
+            go_on = is_max & ran & ~self.done[rows]
+            rows, teacher, n, is_max = rows[go_on], teacher[go_on], n[go_on], is_max[go_on]
 
     def _macro_clean(self, rows: np.ndarray, actions: np.ndarray) -> None:
-        """``MenuAdapter._clean``: each row's plan (:meth:`_clean_plan`) asks for its calls one at a time;
-        the calls all rows ask for at once run as one batch per operation (:meth:`_transform_rows`)."""
-        _drive({i: self._clean_plan(i) for i in rows.tolist()}, self._transform_rows)
-
-    def _clean_plan(self, i: int) -> Any:
-        """Row i's ``MenuAdapter._clean``: yields ``(operation, datasets)`` per call, is sent the adapter's
-        record of the new dataset (None if refused); it stops when the row's episode ends."""
-        r = self.rows[i]
-        raws = _raws(r)
-        if not raws:
-            yield "filter", [MISSING]
+        """``MenuAdapter._clean`` for every row at once: the raw datasets of the newest raw one's teacher,
+        oldest first, each filtered then deduplicated (a refusal, an empty result or the end of the episode
+        stops that dataset; the end stops the row), then the pool and the cleaned ones mixed (at most 8)
+        into the teacher's new pool. Each pass is one array call (:meth:`_transform`) over its rows."""
+        raw = self._raws(rows)
+        has = raw.any(axis=1)
+        missing = rows[~has]
+        if missing.size:  # nothing to clean: a filter of a dataset no run has, refused
+            self._call(missing)
+            self._refuse(missing, self._transform_error["filter"] or "unknown_ref")
+            self._after_call(missing)
+        rows, raw = rows[has], raw[has]
+        if not rows.size:
             return
-        teacher = raws[-1].teacher
-        cleaned = []
-        for raw in [d for d in raws if d.teacher == teacher]:
-            current = raw.id
+        d = raw.shape[1]
+        newest = d - 1 - np.argmax(raw[:, ::-1], axis=1)
+        teacher = self.ds_teacher[rows, newest]
+        raw &= self.ds_teacher[rows, :d] == teacher[:, None]
+        count = raw.sum(axis=1)
+        todo = _first_true(raw, int(count.max()))
+        cleaned = np.full(todo.shape, -1, np.int64)
+        alive = np.ones(rows.size, bool)
+        for k in range(todo.shape[1]):
+            at = np.flatnonzero(alive & (count > k))
+            current = todo[at, k]
             for operation in ("filter", "dedupe"):
-                made = yield operation, [current]
-                if self.done[i]:
-                    return
-                if made is None or made.n == 0:
-                    current = ""
+                if not at.size:
                     break
-                current = made.id
-            if current:
-                cleaned.append(current)
-        parts = ([r.pools[teacher]] if teacher in r.pools else []) + cleaned
-        if len(parts) > 1:
-            made = yield "mix", parts[:8]
-            if made is not None:
-                parts = [made.id]
-        if parts:
-            r.pools[teacher] = parts[-1]
+                made = self._transform(rows[at], operation, current[:, None])
+                ended = self.done[rows[at]]
+                alive[at[ended]] = False
+                good = ~ended & (made >= 0)
+                good[good] = self.ds_n[rows[at[good]], made[good]] > 0
+                at, current = at[good], made[good]
+            cleaned[at, k] = current
+        # the parts: the teacher's pool, then what was cleaned, in order
+        rows, teacher, cleaned = rows[alive], teacher[alive], cleaned[alive]
+        parts = np.concatenate([self.pools[rows, teacher][:, None], cleaned], axis=1)
+        parts = np.take_along_axis(parts, np.argsort(parts < 0, axis=1, kind="stable"), axis=1)
+        n_parts = (parts >= 0).sum(axis=1)
+        last = parts[np.arange(rows.size), np.maximum(n_parts - 1, 0)]
+        mixing = np.flatnonzero(n_parts > 1)
+        if mixing.size:
+            made = self._transform(rows[mixing], "mix", parts[mixing, :8])
+            last[mixing] = np.where(made >= 0, made, last[mixing])
+        kept = n_parts > 0
+        self.pools[rows[kept], teacher[kept]] = last[kept]
 
     def _macro_train(self, rows: np.ndarray, actions: np.ndarray) -> None:
-        """``MenuAdapter._train``: start a training job on the row's world, then wait for it."""
-        waiting = []
-        for i, a in zip(rows.tolist(), actions.tolist()):
-            lr, r = _ARG[a], self.rows[i]
-            args: dict[str, Any] = {"dataset": r.train_set or MISSING}
-            if lr != DEFAULT_LR:
-                args["learning_rate"] = lr
-            self._call_row(i)
-            try:
-                tool = self._tool("train", args)
-                if tool.dataset not in r.datasets:
-                    raise ActionError("unknown_ref", f"no dataset {tool.dataset!r}")
-                world = self._world(i)
-                quote = world.train.quote(tool)
-                job_id, ckpt = r.next("job"), r.next("ckpt")
-                self._hold(i, quote.usd)
-            except ActionError as err:
-                self._refuse_row(i, err.code)
-                self._after_row(i)
-                continue
-            self.steps[i] += 1
-            job = world.train.start(tool, job_id, ckpt)
-            state = world.model_state(ckpt, require_ready=False)
-            self.running[i], self.job_train[i] = True, True
-            self.job_start[i], self.job_ready[i] = job.started_at, job.ready_at
-            self.job_usd[i] = job.future.result().cost_usd
-            self.job_skill[i], self.job_memory[i] = state.skill, state.dev_memory
-            r.pending = (ckpt, tool.dataset)
-            r.trainings += 1
-            self._update_data_features(i)
-            self._after_row(i)
-            if not self.done[i]:
-                waiting.append(i)
-        waiting_rows = np.array(waiting, np.intp)
-        while waiting_rows.size:
-            self._call(waiting_rows)
-            self._wait(waiting_rows)
-            waiting_rows = waiting_rows[~self.done[waiting_rows] & self.running[waiting_rows]]
+        """``MenuAdapter._train``: ``train`` on the row's train set from ``base`` (the tool as authorized for
+        the learning rate; no train set: a dataset no run has, refused), then wait for the job. The new
+        checkpoint is ``train_model`` from base on the dataset's counts, drawn from the world's ``train``
+        stream."""
+        self._call(rows)
+        lr = np.array([_ARG[a] for a in actions.tolist()])
+        go = np.ones(rows.size, bool)
+        settings = np.empty(rows.size, object)
+        for value in set(lr.tolist()):
+            at = lr == value
+            tool = self._train_tool(value)
+            if isinstance(tool, ActionError):
+                self._refuse(rows[at], tool.code)
+                go[at] = False
+            settings[at] = tool
+        unknown = go & (self.train_set[rows] < 0)
+        self._refuse(rows[unknown], "unknown_ref")
+        go &= ~unknown
+        rows_go, tools = rows[go], settings[go]
+        if rows_go.size:
+            data = self.train_set[rows_go]
+            epochs = np.array([t.num_epochs for t in tools.tolist()], np.int64)
+            tokens = self.ds_tokens[rows_go, data] * epochs
+            usd = tokens * self.prices.model_price.train * PER_M
+            hold = nano_up(usd)
+            fits = hold <= self.budget_n - self.spent_n[rows_go] - self.reserved_n[rows_go]
+            self._refuse(rows_go[~fits], "insufficient_budget")
+            rows_go, tools, data, tokens, usd, hold = (a[fits] for a in (rows_go, tools, data, tokens, usd, hold))
+        if rows_go.size:
+            self.reserved_n[rows_go] += hold
+            self._ran(rows_go)
+            options = self.batch.model.options
+            seconds = tokens / options.train_tokens_per_second + options.train_overhead_s
+            self.running[rows_go], self.job_train[rows_go] = True, True
+            self.job_start[rows_go], self.job_ready[rows_go] = self.clock[rows_go], self.clock[rows_go] + seconds
+            self.job_usd[rows_go] = usd
+            self.job_skill[rows_go] = self._trained_skill(rows_go, data, tools)
+            self.job_memory[rows_go] = 0.0  # synthetic data only: no dev prompts to remember
+            self.job_ds[rows_go] = data
+            self.trainings[rows_go] += 1
+        self._after_call(rows)
+        waiting = rows_go[~self.done[rows_go]]
+        while waiting.size:
+            self._call(waiting)
+            self._wait(waiting)
+            waiting = waiting[~self.done[waiting] & self.running[waiting]]
+
+    def _trained_skill(self, rows: np.ndarray, data: np.ndarray, tools: np.ndarray) -> np.ndarray:
+        """``SimTrain.start``'s checkpoint skill: ``train_model`` from base (no exposure, intensity or memory
+        yet, so none of its lineage terms) on the dataset's counts, toward the world's distillation target,
+        with the normal of the world's next ``train`` draw. The ``math`` calls stay ``math`` (as there)."""
+        u = uniforms(self.train_keys[rows], self.train_counter[rows], 1)[:, 0]
+        self.train_counter[rows] += 1
+        z = norm_ppf(u)
+        w, domain = self.batch.worlds, self.batch.model.domain
+        n, correct = self.ds_n[rows, data], self.ds_correct[rows, data]
+        effective = n - (1.0 - DUPLICATE_WEIGHT) * self.ds_dup[rows, data]
+        settings = [TrainSettings.of(t) for t in tools.tolist()]
+        intensity = np.array([s.intensity for s in settings])
+        learnable = np.array([s.learnable for s in settings])
+        scale = domain.examples_scale
+        enough = np.array([1.0 - math.exp(-e / scale) for e in effective.tolist()])
+        step = learnable * enough * np.array([1.0 - math.exp(-i / INTENSITY_SCALE) for i in intensity.tolist()])
+        excess = np.maximum(0.0, intensity - w.threshold[rows])
+        damage = np.minimum(6.0, w.damage_scale[rows] * np.array([e ** 0.25 for e in excess.tolist()]))
+        base = w.base_skill[rows]
+        pass_rate = correct / n  # a train set is never empty
+        gap = (self.ds_skill[rows, data] - domain.incorrect_penalty * (1.0 - pass_rate)) - base
+        goal = base + np.where(gap > 0, w.transfer[rows] * gap, gap)
+        return base + step * (goal - base) - damage + TRAIN_NOISE * z
 
     # ------------------------------------------------------------------ calls (the run's execute)
 
     def _call(self, rows: np.ndarray) -> None:
         """A call of a macro begins: counted in ``n_calls``; the step's ``cost_usd`` is the last call's."""
+        if not rows.size:
+            return
         self._calls[rows] += 1
         self._ok[rows], self._error[rows] = True, ""
         self._spent_before[rows] = self.spent_n[rows]
 
     def _ran(self, rows: np.ndarray) -> None:
-        self.steps[rows] += 1
+        if rows.size:
+            self.steps[rows] += 1
 
     def _refuse(self, rows: np.ndarray, code: str) -> None:
-        self.refusals[rows] += 1
-        self._ok[rows], self._error[rows] = False, code
-
-    # one row at a time (the data macros' calls): the same bookkeeping as the array forms, in plain Python
-
-    def _call_row(self, i: int) -> None:
-        self._calls[i] += 1
-        self._ok[i], self._error[i] = True, ""
-        self._spent_before[i] = self.spent_n[i]
-
-    def _refuse_row(self, i: int, code: str) -> None:
-        self.refusals[i] += 1
-        self._ok[i], self._error[i] = False, code
-
-    def _after_row(self, i: int) -> None:
-        """:meth:`_after_call` for one row."""
-        if self.done[i]:
-            return
-        s = self.scenario
-        if self.steps[i] >= s.max_steps:
-            reason = "step limit"
-        elif self.refusals[i] >= s.refusal_limit:
-            reason = "refusal limit"
-        elif self.clock[i] >= self.time_limit_s:
-            reason = "time limit"
-        elif not self.running[i] and float(self.budget_n - self.spent_n[i] - self.reserved_n[i]) / NANO < MIN_USD:
-            reason = "budget exhausted"
-        else:
-            return
-        row = np.array([i])
-        self._end(row, self.initial_official[row], terminated=False, reason=reason)
+        if rows.size:
+            self.refusals[rows] += 1
+            self._ok[rows], self._error[rows] = False, code
 
     def _tool(self, name: str, args: dict[str, Any]) -> Any:
         """``authorize(scenario, parse_action(...))`` of a data call, remembered per arguments (the same
@@ -632,149 +700,278 @@ class MenuArrayEnv(VectorEnv):
             raise ActionError(tool.code, tool.message)
         return tool
 
-    def _hold(self, i: int, usd: float) -> int:
-        """Reserve ``usd`` on row ``i`` as the ledger does, or raise its ``insufficient_budget`` refusal."""
-        hold = _nano_up(usd)
-        available = self.budget_n - int(self.spent_n[i]) - int(self.reserved_n[i])
-        if hold > available:
-            raise ActionError("insufficient_budget", f"reserve needs ${hold / NANO:.4f} but only "
-                                                     f"${available / NANO:.4f} is available on this key")
-        self.reserved_n[i] += hold
-        return hold
-
-    def _world(self, i: int) -> SimWorld:
-        """Row i's own world (its episode seed's), its clock set to the row's."""
-        r = self.rows[i]
-        if r.world is None:
-            r.world = self.batch.world(i)  # SimWorld(benchmark, episode seed, ...) from the row's draw
-        r.world.clock = SimClock(float(self.clock[i]))
-        return r.world
-
-    def _generate_rows(self, asks: dict[int, tuple[str, int]]) -> dict[int, tuple[str, str]]:
-        """One ``generate_data`` call per row of ``asks`` (row -> (teacher, n_examples)), batched per
-        (teacher, n_examples) (``generate_batch`` on the rows' worlds); each row's ``("", "")`` if its call ran,
-        else the refusal's (code, message). The run's sequence per call: parse and authorize, quote, reserve
-        (or refuse), run, settle, let its time pass; then the adapter's record of the new dataset."""
-        out: dict[int, tuple[str, str]] = {}
-        groups: dict[tuple[str, int], list[int]] = {}
-        for i, ask in asks.items():
-            groups.setdefault(ask, []).append(i)
-        for (teacher, n), members in groups.items():
-            rows = np.array(members, np.intp)
-            self._call(rows)
+    def _data_constants(self) -> None:
+        """What a data call's quote, bill and permission depend on besides its row: per teacher (its
+        ``generate_data`` refusal, prices, duplicate rate, accuracy logit), per transform its refusal, the
+        sandbox price per second, the tokens of a generated example."""
+        m, domain = self.batch.model, self.batch.model.domain
+        self.prices = m.prices
+        self._gen_error = np.full(len(TEACHERS), "", dtype=object)
+        price_in, price_out, logit, shift = [], [], [], []
+        ranked = sorted(domain.teacher_accuracy)
+        for j, teacher in enumerate(TEACHERS):
             try:
-                tool = self._tool("generate_data", {"teacher": teacher, "n_examples": n})
-                worlds = [self._world(i) for i in members]
-                hold = _nano_up(worlds[0].rollout.quote_generate(tool).usd)
+                tool = self._tool("generate_data", {"teacher": teacher, "n_examples": 1})
+                m.rollout.quote_generate(tool)
             except ActionError as err:
-                self._refuse(rows, err.code)
-                self._after_call(rows)
-                out.update(dict.fromkeys(members, (err.code, err.message)))
-                continue
-            available = self.budget_n - self.spent_n[rows] - self.reserved_n[rows]
-            fits = hold <= available
-            for i, left in zip(rows[~fits].tolist(), available[~fits].tolist()):
-                out[i] = ("insufficient_budget", f"reserve needs ${hold / NANO:.4f} but only ${left / NANO:.4f} "
-                                                 "is available on this key")
-            self._refuse(rows[~fits], "insufficient_budget")
-            go = rows[fits]
-            if go.size:
-                ids = [self.rows[i].next("ds") for i in go.tolist()]
-                cost, seconds = generate_batch([worlds[j] for j in np.flatnonzero(fits).tolist()], tool, ids)
-                spent_before = self.spent_n[go].copy()
-                self.spent_n[go] += min(_nano_near(cost), hold)
-                self.clock[go] += seconds
-                self.steps[go] += 1
-                for i, ds_id, before in zip(go.tolist(), ids, spent_before.tolist()):
-                    r = self.rows[i]
-                    data = r.world.datasets[ds_id]
-                    rate = float(data.stats().get("pass_rate", 0.0))
-                    r.datasets[ds_id] = Dataset(ds_id, teacher, data.n, rate, clean=False)
-                    r.pass_rates[teacher] = max(rate, r.pass_rates.get(teacher, -1.0))
-                    r.usd_per_example[teacher] = round(int(self.spent_n[i]) / NANO - before / NANO, 9) / max(data.n, 1)
-                    r.generations += 1
-                    if data.n > 0:
-                        r.train_set = ds_id
-                    self._update_data_features(i)
-                    out[i] = ("", "")
-            self._after_call(rows)
-        return out
+                self._gen_error[j] = err.code
+            price = m.prices.teachers.get(teacher)
+            price_in.append(price.input if price else 0.0)
+            price_out.append(price.output if price else 0.0)
+            mean = domain.teacher_accuracy.get(teacher, 0.5)
+            logit.append(math.log(mean / (1.0 - mean)))
+            shift.append(ranked.index(teacher) if teacher in ranked else 0)
+        self._price_in, self._price_out = np.array(price_in), np.array(price_out)
+        self._acc_logit, self._shift_column = np.array(logit), np.array(shift, np.intp)
+        self._dup_rate = np.array([TEACHER_DUPLICATES.get(t, 0.0) for t in TEACHERS])
+        self._mean_tokens, self._over = truncated_mean_tokens(domain.example_completion_median,
+                                                              domain.example_completion_sigma, _MAX_TOKENS)
+        self._transform_error: dict[str, str] = {}
+        for operation in ("filter", "dedupe", "mix"):
+            try:
+                self._tool("transform_data", {"operation": operation, "datasets": ["ds-1"]})
+                self._transform_error[operation] = ""
+            except ActionError as err:
+                self._transform_error[operation] = err.code
+        self._sandbox_per_s = m.prices.sandbox_usd(1.0, m.vcpus, m.memory_gib)
+        table = self.batch.table.difficulty  # a teacher's calibration runs on official then dev tasks
+        self._both_halves = np.stack([np.concatenate([table[0], table[1]]), np.concatenate([table[1], table[0]])])
+        self._train_tools: dict[float, Any] = {}
 
-    def _transform_rows(self, asks: dict[int, tuple[str, list[str]]]) -> dict[int, Dataset | None]:
-        """One ``transform_data`` call per row of ``asks`` (row -> (operation, datasets)), batched per operation
-        (``transform_batch`` on the rows' worlds); each row's adapter record of the new dataset, or None if
-        refused. The run's sequence per call as :meth:`_generate_rows`."""
-        out: dict[int, Dataset | None] = {}
-        groups: dict[str, list[int]] = {}
-        for i, (operation, _) in asks.items():
-            groups.setdefault(operation, []).append(i)
-        for operation, members in groups.items():
-            rows = np.array(members, np.intp)
-            self._call(rows)
-            go, tools, holds = [], [], []
-            for i in members:
-                r = self.rows[i]
-                try:
-                    tool = self._tool("transform_data", {"operation": operation, "datasets": asks[i][1]})
-                    for ref in tool.datasets:
-                        if ref not in r.datasets:
-                            raise ActionError("unknown_ref", f"no dataset {ref!r}")
-                    hold = self._hold(i, self._world(i).rollout.quote_transform(tool).usd)
-                except ActionError as err:
-                    self._refuse_row(i, err.code)
-                    out[i] = None
-                    continue
-                go.append(i)
-                tools.append(tool)
-                holds.append(hold)
-            if go:
-                ids = [self.rows[i].next("ds") for i in go]
-                bills = transform_batch([self.rows[i].world for i in go], tools, ids)
-                for i, ds_id, hold, (cost, seconds) in zip(go, ids, holds, bills):
-                    self.reserved_n[i] -= hold
-                    self.spent_n[i] += min(_nano_near(cost), hold)
-                    self.clock[i] += seconds
-                    self.steps[i] += 1
-                    r = self.rows[i]
-                    data = r.world.datasets[ds_id]
-                    sources = [r.datasets[d] for d in asks[i][1] if d in r.datasets]
-                    made = Dataset(ds_id, sources[0].teacher if sources else "", data.n,
-                                   float(data.stats().get("pass_rate", 0.0)), clean=True)
-                    r.datasets[made.id] = made
-                    for src in sources:
-                        src.cleaned = True
-                    if made.n > 0:
-                        r.train_set = made.id
-                    self._update_data_features(i)
-                    out[i] = made
-            self._after_call(rows)
-        return out
+    def _train_tool(self, lr: float) -> Any:
+        """The authorized ``train`` tool of the menu's entry for ``lr`` (on any dataset), or its refusal."""
+        if lr not in self._train_tools:
+            args: dict[str, Any] = {"dataset": MISSING}
+            if lr != DEFAULT_LR:
+                args["learning_rate"] = lr
+            try:
+                tool = self._tool("train", args)
+                if tool.base != "base":  # a scenario locking another base: no such checkpoint here
+                    raise ActionError("unknown_ref", f"no checkpoint {tool.base!r}")
+            except ActionError as err:
+                tool = err
+            self._train_tools[lr] = tool
+        return self._train_tools[lr]
 
-    def _evaluate(self, rows: np.ndarray, k: np.ndarray, ckpt: np.ndarray) -> None:
-        """``evaluate`` (reserve the quote or refuse it; draw the result; a job), then ``wait`` for it."""
+    def _raws(self, rows: np.ndarray) -> np.ndarray:
+        """(M, slots): ``MenuAdapter._raws``, the generated datasets not cleaned yet (and not empty)."""
+        d = max(1, int(self.n_ds[rows].max(initial=0)))
+        return ((np.arange(d) < self.n_ds[rows, None]) & ~self.ds_clean[rows, :d] & ~self.ds_cleaned[rows, :d]
+                & (self.ds_n[rows, :d] > 0))
+
+    def _new_datasets(self, rows: np.ndarray, n: np.ndarray, correct: np.ndarray, duplicate: np.ndarray,
+                      tokens: np.ndarray, skill: np.ndarray, teacher: np.ndarray, clean: bool) -> np.ndarray:
+        """Store one new dataset per row (its next slot; the adapter's pass rate is the sim's ``stats()``, 4
+        digits) and make it the train set if it is not empty; returns the slots."""
+        slot = self.n_ds[rows].copy()
+        if slot.size and slot.max() >= self.ds_n.shape[1]:
+            self._grow_datasets(2 * self.ds_n.shape[1])
+        self.n_ds[rows] += 1
+        self.ds_n[rows, slot], self.ds_correct[rows, slot], self.ds_dup[rows, slot] = n, correct, duplicate
+        self.ds_tokens[rows, slot], self.ds_skill[rows, slot], self.ds_teacher[rows, slot] = tokens, skill, teacher
+        self.ds_rate[rows, slot] = round_digits(np.where(n > 0, correct / np.maximum(n, 1), 0.0), 4)
+        self.ds_clean[rows, slot], self.ds_cleaned[rows, slot] = clean, False
+        full = n > 0
+        self.train_set[rows[full]] = slot[full]
+        return slot
+
+    def _calibrate(self, rows: np.ndarray, teacher: np.ndarray) -> None:
+        """``SimWorld.teacher_skill`` of each row's teacher where it is not known yet, in one ``calibrate_skill``
+        call (its rows stop on their own, as ``teacher_skills``): the skill at which the teacher solves the
+        world's tasks (official, then dev) as often as its accuracy on the world says."""
+        missing = np.isnan(self.teacher_skill[rows, teacher]) & (self._gen_error[teacher] == "")
+        if missing.any():
+            r, t = rows[missing], teacher[missing]
+            self.teacher_skill[r, t] = calibrate_skill(self._both_halves[self.batch.worlds.half[r]], 1.0,
+                                                       self.teacher_acc[r, t])
+
+    def _grow_datasets(self, slots: int) -> None:
+        pad = ((0, 0), (0, slots - self.ds_n.shape[1]))
+        for name in ("ds_n", "ds_correct", "ds_dup", "ds_tokens", "ds_teacher", "ds_skill", "ds_rate", "ds_clean",
+                     "ds_cleaned"):
+            setattr(self, name, np.pad(getattr(self, name), pad))
+
+    def _generate(self, rows: np.ndarray, teacher: np.ndarray, n: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """One ``generate_data`` call per row (``teacher`` index, ``n`` examples), as the run executes it:
+        permission and quote (refused per teacher), the worst case reserved or refused, the world's aggregate
+        draw (``generate_datasets``: three uniforms of its ``data`` stream), the bill settled (at most the
+        hold), its time passed, the adapter's record (pass rate, dollars per example, generations), the run's
+        limits. Returns (ran, refused for money, and the refusal message's two amounts as the adapter reads
+        them: needed, available)."""
         self._call(rows)
-        if "evaluate" not in self.tools:  # every track has it; kept for other scenarios
-            self._refuse(rows, "forbidden_tool")
+        code = self._gen_error[teacher]
+        barred = code != ""
+        if barred.any():
+            for value in set(code[barred].tolist()):
+                self._refuse(rows[code == value], value)
+        m = rows.size
+        ran, short, needs, available = np.zeros(m, bool), np.zeros(m, bool), np.zeros(m), np.zeros(m)
+        ok = np.flatnonzero(~barred)
+        r, t, k = rows[ok], teacher[ok], n[ok]
+        domain = self.batch.model.domain
+        input_tokens = np.rint(k * domain.example_prompt_tokens * domain.teacher_input_factor)
+        hold = nano_up((input_tokens * self._price_in[t] + (k * _MAX_TOKENS) * self._price_out[t]) * PER_M)
+        left = self.budget_n - self.spent_n[r] - self.reserved_n[r]
+        fits = hold <= left
+        poor = ok[~fits]
+        if poor.size:
+            short[poor] = True
+            needs[poor] = round_digits(hold[~fits] / NANO, 4)
+            available[poor] = round_digits(left[~fits] / NANO, 4)
+            self._refuse(rows[poor], "insufficient_budget")
+        go = ok[fits]
+        ran[go] = True
+        r, t, k, hold = r[fits], t[fits], k[fits], hold[fits]
+        if r.size:
+            self._calibrate(r, t)
+            u = uniforms(self.data_keys[r], self.data_counter[r], GENERATE_DRAWS)
+            self.data_counter[r] += 1
+            size = k.astype(float)
+            cut, duplicate = binomial(np.concatenate([size, size]),  # element-wise: one pass for two draws
+                                      np.concatenate([np.full(r.size, self._over), self._dup_rate[t]]),
+                                      np.concatenate([u[:, 0], u[:, 2]])).reshape(2, -1)
+            correct = binomial(k - cut, self.teacher_acc[r, t], u[:, 1])
+            output_tokens = np.rint(k * self._mean_tokens)
+            tokens = k * domain.example_prompt_tokens + output_tokens.astype(np.int64)
+            cost = (input_tokens[fits] * self._price_in[t] + output_tokens * self._price_out[t]) * PER_M
+            before = self.spent_n[r].copy()
+            self.spent_n[r] += np.minimum(nano_near(cost), hold)
+            options = self.batch.model.options
+            self.clock[r] += np.ceil(k / options.generate_concurrency) * domain.generate_seconds
+            self._ran(r)
+            slot = self._new_datasets(r, k, correct, duplicate, tokens, self.teacher_skill[r, t], t, clean=False)
+            self.pass_rates[r, t] = np.maximum(self.ds_rate[r, slot], self.pass_rates[r, t])
+            self.usd_per_example[r, t] = round_digits(self.spent_n[r] / NANO - before / NANO, 9) / np.maximum(k, 1)
+            self.generations[r] += 1
+        self._after_call(rows)
+        return ran, short, needs, available
+
+    def _transform(self, rows: np.ndarray, operation: str, sources: np.ndarray) -> np.ndarray:
+        """One ``transform_data`` call per row (``sources``: (M, P) slots, -1 padded), as the run executes it:
+        permission, the quote reserved or refused, the sources merged (``mix_datasets``), filtered or
+        deduplicated from the world's ``data`` stream (``filter_datasets``, ``dedupe_datasets``), the bill
+        settled, its time passed, the adapter's record (a filtered source is cleaned), the run's limits.
+        Returns each row's new slot (-1: refused)."""
+        self._call(rows)
+        made = np.full(rows.size, -1, np.int64)
+        if self._transform_error[operation]:
+            self._refuse(rows, self._transform_error[operation])
             self._after_call(rows)
-            return
-        for i in rows.tolist():  # the run takes a job id before it reserves
-            self.rows[i].next("job")
-        version = self._version(rows)
-        harness = self._harness(version)
-        usd = self.batch.dev_bill(rows, harness, k)[0]
-        hold = _nano(usd, _nano_up)
+            return made
+        at = np.maximum(sources, 0)
+        if sources.shape[1] == 1:  # filter, dedupe: one source
+            one = at[:, 0]
+            n, correct, duplicate, tokens = (a[rows, one] for a in (self.ds_n, self.ds_correct, self.ds_dup,
+                                                                    self.ds_tokens))
+            weighted = self.ds_skill[rows, one] * n
+        else:
+            valid = sources >= 0
+            r2 = rows[:, None]
+            n, correct, duplicate, tokens = (np.where(valid, a[r2, at], 0).sum(axis=1)
+                                             for a in (self.ds_n, self.ds_correct, self.ds_dup, self.ds_tokens))
+            parts = np.where(valid, self.ds_skill[r2, at] * self.ds_n[r2, at], 0.0)
+            weighted = parts[:, 0].copy()  # sum(d.teacher_skill * d.n for d in parts), one part after the other
+            for j in range(1, sources.shape[1]):
+                weighted += parts[:, j]
+        skill = np.where(n > 0, weighted / np.maximum(n, 1), self.ds_skill[rows, at[:, 0]])
+        domain, options = self.batch.model.domain, self.batch.model.options
+        if operation == "filter":
+            per_example, parallel = domain.check_seconds, options.transform_concurrency
+        else:
+            per_example, parallel = TRANSFORM_SECONDS_PER_EXAMPLE[operation], 1
+        usd = (TRANSFORM_STARTUP_S + n * per_example) * self._sandbox_per_s
+        wall = TRANSFORM_STARTUP_S + np.ceil(n / parallel) * per_example
+        hold = nano_up(usd)
         fits = hold <= self.budget_n - self.spent_n[rows] - self.reserved_n[rows]
         self._refuse(rows[~fits], "insufficient_budget")
-        go, ckpt = rows[fits], ckpt[fits]
+        go = np.flatnonzero(fits)
         if go.size:
-            self._ran(go)
-            out = self.batch.evaluate(self.ckpt_skill[go, ckpt], self.ckpt_memory[go, ckpt],
-                                      self._harness(version[fits]), k=k[fits], split="dev", rows=go)
-            self.reserved_n[go] += hold[fits]
-            self.running[go], self.job_train[go] = True, False
-            self.job_start[go], self.job_ready[go] = self.clock[go], self.clock[go] + out.seconds
-            self.job_usd[go], self.job_score[go], self.job_counts[go] = out.usd, out.score, out.counts
-            self.job_cand[go], self.job_k[go] = ckpt * N_VERSIONS + version[fits], k[fits]
+            r = rows[go]
+            if go.size < rows.size:
+                n, correct, duplicate, tokens, skill, hold, usd, wall, at = (
+                    a[go] for a in (n, correct, duplicate, tokens, skill, hold, usd, wall, at))
+            if operation != "mix":
+                u = uniforms(self.data_keys[r], self.data_counter[r], 2 if operation == "filter" else 1)
+                self.data_counter[r] += 1
+                share_of = n
+                if operation == "filter":
+                    kept_correct, kept_incorrect = binomial(
+                        np.concatenate([correct, n - correct]).astype(float),
+                        np.repeat([FILTER_RECALL, FILTER_FALSE_PASS], r.size), u.T.ravel()).reshape(2, -1)
+                    kept = kept_correct + kept_incorrect
+                    duplicate = np.rint(duplicate * np.where(n > 0, kept / np.maximum(n, 1), 0.0)).astype(np.int64)
+                    correct = kept_correct
+                else:
+                    removed = binomial(duplicate.astype(float), DEDUPE_RECALL, u[:, 0])
+                    pass_rate = np.where(n > 0, correct / np.maximum(n, 1), 0.0)
+                    removed_correct = np.rint(removed * pass_rate).astype(np.int64)
+                    kept = n - removed
+                    duplicate = duplicate - removed
+                    correct = correct - removed_correct
+                share = np.where(share_of > 0, kept / np.maximum(share_of, 1), 0.0)
+                tokens = np.rint(tokens * share).astype(np.int64)
+                duplicate = np.minimum(duplicate, kept)
+                n = kept
+            self.spent_n[r] += np.minimum(nano_near(usd), hold)
+            self.clock[r] += wall
+            self._ran(r)
+            if operation == "filter":
+                self.ds_cleaned[r, at[:, 0]] = True
+            made[go] = self._new_datasets(r, n, correct, duplicate, tokens, skill, self.ds_teacher[r, at[:, 0]],
+                                          clean=True)
+        self._after_call(rows)
+        return made
+
+    def _evaluations(self, resetting: np.ndarray) -> None:
+        """The step's evaluations in one ``SimBatch.evaluate`` pass (rows are independent, so this is what
+        each gives alone): the staged ``evaluate`` calls (reserve the quote or refuse it; draw the result; a
+        job, then ``wait`` for it), the staged ``submit`` calls (the official score ends the episode) and the
+        initial official score of the episodes reset at the start of the step."""
+        empty = np.zeros(0, np.int64)
+        rows, k, ckpt = self._staged.get("eval", (empty, empty, empty))
+        go = hold = version = empty
+        if rows.size:
+            self._call(rows)
+            if "evaluate" not in self.tools:  # every track has it; kept for other scenarios
+                self._refuse(rows, "forbidden_tool")
+                self._after_call(rows)
+                rows = empty
+            else:
+                version = self._version(rows)
+                hold = nano_up(self.batch.dev_bill(rows, self._harness(version), k)[0])
+                fits = hold <= self.budget_n - self.spent_n[rows] - self.reserved_n[rows]
+                self._refuse(rows[~fits], "insufficient_budget")
+                go, ckpt, version, k, hold = rows[fits], ckpt[fits], version[fits], k[fits], hold[fits]
+                self._ran(go)
+        submits, cand = self._staged.get("submit", (empty, empty))
+        if submits.size:
+            self._call(submits)
+            if "submit" not in self.tools:
+                self._refuse(submits, "forbidden_tool")
+                self._after_call(submits)
+                submits, cand = empty, empty
+            else:
+                self._ran(submits)
+        every = np.concatenate([go, submits, resetting])
+        if every.size:
+            official = np.arange(every.size) >= go.size
+            which = np.concatenate([ckpt * N_VERSIONS + version, cand, np.zeros(resetting.size, np.int64)])
+            c, v = np.divmod(which, N_VERSIONS)
+            out = self.batch.evaluate(self.ckpt_skill[every, c], np.where(official, 0.0, self.ckpt_memory[every, c]),
+                                      self._harness(v), k=np.concatenate([k, np.full(every.size - go.size,
+                                                                                     self.scenario.official_k)]),
+                                      split=official, rows=every)
+            g, s = go.size, go.size + submits.size
+            self.initial_official[resetting] = out.score[s:]
+            if g:
+                self.reserved_n[go] += hold
+                self.running[go], self.job_train[go] = True, False
+                self.job_start[go], self.job_ready[go] = self.clock[go], self.clock[go] + out.seconds[:g]
+                self.job_usd[go], self.job_score[go], self.job_counts[go] = out.usd[:g], out.score[:g], out.counts[:g]
+                self.job_cand[go], self.job_k[go] = which[:g], k
+            if submits.size:
+                self._end(submits, out.score[g:s], terminated=True, reason="submitted")
         self._after_call(rows)
         waiting = go[~self.done[go]]
         while waiting.size:  # DiscreteMenu's blocking evaluate: wait until the job is in
@@ -798,40 +995,44 @@ class MenuArrayEnv(VectorEnv):
         """Finished jobs: settle their bills; record dev scores (run and adapter) or the new checkpoint."""
         if not rows.size:
             return
-        charge = np.minimum(_nano(self.job_usd[rows], _nano_near), self.reserved_n[rows])
+        charge = np.minimum(nano_near(self.job_usd[rows]), self.reserved_n[rows])
         self._settle(rows, charge)
         self.running[rows] = False
         trained = rows[self.job_train[rows]]
-        for i in trained.tolist():
-            r = self.rows[i]
-            index = int(self.n_ckpt[i]) + 1
-            if index >= self.ckpt_skill.shape[1]:
-                self._grow(index + 1)
-            self.ckpt_skill[i, index], self.ckpt_memory[i, index] = self.job_skill[i], self.job_memory[i]
-            self.n_ckpt[i] = index
-            assert r.pending is not None
-            r.ckpt_data[index] = r.pending[1]
-            r.pending = None
-            self._update_data_features(i)
+        if trained.size:
+            index = self.n_ckpt[trained] + 1
+            if index.max() >= self.ckpt_skill.shape[1]:
+                self._grow(int(index.max()) + 1)
+            self.ckpt_skill[trained, index], self.ckpt_memory[trained, index] = (self.job_skill[trained],
+                                                                                 self.job_memory[trained])
+            self.n_ckpt[trained] = index
+            self.ckpt_ds[trained] = self.job_ds[trained]
         rows = rows[~self.job_train[rows]]
         if not rows.size:
             return
-        score, cand = self.job_score[rows], self.job_cand[rows]
-        for i, c, value in zip(rows.tolist(), cand.tolist(), score.tolist()):  # one finished evaluation each
-            scores = self.score_lists[i].setdefault(c, [])
-            if not scores:
-                self.n_candidates[i] += 1
-                self.first_scored[i, c] = self.n_candidates[i]
+        score, c = self.job_score[rows], self.job_cand[rows]
+        count = self.n_scores[rows, c]
+        first = count == 0
+        self.n_candidates[rows[first]] += 1
+        self.first_scored[rows[first], c[first]] = self.n_candidates[rows[first]]
+        count += 1
+        self.n_scores[rows, c] = count
+        # the adapter's np.mean of a candidate's scores: below 8 values NumPy adds one by one (a running sum,
+        # as reduce(add), not sum(), which compensates since Python 3.12); from 8 on its pairwise sum
+        total = self.score_sum[rows, c] + score
+        self.score_sum[rows, c] = total
+        self.means[rows, c] = total / count
+        early = count < _MEAN_EXACT
+        self.score_head[rows[early], c[early], count[early] - 1] = score[early]
+        for i, j, value, seen in zip(rows[~early].tolist(), c[~early].tolist(), score[~early].tolist(),
+                                     count[~early].tolist()):
+            scores = self._score_lists.setdefault((i, j), self.score_head[i, j].tolist())
             scores.append(value)
-            self.n_scores[i, c] = len(scores)
-            # the adapter's np.mean: below 8 values NumPy adds one by one, as reduce(add) does (not sum(),
-            # which compensates since Python 3.12)
-            self.means[i, c] = (reduce(operator.add, scores) / len(scores) if len(scores) < 8
-                                else float(np.mean(scores)))
-            if c == 0 and self.initial_dev[i] < 0:
-                self.initial_dev[i] = value
-            if value > self.best_dev[i]:
-                self.best_dev[i] = value
+            assert len(scores) == seen
+            self.means[i, j] = float(np.mean(scores))
+        base = rows[(c == 0) & (self.initial_dev[rows] < 0)]
+        self.initial_dev[base] = self.job_score[base]
+        self.best_dev[rows] = np.where(score > self.best_dev[rows], score, self.best_dev[rows])
         self.last_dev[rows] = score
         attempts = np.maximum(1, self.n_dev * self.job_k[rows])
         self.fail_shares[rows] = self.job_counts[rows, 1:] / attempts[:, None]
@@ -845,22 +1046,13 @@ class MenuArrayEnv(VectorEnv):
         self.ckpt_skill, self.ckpt_memory = np.pad(self.ckpt_skill, pad), np.pad(self.ckpt_memory, pad)
         self.ckpt_skill[:, -extra:] = self.ckpt_memory[:, -extra:] = np.nan
         pad = ((0, 0), (0, extra * N_VERSIONS))
-        self.n_scores, self.means, self.first_scored = (np.pad(a, pad) for a in
-                                                        (self.n_scores, self.means, self.first_scored))
+        self.n_scores, self.means, self.first_scored, self.score_sum = (
+            np.pad(a, pad) for a in (self.n_scores, self.means, self.first_scored, self.score_sum))
+        self.score_head = np.pad(self.score_head, ((0, 0), (0, extra * N_VERSIONS), (0, 0)))
 
     def _settle(self, rows: np.ndarray, charge: np.ndarray) -> None:
         self.spent_n[rows] += charge
         self.reserved_n[rows] = 0
-
-    def _submit(self, rows: np.ndarray, cand: np.ndarray) -> None:
-        self._call(rows)
-        if "submit" not in self.tools:
-            self._refuse(rows, "forbidden_tool")
-            self._after_call(rows)
-            return
-        self._ran(rows)
-        final = self._official(rows, cand)
-        self._end(rows, final, terminated=True, reason="submitted")
 
     def _after_call(self, rows: np.ndarray) -> None:
         """The run's limits after a call, in its order: steps, refusals, time, money."""
@@ -868,14 +1060,15 @@ class MenuArrayEnv(VectorEnv):
         if not rows.size:
             return
         s = self.scenario
-        reason = np.select(
-            [self.steps[rows] >= s.max_steps, self.refusals[rows] >= s.refusal_limit,
-             self.clock[rows] >= self.time_limit_s, ~self.running[rows] & (self._available_usd(rows) < MIN_USD)],
-            ["step limit", "refusal limit", "time limit", "budget exhausted"], "")
-        ending = reason != ""
+        limits = [self.steps[rows] >= s.max_steps, self.refusals[rows] >= s.refusal_limit,
+                  self.clock[rows] >= self.time_limit_s,
+                  ~self.running[rows] & (self.budget_n - self.spent_n[rows] - self.reserved_n[rows] < self._min_n)]
+        ending = limits[0] | limits[1] | limits[2] | limits[3]
         if ending.any():
+            reason = np.select([c[ending] for c in limits], ["step limit", "refusal limit", "time limit",
+                                                             "budget exhausted"], "")
             ends = rows[ending]
-            self._end(ends, self.initial_official[ends], terminated=False, reason=reason[ending])
+            self._end(ends, self.initial_official[ends], terminated=False, reason=reason)
 
     def _end(self, rows: np.ndarray, final: np.ndarray, *, terminated: bool, reason: Any) -> None:
         """The episode's result: running jobs billed for the share that ran, the normalized gain."""
@@ -895,7 +1088,7 @@ class MenuArrayEnv(VectorEnv):
             span = self.job_ready[busy] - self.job_start[busy]
             fraction = np.where(span > 0, np.minimum(1.0, np.maximum(0.0, (self.clock[busy] - self.job_start[busy])
                                                                     / np.where(span > 0, span, 1.0))), 1.0)
-            charge = np.minimum(_nano(self.job_usd[busy] * fraction, _nano_near), self.reserved_n[busy])
+            charge = np.minimum(nano_near(self.job_usd[busy] * fraction), self.reserved_n[busy])
             self._settle(busy, charge)
             self.running[busy] = False
 
@@ -909,57 +1102,85 @@ class MenuArrayEnv(VectorEnv):
             self._write(rows, result=False)
 
     def _write(self, rows: np.ndarray, *, result: bool = True) -> None:
-        """Write the episodes of ``rows`` (ended) to the ledger, one account each (the scenario's budget, a
-        key id of its own): the episode's whole spend reserved and settled in one entry, audited with its
-        seed, steps, refusals, end and (for an episode that ended here, not one cut short) its official
-        result; an episode that spent nothing is one audit record. The chain is ``rsigym audit verify``'s;
-        the ledger's own guards check again that no episode spent more than its budget."""
-        if not self.write_episodes:
+        """Write the episodes of ``rows`` (ended) to the ledger. Per episode (the default): one account each
+        (the scenario's budget, a key id of its own), the episode's whole spend reserved and settled, the
+        settlement audited with its seed, steps, refusals, end and (for an episode that ended here, not one
+        cut short) its official result; an episode that spent nothing is one audit record. Per step
+        (``write_episodes="step"``): one account for the episodes of the step (their budgets together), their
+        spend reserved and settled at once, one audited entry listing each episode as above with its spend;
+        each episode's spend is checked against its own budget first. The chain is ``rsigym audit verify``'s;
+        the ledger's own guards check again that no account spent more than its budget."""
+        if not self.write_episodes or not rows.size:
             self._open[rows] = False
             return
         ledger, budget = self.platform.ledger, self.scenario.budget_usd
-        for i in rows.tolist():
-            self._keys += 1
-            key = PlatformKey.key_id(f"{self._key_secret}-{self._keys}")
-            ledger.open_account(key, budget)
-            event: dict[str, Any] = {
-                "key": key, "tool": "episode", "decision": "allowed", "seed": int(self.episode_seeds[i]),
-                "steps": int(self.steps[i]), "refusals": int(self.refusals[i]), "end_reason": str(self.end_reason[i]),
-                "elapsed_h": float(self.clock[i]) / 3600.0}
+        events = []
+        columns = zip(self.episode_seeds[rows].tolist(), self.steps[rows].tolist(), self.refusals[rows].tolist(),
+                      self.end_reason[rows].tolist(), self.clock[rows].tolist(), self.initial_official[rows].tolist(),
+                      self._final[rows].tolist())
+        for seed, steps, refusals, reason, clock, initial, final in columns:
+            event: dict[str, Any] = {"seed": seed, "steps": steps, "refusals": refusals, "end_reason": str(reason),
+                                     "elapsed_h": clock / 3600.0}
             if result:
-                initial, final = float(self.initial_official[i]), float(self._final[i])
                 event.update(initial_score=initial, official_score=final, normalized_gain=normalized_gain(initial, final))
-            spent = int(self.spent_n[i]) / NANO
-            if spent:
-                ledger.settle(ledger.reserve(key, spent, audit=event, label="episode"), spent, audit=event)
+            events.append(event)
+        spent_n = self.spent_n[rows]
+        if self.write_episodes == "step":
+            if (spent_n > self.budget_n).any():  # the arrays' guard failed: never write such an entry
+                raise RuntimeError(f"episodes {rows[spent_n > self.budget_n].tolist()} spent more than their budget")
+            for event, nano in zip(events, spent_n.tolist()):
+                event["spend_usd"] = nano / NANO
+            batches = [({"tool": "episodes", "decision": "allowed", "episodes": events}, int(spent_n.sum()),
+                        rows.size * self.budget_n / NANO)]
+        else:
+            batches = [({"tool": "episode", "decision": "allowed", **event}, nano, budget)
+                       for event, nano in zip(events, spent_n.tolist())]
+        for event, nano, usd in batches:
+            self._keys += 1
+            key = event["key"] = PlatformKey.key_id(f"{self._key_secret}-{self._keys}")
+            ledger.open_account(key, usd)
+            if nano:
+                ledger.settle(ledger.reserve(key, nano / NANO, label=event["tool"]), nano / NANO, audit=event)
             else:
                 ledger.record(event)
         self._open[rows] = False
 
     # ------------------------------------------------------------------ state
 
-    def _reset_rows(self, rows: np.ndarray, seeds: Sequence[int | None]) -> None:
-        """New episodes at ``rows``: the episode seed as ``ResearchEnv.reset`` draws it, the world it gives."""
+    def _reset_rows(self, rows: np.ndarray, seeds: Sequence[int | None], official: bool = True) -> None:
+        """New episodes at ``rows``: the episode seed as ``ResearchEnv.reset`` draws it, the world it gives, and
+        (``official``; else the step's evaluation pass does it) the initial system's official score."""
         episode = []
         for i, seed in zip(rows.tolist(), seeds):
             if seed is not None or self._rngs[i] is None:
                 self._rngs[i], _ = seeding.np_random(seed)
             episode.append(int(self._rngs[i].integers(2**31 - 1)))
-            self.score_lists[i] = {}
-            self.rows[i] = _Rows()
+        if self._score_lists:
+            gone = set(rows.tolist())
+            self._score_lists = {key: v for key, v in self._score_lists.items() if key[0] not in gone}
         self.episode_seeds[rows] = episode
         self.batch.reset(rows, episode)
         for name in ("clock", "spent_n", "reserved_n", "steps", "refusals", "fixed", "harness_read", "last_error",
                      "n_scores", "means", "first_scored", "n_candidates", "running", "fail_shares", "eval_cost",
-                     "evaluations", "done", "n_ckpt", "can_clean", "has_train_set"):
+                     "evaluations", "done", "n_ckpt", "score_sum", "n_ds", "generations", "trainings",
+                     "data_counter", "train_counter"):
             getattr(self, name)[rows] = 0
+        for name in ("train_set", "ckpt_ds", "job_ds", "pools", "pass_rates"):
+            getattr(self, name)[rows] = -1
+        self.usd_per_example[rows] = self.teacher_skill[rows] = np.nan
+        self.ds_n[rows] = 0
+        seeds_u = self.batch.seeds[rows]
+        key = benchmark_key(self.scenario.benchmark)
+        self.data_keys[rows], self.train_keys[rows] = stream_keys(seeds_u, key, "data"), stream_keys(seeds_u, key, "train")
+        shift = self.batch.worlds.teacher_shift[rows][:, self._shift_column]
+        self.teacher_acc[rows] = 1.0 / (1.0 + np.exp(-(self._acc_logit + shift)))  # SimWorld.teacher_accuracy
         self.ckpt_skill[rows] = self.ckpt_memory[rows] = np.nan
         self.ckpt_skill[rows, 0], self.ckpt_memory[rows, 0] = self.batch.base_skill[rows], 0.0
-        self.data_features[rows] = self._no_data_features()
         self.end_reason[rows] = ""
         self._open[rows] = True
         self.initial_dev[rows] = self.best_dev[rows] = self.last_dev[rows] = -1.0
-        self.initial_official[rows] = self._official(rows, np.zeros(rows.size, np.int64))
+        if official:
+            self.initial_official[rows] = self._official(rows, np.zeros(rows.size, np.int64))
 
     def _official(self, rows: np.ndarray, cand: np.ndarray) -> np.ndarray:
         """The official avg@k of a candidate (checkpoint and harness version; the world's fixed draw)."""
@@ -1003,45 +1224,48 @@ class MenuArrayEnv(VectorEnv):
 
     def _mask(self) -> np.ndarray:
         """``MenuAdapter.mask`` per row."""
+        every = np.arange(self.num_envs)
         mask = np.tile(self._static_mask, (self.num_envs, 1))
         fix = slice(MENU_INDEX[f"fix:{DEFECTS[0]}"], MENU_INDEX[f"fix:{DEFECTS[-1]}"] + 1)
         mask[:, fix] &= ~(self.fixed & self.harness_read[:, None])
-        mask[:, MENU_INDEX["clean"]] &= self.can_clean
+        mask[:, MENU_INDEX["clean"]] &= self._raws(every).any(axis=1)
         train = slice(MENU_INDEX[MENU[_KIND.tolist().index("train")].name], MENU_INDEX["wait"])
-        mask[:, train] &= self.has_train_set[:, None]
+        mask[:, train] &= (self.train_set >= 0)[:, None]
         mask[:, MENU_INDEX["wait"]] = ("wait" in self.tools) & self.running & ~self.done
         return mask
 
-    @staticmethod
-    def _no_data_features() -> np.ndarray:
-        out = np.zeros(len(FEATURES))
-        out[_F["train_set_pass_rate"]] = -1.0
-        out[_F[f"pass_rate:{TEACHERS[0]}"]:_F[f"usd_per_100:{TEACHERS[-1]}"] + 1] = -1.0
-        return out
-
-    def _update_data_features(self, i: int) -> None:
-        """Row i's data and training features and mask bits (``MenuAdapter.features``), after a data call."""
-        r, f, budget = self.rows[i], self.data_features[i], max(self.scenario.budget_usd, 1e-9)
-        raws = bool(_raws(r))
-        ts = r.datasets.get(r.train_set) if r.train_set else None
-        f[_F["has_raw_data"]], f[_F["has_train_set"]] = float(raws), float(ts is not None)
-        f[_F["train_set_size"]] = math.log1p(ts.n) / math.log1p(20_000) if ts else 0.0
-        f[_F["train_set_pass_rate"]] = ts.pass_rate if ts else -1.0
-        f[_F["train_set_clean"]] = float(ts.clean) if ts else 0.0
-        newest = int(self.n_ckpt[i])
-        f[_F["has_checkpoint"]] = float(newest > 0)
-        f[_F["checkpoint_current"]] = float(newest > 0 and r.ckpt_data.get(newest) == r.train_set)
-        f[_F["trainings"]] = min(r.trainings, 3) / 3
-        for t in TEACHERS:
-            f[_F[f"pass_rate:{t}"]] = r.pass_rates.get(t, -1.0)
-            f[_F[f"usd_per_100:{t}"]] = min(1.0, 100 * r.usd_per_example[t] / budget) if t in r.usd_per_example else -1.0
-        f[_F["generations"]] = min(r.generations, 5) / 5
-        self.can_clean[i], self.has_train_set[i] = raws, r.train_set is not None
+    def _data_features(self, f: np.ndarray) -> None:
+        """The data and training features (``MenuAdapter.features``) of every row, into ``f``."""
+        every = np.arange(self.num_envs)
+        budget = max(self.scenario.budget_usd, 1e-9)
+        f[:, _F["has_raw_data"]] = self._raws(every).any(axis=1)
+        ts = self.train_set
+        has = ts >= 0
+        at = np.maximum(ts, 0)
+        size = self.ds_n[every, at]
+        if size.max() >= self._size_table.size:
+            self._size_table = _log1p_table(2 * int(size.max()) + 1)
+        f[:, _F["has_train_set"]] = has
+        f[:, _F["train_set_size"]] = np.where(has, self._size_table[size], 0.0)
+        f[:, _F["train_set_pass_rate"]] = np.where(has, self.ds_rate[every, at], -1.0)
+        f[:, _F["train_set_clean"]] = has & self.ds_clean[every, at]
+        newest = self.n_ckpt > 0
+        f[:, _F["has_checkpoint"]] = newest
+        f[:, _F["checkpoint_current"]] = newest & (self.ckpt_ds == ts)
+        f[:, _F["trainings"]] = np.minimum(self.trainings, 3) / 3
+        first = _F[f"pass_rate:{TEACHERS[0]}"]
+        f[:, first:first + len(TEACHERS)] = self.pass_rates
+        first = _F[f"usd_per_100:{TEACHERS[0]}"]
+        known = ~np.isnan(self.usd_per_example)
+        f[:, first:first + len(TEACHERS)] = np.where(known, np.minimum(1.0, 100 * self.usd_per_example / budget),
+                                                     -1.0)
+        f[:, _F["generations"]] = np.minimum(self.generations, 5) / 5
 
     def _features(self) -> np.ndarray:
         """``MenuAdapter.features`` per row (float64, then float32 and clipped as there)."""
         n, s = self.num_envs, self.scenario
-        f = self.data_features.copy()
+        f = np.zeros((n, len(FEATURES)))
+        self._data_features(f)
         f[:, 0] = np.minimum(self._available_usd(), s.budget_usd) / max(s.budget_usd, 1e-9)
         time_h = self.time_limit_s / 3600.0
         f[:, 1] = (np.maximum(0.0, self.time_limit_s - self.clock) / 3600.0) / max(time_h, 1e-9)
@@ -1084,11 +1308,13 @@ class MenuArrayEnv(VectorEnv):
             info[key], info[f"_{key}"] = np.array(values[key], copy=True), present.copy()
 
 
-def _raws(r: _Rows) -> list[Dataset]:
-    """``MenuAdapter._raws``: generated datasets not cleaned yet, oldest first."""
-    return [d for d in r.datasets.values() if not d.clean and not d.cleaned and d.n > 0]
 
+def _fit(n: np.ndarray, needs: np.ndarray, available: np.ndarray, reserve: np.ndarray) -> np.ndarray:
+    """``MenuAdapter._fit`` per row, from the two amounts of its refusal message: examples whose worst case fits
+    ``FIT_SHARE`` of (available - reserve); 0 if nothing was needed.
 
-def _fit(n: int, message: str, reserve: float) -> int:
-    """``MenuAdapter._fit`` of a refusal's message."""
-    return MenuAdapter._fit(n, {"message": message}, reserve)
+    >>> _fit(np.array([500]), np.array([10.0]), np.array([4.0]), np.array([0.0])).tolist()
+    [170]
+    """
+    fit = n * FIT_SHARE * np.maximum(0.0, available - reserve) / np.where(needs > 0, needs, 1.0)
+    return np.where(needs > 0, np.trunc(fit), 0).astype(np.int64)

@@ -172,3 +172,43 @@ def test_many_rows_cleaning_at_once():
     gen = MENU_INDEX["gen:gpt-6-astra:50"]
     seen = play("data", "gpqa-diamond", (500.0, 6, None), seed=21, n=12, steps=6, script=(gen, gen, MENU_INDEX["clean"]))
     assert seen.count("step limit") >= 6, seen
+
+
+def test_a_candidate_scored_eight_times_and_more():
+    """Eleven evaluations of one candidate: from the eighth score on its mean is NumPy's pairwise one (the
+    adapter's ``np.mean``), below it a running sum; both as the scalar menu's ``dev_latest_candidate``."""
+    evaluate = MENU_INDEX["eval_latest_k1"]
+    vec = MenuArrayEnv(1, track="harness", benchmark="aime", budget_usd=2000)
+    vec.reset(seed=3)
+    for _ in range(11):
+        vec.step(np.array([evaluate]))
+    assert vec.n_scores[0].max() == 11 and len(vec._score_lists) == 1
+    assert play("harness", "aime", (2000.0, None, None), seed=3, n=2, steps=12, script=(evaluate,) * 11) == ["submitted"]
+
+
+def test_generations_in_chunks_cleaned_into_pools_then_trained():
+    """``gen:<teacher>:max`` (chunks cut to fit), ``clean`` (each chunk filtered and deduplicated, mixed with
+    the teacher's pool), again, then training on the pool: every row as its scalar menu."""
+    gen, clean, train = (MENU_INDEX[name] for name in ("gen:deepseek-v4.1-flash:max", "clean", "train:lr=0.0003"))
+    script = (gen, gen, clean, gen, clean, train, MENU_INDEX["eval_latest_k1"])
+    seen = play("joint", "gpqa-diamond", (500.0, None, None), seed=5, n=6, steps=10, script=script)
+    assert seen.count("trained") >= 1, seen
+
+
+def test_the_array_roundings_are_pythons():
+    """``round_digits``, ``nano_up`` and ``nano_near`` (NumPy passes) against Python's ``round`` and the
+    ledger's converters on random amounts of every magnitude the env meets, exact halves and values one
+    float step either side of them."""
+    from rsigym_env.menu_vector import nano_near, nano_up, round_digits
+    from rsigym_env.platform.ledger import _nano_near, _nano_up
+
+    rng = np.random.default_rng(7)
+    values = np.concatenate([rng.random(20_000) * 10.0 ** rng.integers(-9, 4, 20_000),
+                             rng.integers(0, 10**9, 5_000) / 1e9, rng.integers(0, 20_000, 5_000) / 20_000])
+    halves = (rng.integers(0, 10**7, 3_000) + 0.5) / 1e4
+    values = np.concatenate([values, halves, np.nextafter(halves, 0), np.nextafter(halves, 1)])
+    for digits in (4, 9):
+        assert round_digits(values, digits).tolist() == [round(v, digits) for v in values.tolist()]
+    usd = values[values < 1e3]
+    assert nano_up(usd).tolist() == [_nano_up(v) for v in usd.tolist()]
+    assert nano_near(usd).tolist() == [_nano_near(v) for v in usd.tolist()]

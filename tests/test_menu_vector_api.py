@@ -5,6 +5,7 @@ is ``tests/test_menu_vector.py``'s."""
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from pathlib import Path
 
@@ -213,3 +214,43 @@ def test_the_ledger_is_in_memory_by_default_and_written_per_episode():
     quiet.step([MENU_INDEX["submit_latest"], MENU_INDEX["eval_latest_k1"]])
     assert quiet.platform.ledger.accounts() == [] and quiet.episodes.tolist() == [1, 0] and quiet.spent_usd[1] > 0
     quiet.close()
+
+
+def test_episodes_written_per_step_are_verified_and_tamper_evident(tmp_path: Path, capsys):
+    """``write_episodes="step"``: one account and one audited entry per step for the episodes that ended in
+    it, each episode listed with its spend (within its budget), the account's spend their sum; ``rsigym audit
+    verify`` accepts the file and fails it when one episode's refusals are changed."""
+    path = tmp_path / "ledger.sqlite"
+    vec = MenuArrayEnv(4, ledger_path=path, write_episodes="step", track="joint", benchmark="aime", budget_usd=20)
+    obs, info = vec.reset(seed=0)
+    rng = np.random.default_rng(1)
+    spends = []
+    for _ in range(40):
+        obs, reward, terminated, truncated, info = vec.step(masked_uniform(rng, info["action_mask"]))
+        ended = terminated | truncated
+        if ended.any():
+            spends.append(info["spend_usd"][ended].tolist())
+    vec.close()
+    with Ledger(path, readonly=True) as ledger:
+        accounts, records, books = ledger.accounts(), ledger.audit_records(), ledger.books()
+    entries = [r.event for r in records if r.event.get("tool") == "episodes" and r.event["op"] in ("settle", "record")]
+    assert books.ok and len(entries) == len(accounts) == len(spends) + 1  # and the episodes close() cut short
+    spent = {a.key: a.balance.spent_usd for a in accounts}
+    for entry, want in zip(entries, spends):
+        assert [e["spend_usd"] for e in entry["episodes"]] == want
+        assert math.isclose(spent[entry["key"]], sum(want), abs_tol=1e-9)
+        assert all(e["spend_usd"] <= 20 and "refusals" in e for e in entry["episodes"])
+    assert [e["end_reason"] for e in entries[-1]["episodes"]] == ["closed"] * len(entries[-1]["episodes"])
+    capsys.readouterr()
+    assert rsigym(["audit", "verify", str(path)]) == 0, capsys.readouterr().out
+    conn = sqlite3.connect(path, isolation_level=None)
+    seq, event = conn.execute("SELECT seq, event FROM audit WHERE event LIKE '%\"refusals\":%' LIMIT 1").fetchone()
+    at = event.index('"refusals":') + len('"refusals":')
+    conn.execute("UPDATE audit SET event = ? WHERE seq = ?", (event[:at] + ("9" if event[at] != "9" else "8")
+                                                               + event[at + 1:], seq))
+    conn.close()
+    capsys.readouterr()
+    assert rsigym(["audit", "verify", str(path)]) == 1
+    assert f"BROKEN at record {seq}" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="write_episodes"):
+        MenuArrayEnv(1, write_episodes="sometimes")

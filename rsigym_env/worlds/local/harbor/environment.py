@@ -48,6 +48,7 @@ ValueError: sandbox path '/app/src/../x.py' must be absolute and normalised (no 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import os
@@ -69,6 +70,7 @@ from harbor.models.trial.paths import EnvironmentPaths, TrialPaths
 from ...common.idle import wait_at
 from ..sandbox import isolation
 from ..benchmarks.base import PROBE_SOCKET
+from ..benchmarks.verifier import PROBE
 from ..sandbox.isolation import Limits, Mount
 
 ENVIRONMENT_TYPE = "rsigym-bubblewrap"
@@ -85,6 +87,10 @@ DOCKER_FILES = frozenset({"Dockerfile", "docker-compose.yaml", "docker-compose.y
 PROBE_LIMITS = Limits(wall_s=10.0, cpu_s=10, memory_mb=512, processes=32, output_bytes=1 << 16, file_mb=16)
 PROBE_MAX_REQUEST = 1 << 20
 PROBE_MAX_CALLS = 8
+PROBE_ARGV = ("python3", "-I", "-c", PROBE)  # what the local tasks' verifier asks the probe runner to run
+PROBE_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
+PRESTART_WAIT_S = 600.0  # how long a probe started ahead may wait for its request (its limit restarts then)
+PRESTART_PROBE_ENV = "RSIGYM_PRESTART_PROBE"  # "0"/"1": the default of ``prestart_probe`` (unset: on)
 DOWNLOAD_MAX_BYTES = 8 << 20  # of one directory copied out of a trial's sandbox (its logs, artifacts)
 
 
@@ -205,7 +211,10 @@ class BubblewrapEnvironment(BaseEnvironment):
     ``group_processes``, ``disk_mb`` (the trial's aggregate limits, :class:`~.isolation.SandboxGroup`;
     ``group=False`` for none), ``idle_gate`` (the key of an :class:`~rsigym_env.worlds.common.idle.IdleGate` to
     wait at before starting: background evaluations; or of a :class:`~rsigym_env.worlds.common.idle.SpareCores`,
-    whose place is given back when the trial stops).
+    whose place is given back when the trial stops), ``prestart_probe`` (default on, ``$RSIGYM_PRESTART_PROBE=0``
+    turns the default off): when the verifier phase begins on a task whose hidden data says code under test
+    will be probed (``expected.json``: ``"kind": "calls"``), start the probe's sandbox and interpreter then, so
+    that they are up when the verifier asks (see :meth:`_prestart_probe`).
     """
 
     def __init__(self, environment_dir: Path, environment_name: str, session_id: str, trial_paths: TrialPaths,
@@ -213,7 +222,7 @@ class BubblewrapEnvironment(BaseEnvironment):
                  cpu_s: int = 120, processes: int = 128, output_bytes: int = 1 << 20, file_mb: int = 256,
                  default_timeout_s: float = 600.0, require_isolation: bool = True, sandbox_dir: str | None = None,
                  group_memory_mb: int = 2048, group_processes: int = 256, disk_mb: int = 512, group: bool = True,
-                 idle_gate: str | None = None, **kwargs: Any):
+                 idle_gate: str | None = None, prestart_probe: bool | None = None, **kwargs: Any):
         super().__init__(environment_dir=environment_dir, environment_name=environment_name,
                          session_id=session_id, trial_paths=trial_paths, task_env_config=task_env_config, **kwargs)
         self._network_allowed = bool(network)
@@ -243,6 +252,10 @@ class BubblewrapEnvironment(BaseEnvironment):
         self.group: isolation.SandboxGroup | None = None
         self._probe_server: asyncio.AbstractServer | None = None
         self._probes = 0
+        if prestart_probe is None:
+            prestart_probe = os.environ.get(PRESTART_PROBE_ENV, "1").strip() not in ("0", "false", "no", "off")
+        self._prestart = bool(prestart_probe)
+        self._ready_probe: tuple[Path, isolation.IsolatedProcess] | None = None
         self.record: SandboxRecord | None = None
 
     # ---- Harbor's identity and capabilities -------------------------------------------------------
@@ -387,6 +400,7 @@ class BubblewrapEnvironment(BaseEnvironment):
                 leave()
 
     async def _stop(self, delete: bool) -> None:
+        await self._drop_ready_probe()
         if self._probe_server is not None:
             self._probe_server.close()
             self._probe_server = None
@@ -480,7 +494,8 @@ class BubblewrapEnvironment(BaseEnvironment):
         """One request of the verifier: ``{"argv": [...], "stdin": str, "timeout_s": n}`` → run it in a
         fresh sandbox over a copy of ``/app`` with no ``/tests``, no ``/logs``, no probe socket and no
         network, and answer ``{"exit_code", "stdout", "stderr", "limit"}``. The code under test thus
-        never shares a process, a uid or a writable path with the verifier."""
+        never shares a process, a uid or a writable path with the verifier. (For a code task that sandbox
+        was started when the verifier phase began: :meth:`_prestart_probe`.)"""
         try:
             reply = await self._run_probe(await reader.readline())
         except Exception as exc:  # noqa: BLE001 - a bad request gets an answer, never a crash
@@ -502,22 +517,98 @@ class BubblewrapEnvironment(BaseEnvironment):
         if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv) and isinstance(stdin, str)):
             raise ValueError("a probe request is {argv: [str, ...], stdin: str, timeout_s: number}")
         timeout = min(float(request.get("timeout_s", PROBE_LIMITS.wall_s)), PROBE_LIMITS.wall_s)
-        work = self.root / "probes" / secrets.token_hex(6)
-        (work / "app").mkdir(parents=True)
-        try:
-            await asyncio.to_thread(_copy_tree, self.app_dir, work / "app")
-            limits = Limits(wall_s=timeout, cpu_s=PROBE_LIMITS.cpu_s, memory_mb=PROBE_LIMITS.memory_mb,
-                            processes=PROBE_LIMITS.processes, output_bytes=PROBE_LIMITS.output_bytes,
-                            file_mb=PROBE_LIMITS.file_mb)
-            result = await isolation.run_isolated_async(
-                argv, workdir=work / "app", cwd=isolation.APP, env={"PYTHONDONTWRITEBYTECODE": "1"}, network=False,
-                limits=limits, stdin=stdin.encode(), require_isolation=self._require_isolation, group=self.group)
-        finally:
-            await asyncio.to_thread(shutil.rmtree, work, True)
+        result = await self._run_ready_probe(argv, stdin, timeout)
+        if result is None:
+            work = self.root / "probes" / secrets.token_hex(6)
+            (work / "app").mkdir(parents=True)
+            try:
+                await asyncio.to_thread(_copy_tree, self.app_dir, work / "app")
+                limits = Limits(wall_s=timeout, cpu_s=PROBE_LIMITS.cpu_s, memory_mb=PROBE_LIMITS.memory_mb,
+                                processes=PROBE_LIMITS.processes, output_bytes=PROBE_LIMITS.output_bytes,
+                                file_mb=PROBE_LIMITS.file_mb)
+                result = await isolation.run_isolated_async(
+                    argv, workdir=work / "app", cwd=isolation.APP, env=PROBE_ENV, network=False,
+                    limits=limits, stdin=stdin.encode(), require_isolation=self._require_isolation, group=self.group)
+            finally:
+                await asyncio.to_thread(shutil.rmtree, work, True)
         self.record.commands += 1
         self.record.command_seconds += result.duration_s
         return {"exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr[-2000:],
                 "limit": result.limit}
+
+    def _probes_code(self) -> bool:
+        """Whether the uploaded tests say the verifier will probe code under test (``expected.json`` of a
+        ``"calls"`` task; anything unreadable: no)."""
+        path = self.tests_dir / "expected.json"
+        try:
+            if path.is_symlink() or not path.is_file() or path.stat().st_size > 1 << 20:
+                return False
+            return json.loads(path.read_text()).get("kind") == "calls"
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    async def _prestart_probe(self) -> None:
+        """Start the probe's sandbox (over an empty ``app`` directory) and its interpreter now, in the verifier
+        phase of a code task, so that when the verifier asks (:meth:`_run_probe`) only the work is left: the
+        app's files are copied in, the clock starts and the request goes to its stdin. The command
+        (:data:`PROBE_ARGV`) reads its stdin before it looks at ``/app`` or imports anything from it, so it
+        sees the same files, input and limits as one started at the request, in a sandbox of its own as
+        before; it is killed with the trial if no request comes. A failure to start is no error: the probe
+        then starts at the request, as without this."""
+        if not self._prestart or self._ready_probe is not None or self.record is None or not self._probes_code():
+            return
+        work = self.root / "probes" / secrets.token_hex(6)
+        try:
+            (work / "app").mkdir(parents=True)
+            proc = await isolation.IsolatedProcess.start(
+                list(PROBE_ARGV), workdir=work / "app", cwd=isolation.APP, env=PROBE_ENV, network=False,
+                limits=dataclasses.replace(PROBE_LIMITS, wall_s=PRESTART_WAIT_S), stdin=True,
+                require_isolation=self._require_isolation, group=self.group)
+        except Exception:  # noqa: BLE001 - (e.g. the group's disk is full) the request will start it
+            await asyncio.to_thread(shutil.rmtree, work, True)
+            return
+        self._ready_probe = (work, proc)
+
+    async def _run_ready_probe(self, argv: list[str], stdin: str, timeout: float) -> isolation.ExecResult | None:
+        """Run a probe request in the probe started ahead (:meth:`_prestart_probe`), if there is one for this
+        command and it is still waiting; ``None`` otherwise (it is then killed and the caller starts one)."""
+        ready, self._ready_probe = self._ready_probe, None
+        if ready is None:
+            return None
+        work, proc = ready
+        if tuple(argv) == PROBE_ARGV and proc.running:
+            await asyncio.to_thread(self._fill_probe_app, work / "app")
+            if proc.running and proc.stdin_open:  # the same command, files, input and limits: only its start came earlier
+                try:
+                    proc.restart_clock(timeout)
+                    await proc.write(stdin.encode())
+                    await proc.close_stdin()
+                    return await proc.wait()
+                finally:
+                    proc.kill()
+                    await asyncio.to_thread(shutil.rmtree, work, True)
+        await self._drop_ready_probe(ready)
+        return None
+
+    def _fill_probe_app(self, app: Path) -> None:
+        """Copy ``/app`` into a started probe's (empty) app directory, owned as a fresh sandbox's would be."""
+        _copy_tree(self.app_dir, app)
+        isolation.claim(app, self.group.uid if self.group is not None else isolation.sandbox_uid(app.resolve()))
+
+    async def _drop_ready_probe(self, ready: "tuple[Path, isolation.IsolatedProcess] | None" = None) -> None:
+        """Kill a started probe that no request used (by default the trial's) and remove its directory."""
+        if ready is None:
+            ready, self._ready_probe = self._ready_probe, None
+        if ready is None:
+            return
+        work, proc = ready
+        proc.kill()
+        try:
+            await asyncio.wait_for(proc.wait(), 10.0)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            await asyncio.to_thread(shutil.rmtree, work, True)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         await self._note_upload(target_path)
@@ -529,6 +620,8 @@ class BubblewrapEnvironment(BaseEnvironment):
         await self._note_upload(target_dir)
         target = self.host_path(target_dir)
         await asyncio.to_thread(_copy_tree, Path(source_dir), target)
+        if self._verifying and sandbox_path_parts(target_dir)[:1] == ("tests",):
+            await self._prestart_probe()
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
         source = self.host_path(source_path)

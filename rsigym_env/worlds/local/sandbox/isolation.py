@@ -888,6 +888,20 @@ class IsolatedProcess:
         if self._proc.returncode is None:
             _kill(self._proc.pid)
 
+    def restart_clock(self, wall_s: float) -> None:
+        """Start the command's clocks now, with a wall-clock limit of ``wall_s``: for a command started
+        ahead of its input (it waits on stdin meanwhile), so that its limit, its ``duration_s`` and the
+        group events it is charged with run from when its work was handed to it, as if it started then.
+        The rlimits stay those it started with."""
+        if self._result is not None or self._killed_wall:
+            return
+        self._timer.cancel()
+        self.limits = dataclasses.replace(self.limits, wall_s=wall_s)
+        self.started = time.monotonic()
+        self._timer = asyncio.get_running_loop().call_later(wall_s, self._wall)
+        if self._group is not None and self._ticket is not None:
+            self._group._rebase(self._ticket)
+
     def _wall(self) -> None:
         if self._proc.returncode is None:
             self._killed_wall = True
@@ -1819,3 +1833,9 @@ class SandboxGroup:
 
     def _release(self, ticket: _Ticket) -> _GroupEvents:
         return self._state.release(ticket)
+
+    def _rebase(self, ticket: _Ticket) -> None:
+        """Count a running command's group events (OOM kills, refused forks) from now on."""
+        cg = self._state.cgroup
+        if cg is not None:
+            ticket.oom_kills, ticket.forks_refused = cg.oom_kills(), cg.forks_refused()
