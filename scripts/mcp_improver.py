@@ -29,10 +29,10 @@ import ast
 import asyncio
 import contextlib
 import json
+import math
 import os
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -231,10 +231,13 @@ class Session:
         raise Refused(f"{ref} did not end within {max_pages} pages")
 
 
-    async def dev_score(self, version: str, max_waits: int = 40) -> tuple[float, float]:
-        """Evaluate harness ``version`` on dev (k=1) and wait for it (bounded): (dev score, seconds)."""
-        started = time.monotonic()
-        job = STARTED.search(self.text(await self.call("evaluate", {"harness": version, "k": 1})))
+    async def dev_score(self, version: str, max_waits: int = 40) -> float | None:
+        """Evaluate harness ``version`` on dev (k=1) and wait for it (bounded): its dev score, or None when the
+        evaluation's worst case does not fit the money left (refused as ``insufficient_budget``, at no cost)."""
+        started = await self.call("evaluate", {"harness": version, "k": 1}, allow=("insufficient_budget",))
+        if started.is_error:
+            return None
+        job = STARTED.search(self.text(started))
         if job is None:
             raise Refused(f"evaluate {version} did not start a job")
         for _ in range(max_waits):
@@ -242,7 +245,7 @@ class Session:
             text = self.text(await self.call("read", {"ref": job.group(1)}))
             score = DEV_SCORE.search(text)
             if score:
-                return float(score.group(1)), time.monotonic() - started
+                return float(score.group(1))
         raise Refused(f"the evaluation {job.group(1)} of {version} did not end after {max_waits} waits")
 
 
@@ -278,10 +281,15 @@ async def improve(session: Session, memory: dict[str, Any], max_edits: int = 3) 
     ranges, alleles = literal(source, "RANGES"), literal(source, "ALLELES")
     ideas = propose(genes, ranges, alleles, memory, max_edits)
     before = session.left_usd
-    scores = {parent: (await session.dev_score(parent))[0]}
+    parent_dev = await session.dev_score(parent)
     after = session.left_usd
     cost = (before - after) if before is not None and after is not None else None
-    log(f"parent {parent}: dev {scores[parent]:.4f}" + (f" (cost ${cost:,.2f}, ${after:,.2f} left)" if cost else ""))
+    if parent_dev is None:
+        log("the budget does not cover an evaluation of the parent: submitting it as it is")
+        ideas = []
+    else:
+        log(f"parent {parent}: dev {parent_dev:.4f}" + (f" (cost ${cost:,.2f}, ${after:,.2f} left)" if cost else ""))
+    scores = {parent: parent_dev if parent_dev is not None else -math.inf}
     edits: dict[str, tuple[str, Any]] = {}
     for gene, value in ideas:
         left = session.left_usd
@@ -291,8 +299,11 @@ async def improve(session: Session, memory: dict[str, Any], max_edits: int = 3) 
         wrote = await session.call("edit_harness", {"path": CODE, "content": set_gene(source, gene, value),
                                                     "base_version": parent})
         version = wrote.structured_content["result"]["version"]
-        edits[version] = (gene, value)
-        scores[version] = (await session.dev_score(version))[0]
+        score = await session.dev_score(version)
+        if score is None:
+            log(f"stopping: the budget left (${session.left_usd or 0:,.2f}) does not cover another evaluation")
+            break
+        edits[version], scores[version] = (gene, value), score
         gain = scores[version] - scores[parent]
         memory["tried"].append({"gene": gene, "value": value, "from": genes[gene], "gain": round(gain, 6)})
         log(f"{gene}: {genes[gene]!r} -> {value!r} ({version}): dev {scores[version]:.4f} ({gain:+.4f})")
@@ -307,8 +318,8 @@ async def improve(session: Session, memory: dict[str, Any], max_edits: int = 3) 
         done = await session.call("wait", {"job": job.group(1)})
     if not (done.structured_content or {}).get("done"):
         raise Refused("submit did not end the episode within its waits")
-    record = {"parent": parent, "submitted": best, "edit": edits.get(best), "dev": scores[parent],
-              "best_dev": scores[best], "reward": done.structured_content.get("reward")}
+    record = {"parent": parent, "submitted": best, "edit": edits.get(best), "dev": parent_dev,
+              "best_dev": scores[best] if math.isfinite(scores[best]) else None, "reward": done.structured_content.get("reward")}
     memory["rounds"].append(record)
     log(f"submitted {best} ({'the parent' if best == parent else '%s=%r' % edits[best]}); "
         f"reward {record['reward']}")

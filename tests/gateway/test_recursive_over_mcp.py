@@ -838,7 +838,6 @@ def test_cli_recurse_runs_an_improver_command_per_round_and_stops_clearly_when_i
 
 
 @needs_sandbox
-@pytest.mark.slow
 def test_cli_recurse_with_the_reference_mcp_improver_script(served, tmp_path, monkeypatch, capfd):
     """``scripts/mcp_improver.py`` as ``rsigym recurse --improver-command``: in each round it reads the parent,
     evaluates it and untried single-gene edits on dev and submits the best; its memory file carries what it tried
@@ -918,3 +917,32 @@ def test_the_reference_mcp_improver_proposes_untried_single_gene_edits_within_th
     (tmp_path / "bad.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="not this agent's memory file"):
         agent.load_memory(tmp_path / "bad.json")
+
+
+@needs_sandbox
+def test_the_reference_mcp_improver_stops_editing_when_the_budget_cannot_cover_another_evaluation(served, tmp_path):
+    """With money for one dev evaluation only ($2,100: an evaluation reserves 4 dev tasks x $500 as its worst
+    case), ``scripts/mcp_improver.py`` evaluates the parent, has its next evaluation refused (free), records no
+    gain it did not measure, and still ends the episode by submitting the parent."""
+    import subprocess
+    import sys
+
+    response = httpx2.post(f"{served[1]}/v1/runs", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60,
+                           json={"scenario": SCENARIO, "world_options": OPTIONS, "seed": 11, "label": "mcp-script-poor",
+                                 "budget_usd": 2100})
+    assert response.status_code == 201, response.text
+    key = response.json()["run_key"]
+    script = Path(__file__).resolve().parents[2] / "scripts" / "mcp_improver.py"
+    memory = tmp_path / "memory.json"
+    done = subprocess.run([sys.executable, str(script), "--memory", str(memory)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "RSIGYM_MCP_URL": f"{served[1]}/mcp", "RSIGYM_RUN_KEY": key})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "does not cover another evaluation" in done.stdout, done.stdout
+    remembered = json.loads(memory.read_text())
+    assert remembered["tried"] == []
+    [played] = remembered["rounds"]
+    assert played["submitted"] == played["parent"] and played["edit"] is None and played["dev"] is not None
+    summary = httpx2.get(f"{served[1]}/v1/ledger", headers={"Authorization": f"Bearer {key}"}, timeout=30).json()
+    assert summary["open_reservations"] == []
+    status = httpx2.get(f"{served[1]}/v1/observation", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert status.status_code != 200 or status.json().get("done") is True
