@@ -46,6 +46,10 @@ DEV_SCORE = re.compile(r"dev score (-?\d+(?:\.\d+)?)")
 USD = re.compile(r"\$(\d[\d,]*(?:\.\d+)?)")
 
 
+HTTP_ERRORS: list[str] = []
+"""HTTP error statuses the server answered (the SDK reports them only as "an error response")."""
+
+
 class Refused(RuntimeError):
     """A tool call the server refused (or that did not answer in time): the agent stops."""
 
@@ -256,7 +260,13 @@ async def connect(mcp_url: str, key: str, call_timeout: float) -> AsyncIterator[
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=call_timeout + 10) as http:
+    async def note(response: Any) -> None:
+        if response.status_code >= 400:
+            why = {401: " (the run key was refused)", 403: " (the run key does not allow it)"}.get(response.status_code, "")
+            HTTP_ERRORS.append(f"HTTP {response.status_code}{why}")
+
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=call_timeout + 10,
+                                  event_hooks={"response": [note]}) as http:
         async with Client(streamable_http_client(mcp_url, http_client=http),
                           read_timeout_seconds=call_timeout + 10) as client:
             yield client
@@ -366,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mcp_improver: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # the connection or the session failed (unreachable, a key refused): say why, briefly
-        print(f"mcp_improver: the session at {args.url} failed: {'; '.join(leaves(exc))}", file=sys.stderr)
+        why = "; ".join(dict.fromkeys(HTTP_ERRORS + leaves(exc)))
+        print(f"mcp_improver: the session at {args.url} failed: {why}", file=sys.stderr)
         return 2
     return 0
 

@@ -877,12 +877,13 @@ def test_cli_recurse_with_the_reference_mcp_improver_script(served, tmp_path, mo
     assert len(nodes) == 1 + sum(r["dev_evaluations"] - 1 for r in rows)  # the root and every edit it evaluated
     assert all(n.produced_by.get("by") == "agent:command" for n in nodes if n.parent is not None)
     print(f"2 rounds of {SCENARIO} with scripts/mcp_improver.py: {seconds:.1f} s")
-    for url in (f"{served[1]}/mcp", "http://127.0.0.1:9/mcp"):  # a key the service does not know; nobody there
+    for url, why in ((f"{served[1]}/mcp", "HTTP 401 (the run key was refused)"),  # a key the service does not know
+                     ("http://127.0.0.1:9/mcp", "ConnectError")):                  # nobody there
         refused = subprocess.run([sys.executable, str(script), "--memory", str(tmp_path / "m2.json")],
                                  capture_output=True, text=True, timeout=60,
                                  env={**os.environ, "RSIGYM_MCP_URL": url, "RSIGYM_RUN_KEY": "rsr_nobody"})
         assert refused.returncode == 2 and refused.stderr.startswith("mcp_improver: "), refused.stderr[-2000:]
-        assert "Traceback" not in refused.stderr and "rsr_nobody" not in refused.stderr
+        assert why in refused.stderr and "Traceback" not in refused.stderr and "rsr_nobody" not in refused.stderr
         print(refused.stderr.strip())
 
 
