@@ -29,6 +29,7 @@ import ast
 import contextlib
 import json
 import math
+import os
 import re
 import secrets
 import time
@@ -834,3 +835,115 @@ def test_cli_recurse_runs_an_improver_command_per_round_and_stops_clearly_when_i
     assert main(base + ["--serve", "--mode", "improver"]) == 2
     assert main(base + ["--serve", "--improver-timeout", "0"]) == 2
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+@needs_sandbox
+def test_cli_recurse_with_the_reference_mcp_improver_script(served, tmp_path, monkeypatch, capfd):
+    """``scripts/mcp_improver.py`` as ``rsigym recurse --improver-command``: in each round it reads the parent,
+    evaluates it and untried single-gene edits on dev and submits the best; its memory file carries what it tried
+    into the next round (no edit evaluated twice from the same value), the rounds are reported and the archive
+    grows. Run with a key the service does not know, it stops with a clear message and status 2."""
+    import shlex
+    import subprocess
+    import sys
+
+    from rsigym_env.archive import Archive
+    from rsigym_env.cli import main
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "mcp_improver.py"
+    memory = tmp_path / "memory.json"
+    monkeypatch.setenv("RSIGYM_HOME", str(tmp_path / "home"))
+    command = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} --memory {shlex.quote(str(memory))}"
+    started = time.monotonic()
+    assert main(["recurse", "--scenario", SCENARIO, "--target", "program", "--rounds", "2", "--seeds", "1",
+                 "--imp-k", "0", "--archive", "mcp-script", "--out", str(tmp_path / "o"),
+                 "--improver-command", command]) == 0
+    seconds = time.monotonic() - started
+    out = capfd.readouterr().out
+    assert out.count("[mcp_improver] submitted ") == 2, out[-3000:]
+    data = json.loads((tmp_path / "o" / "recursion.json").read_text())
+    rows = data["rows"]
+    assert [(r["round"], r["improver"]) for r in rows] == [(1, "agent:command"), (2, "agent:command")]
+    remembered = json.loads(memory.read_text())
+    assert len(remembered["rounds"]) == 2
+    tried = [(t["gene"], json.dumps(t["from"]), json.dumps(t["value"])) for t in remembered["tried"]]
+    assert len(tried) == sum(r["dev_evaluations"] - 1 for r in rows) >= 2  # the parent and >= 1 edit per round
+    assert len(set(tried)) == len(tried)  # the memory kept round 2 off round 1's edits
+    for row, played in zip(rows, remembered["rounds"]):
+        assert row["dev_evaluations"] >= 2 and row["spend_usd"] > 0
+        assert (row["submitted"] == row["target"]) == (played["submitted"] == played["parent"])
+        assert played["best_dev"] >= played["dev"]  # it submits the best it measured, or the parent
+    nodes = Archive(tmp_path / "home" / "archives", data["config"]["archives"][0]).nodes()
+    assert len(nodes) == 1 + sum(r["dev_evaluations"] - 1 for r in rows)  # the root and every edit it evaluated
+    assert all(n.produced_by.get("by") == "agent:command" for n in nodes if n.parent is not None)
+    print(f"2 rounds of {SCENARIO} with scripts/mcp_improver.py: {seconds:.1f} s")
+    for url, why in ((f"{served[1]}/mcp", "HTTP 401 (the run key was refused)"),  # a key the service does not know
+                     ("http://127.0.0.1:9/mcp", "ConnectError")):                  # nobody there
+        refused = subprocess.run([sys.executable, str(script), "--memory", str(tmp_path / "m2.json")],
+                                 capture_output=True, text=True, timeout=60,
+                                 env={**os.environ, "RSIGYM_MCP_URL": url, "RSIGYM_RUN_KEY": "rsr_nobody"})
+        assert refused.returncode == 2 and refused.stderr.startswith("mcp_improver: "), refused.stderr[-2000:]
+        assert why in refused.stderr and "Traceback" not in refused.stderr and "rsr_nobody" not in refused.stderr
+        print(refused.stderr.strip())
+
+
+def test_the_reference_mcp_improver_proposes_untried_single_gene_edits_within_the_programs_ranges(tmp_path):
+    """``scripts/mcp_improver.py``'s proposals on the seed program: single-gene edits inside RANGES/ALLELES, each
+    one a valid program differing in that gene only; with its memory of a round, the next round proposes none of
+    the same edits again and puts a gene that gained first; its docstring examples run; a file that is not its
+    memory is refused."""
+    import doctest
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "mcp_improver.py"
+    spec = importlib.util.spec_from_file_location("mcp_improver", path)
+    agent = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent)  # type: ignore[union-attr]
+    assert doctest.testmod(agent).failed == 0
+    source = builtin_spec("program").code["researcher.py"]
+    genes, ranges, alleles = (agent.literal(source, n) for n in ("STRATEGY", "RANGES", "ALLELES"))
+    memory = agent.load_memory(tmp_path / "none-yet.json")
+    first = agent.propose(genes, ranges, alleles, memory, 4)
+    assert len(first) == 4 and len({g for g, _ in first}) == 4
+    for gene, value in first:
+        edited = agent.literal(agent.set_gene(source, gene, value), "STRATEGY")
+        assert edited == {**genes, gene: value} and value != genes[gene]
+        assert (ranges[gene][0] <= value <= ranges[gene][1]) if gene in ranges else value in alleles[gene]
+    memory["tried"] = [{"gene": g, "value": v, "from": genes[g], "gain": 0.1 * (i == 1) - 0.05}
+                       for i, (g, v) in enumerate(first)]
+    agent.save_memory(tmp_path / "m.json", memory)
+    second = agent.propose(genes, ranges, alleles, agent.load_memory(tmp_path / "m.json"), 4)
+    assert not set(map(repr, second)) & set(map(repr, first))
+    assert first[1][0] == "fix_harness" and second[0][0] == "fix_harness"  # it gained: first again, another allele
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not this agent's memory file"):
+        agent.load_memory(tmp_path / "bad.json")
+
+
+@needs_sandbox
+def test_the_reference_mcp_improver_stops_editing_when_the_budget_cannot_cover_another_evaluation(served, tmp_path):
+    """With money for one dev evaluation only ($2,100: an evaluation reserves 4 dev tasks x $500 as its worst
+    case), ``scripts/mcp_improver.py`` evaluates the parent, has its next evaluation refused (free), records no
+    gain it did not measure, and still ends the episode by submitting the parent."""
+    import subprocess
+    import sys
+
+    response = httpx2.post(f"{served[1]}/v1/runs", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60,
+                           json={"scenario": SCENARIO, "world_options": OPTIONS, "seed": 11, "label": "mcp-script-poor",
+                                 "budget_usd": 2100})
+    assert response.status_code == 201, response.text
+    key = response.json()["run_key"]
+    script = Path(__file__).resolve().parents[2] / "scripts" / "mcp_improver.py"
+    memory = tmp_path / "memory.json"
+    done = subprocess.run([sys.executable, str(script), "--memory", str(memory)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "RSIGYM_MCP_URL": f"{served[1]}/mcp", "RSIGYM_RUN_KEY": key})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "does not cover another evaluation" in done.stdout, done.stdout
+    remembered = json.loads(memory.read_text())
+    assert remembered["tried"] == []
+    [played] = remembered["rounds"]
+    assert played["submitted"] == played["parent"] and played["edit"] is None and played["dev"] is not None
+    summary = httpx2.get(f"{served[1]}/v1/ledger", headers={"Authorization": f"Bearer {key}"}, timeout=30).json()
+    assert summary["open_reservations"] == []
+    status = httpx2.get(f"{served[1]}/v1/observation", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert status.status_code != 200 or status.json().get("done") is True
