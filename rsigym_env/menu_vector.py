@@ -1072,18 +1072,17 @@ class MenuArrayEnv(VectorEnv):
 
     def _after_call(self, rows: np.ndarray) -> None:
         """The run's limits after a call, in its order: steps, refusals, time, money."""
-        rows = rows[~self.done[rows]]
         if not rows.size:
             return
         s = self.scenario
-        limits = [self.steps[rows] >= s.max_steps, self.refusals[rows] >= s.refusal_limit,
-                  self.clock[rows] >= self.time_limit_s,
-                  ~self.running[rows] & (self.budget_n - self.spent_n[rows] - self.reserved_n[rows] < self._min_n)]
-        ending = limits[0] | limits[1] | limits[2] | limits[3]
+        # the limits over all N rows (as cheap as over a few: the cost is per NumPy call), then the callers'
+        limits = [self.steps >= s.max_steps, self.refusals >= s.refusal_limit, self.clock >= self.time_limit_s,
+                  ~self.running & (self.budget_n - self.spent_n - self.reserved_n < self._min_n)]
+        ending = (limits[0] | limits[1] | limits[2] | limits[3])[rows] & ~self.done[rows]
         if ending.any():
-            reason = np.select([c[ending] for c in limits], ["step limit", "refusal limit", "time limit",
-                                                             "budget exhausted"], "")
             ends = rows[ending]
+            reason = np.select([c[ends] for c in limits], ["step limit", "refusal limit", "time limit",
+                                                           "budget exhausted"], "")
             self._end(ends, self.initial_official[ends], terminated=False, reason=reason)
 
     def _end(self, rows: np.ndarray, final: np.ndarray, *, terminated: bool, reason: Any) -> None:
