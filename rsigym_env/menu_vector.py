@@ -51,10 +51,11 @@ State arrays (row i = env i; see ``MenuArrayEnv.__init__``):
 
 Every macro runs as array passes over the rows that chose it; no per-row object (``SimWorld``,
 ``Dataset``, plan generator) is on the path. ``gen`` and ``clean`` follow the adapter's plans
-(``MenuAdapter._gen``, ``._clean``) a phase at a time: each phase is one call per row still in its plan
-(a max generation: up to four rounds of a refused full size and a cut-to-fit call; a clean: filter, then
-dedupe, of the k-th raw dataset of the newest raw one's teacher, then the mix into the pool), and a call
-is :meth:`MenuArrayEnv._generate` or :meth:`~MenuArrayEnv._transform`: permission (once per teacher or
+(``MenuAdapter._gen``, ``._clean``) a phase at a time: each phase is one pass over the rows still in their
+plan (a generation round, :meth:`MenuArrayEnv._generate`: the full-size call and, for the rows the budget
+refused, the cut-to-fit call, their draws together; a max generation is up to four rounds; a clean: filter,
+then dedupe, of the k-th raw dataset of the newest raw one's teacher, then the mix into the pool, one call
+per row each, :meth:`~MenuArrayEnv._transform`), and a call is: permission (once per teacher or
 operation), quote, reserve or refuse, the world's aggregate draw from its own ``data`` stream
 (``generate_datasets``, ``filter_datasets``, ``dedupe_datasets`` and ``mix_datasets`` as element-wise
 NumPy over the rows), bill, time, the adapter's record, the run's limits. ``train`` always starts from
