@@ -57,6 +57,10 @@ def cmd_recurse(args: argparse.Namespace, console: Console) -> int:
                           f"{row['candidates']} candidates; test index {row['index_before']:+.4f} -> "
                           f"{row['index_after']:+.4f} (gain {row['improver_gain']:+.4f}; {row['dev_evaluations']} "
                           f"dev evaluations, ${row['spend_usd']:,.0f})", highlight=False)
+            for edit in row.get("self_edits") or []:  # edits of the improver's own procedure, by metaproductivity
+                console.print(f"  improver edit {edit['what']}: metaproductive gain {edit['gain']:+.4f} "
+                              f"[{edit['low']:+.4f}, {edit['high']:+.4f}] on validation, "
+                              f"{'accepted' if edit['accepted'] else 'rejected'}", highlight=False)
 
     def on_progress(text: str) -> None:
         if not args.quiet:

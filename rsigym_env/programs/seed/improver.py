@@ -17,6 +17,10 @@ its ``code/researcher.py`` holds the strategy as module-level literals (``STRATE
    first: ``cover_screen``); write every trial into the memory, the memory into every fully
    evaluated candidate and into the target (its successor: same behaviour, new memory); submit the
    best that beats the target on train, else the successor. No randomness in what is tried.
+   Off in the seed: ``code_moves`` adds AST edits of the plan's phase functions (:func:`code_moves`) to
+   the moves; ``self_moves`` writes that many edits of this procedure (:func:`self_moves`) as versions
+   that differ only in ``code/improver.py``, which ``rsigym recurse --mode improver`` judges by what the
+   edited improver produces (``rounds.metaproductivity``).
 4. ``proposal: "random"`` (the procedure before 2026-12-05): while proposals, steps and budget
    remain, pick a base from the in-episode archive (``select``: greedy, tournament, latest or root),
    apply one operator drawn by ``operator_weights`` with a ``random.Random`` seeded from the episode's
@@ -89,6 +93,19 @@ IMPROVER = {
     "behaviour_novelty": False,  # `rsigym recurse` drops a candidate whose train results equal an archived one's (True),
                                # or validates it like any other (False: a single move that changes nothing on the few
                                # train tasks may still pay on validation)
+    "code_moves": False,       # cover: after the literal moves, AST edits of the plan's phase functions (code_moves():
+                               # drop, duplicate, swap or budget-guard a tool call, scale a money expression)
+    "code_guard": 0.25,        # code moves: a guarded call runs only while budget left >= this x the starting budget
+    "code_scale": [0.8, 1.25],  # code moves: the factors a money expression is scaled by
+    "skip_genes": [],          # cover: STRATEGY genes it never moves (what it has learned not to spend evaluations on)
+    "self_moves": 0,           # cover: this many edits of its own procedure per episode (single moves of the IMPROVER
+                               # genes in self_genes, untried ones first), written as versions of the target that differ
+                               # only in code/improver.py, never evaluated (no train task tells them apart: a program
+                               # runs its improver only on a spec harness); `rsigym recurse --mode improver` judges each
+                               # by metaproductivity (what it produces on fresh targets, paired on validation)
+    "self_genes": ["full_k", "min_gain", "step", "budget_reserve", "cover_screen", "screen_tasks", "full_top"],
+    "self_runs": 2,            # recurse: short improvements (one outer episode each, outer seeds no chain uses) per side
+    "self_candidates": 8,      # recurse: moves each short improvement measures at most (0: its own "candidates")
 }
 
 # How the "self" operator may move IMPROVER's numeric genes: [low, high, how]; how = "mul" (x*step or
@@ -122,6 +139,11 @@ IMPROVER_ALLELES = {
     "cover_screen": [True, False],
     "behaviour_novelty": [True, False],
     "retry": [True, False],
+    # the STRATEGY genes of the seed program, any sub-list (a list gene: a move adds or removes one)
+    "skip_genes": ["diagnose_k", "fix_harness", "fix_min_share", "teacher_rule", "probe_examples", "data_fraction",
+                   "data_chunks", "eval_reserve", "max_examples", "max_tokens_per_example", "data_source", "transforms",
+                   "learning_rate_scale", "num_epochs", "lora_rank", "lr_schedule", "early_base_eval", "k", "compare",
+                   "submit_rule"],
 }
 
 # A target that is not a program: how its params.toml numbers may move (others: within 4x of the original).
@@ -458,9 +480,11 @@ def mutate_self(genome: Genome, space: dict[str, Any], rng: random.Random, step:
     names = []
     for name in list(ranges) + [a for a in alleles if a not in ranges]:
         try:
-            names.append((name, _get(own, name)))
+            value = _get(own, name)
         except (KeyError, TypeError):
             continue
+        if not isinstance(value, list):  # list genes (skip_genes) move only by cover's self_moves
+            names.append((name, value))
     rng.shuffle(names)
     for name, value in names:
         moved = mutate_gene(name, value, alleles, ranges, rng, step)
@@ -642,7 +666,8 @@ class Program:
         if not self.is_program:
             return {"params.toml": rewrite_params(self.files["params.toml"], self.genome["params"], genome["params"])}
         ours = {n: genome[n] for n in ("STRATEGY", "PHASES") if n in genome}
-        out = {RESEARCHER: set_lineage(replace_literals(self.files[RESEARCHER], ours), lineage)}
+        source = genome["CODE"] if isinstance(genome.get("CODE"), str) else self.files[RESEARCHER]  # a code move's
+        out = {RESEARCHER: set_lineage(replace_literals(source, ours), lineage)}
         if "IMPROVER" in genome and not _same(genome["IMPROVER"], self.genome["IMPROVER"]):
             out[SELF] = replace_literals(self.files[SELF], {"IMPROVER": genome["IMPROVER"]})
         return out
@@ -774,6 +799,169 @@ def single_moves(program: Program, step: float) -> list[tuple[str, Genome, str]]
             out.append((f"{name}={inline(new)}", dict(genome, **{where: dict(genes, **{name: new})}), f"point {what}"))
     if program.is_program and "PHASES" in genome:
         out += [(key, dict(genome, PHASES=plan), what) for key, plan, what in phase_moves(list(genome["PHASES"]), space)]
+    return out
+
+
+def self_moves(program: Program, genes: list[str], step: float,
+               memory: dict[str, list[dict[str, Any]]] | None = None) -> list[tuple[str, Genome, str]]:
+    """Single moves of the improver's own procedure: each IMPROVER gene in ``genes`` (dotted names reach
+    nested entries) one step each way in IMPROVER_RANGES or to each other value in IMPROVER_ALLELES, in
+    that fixed order, leaving out moves ``memory`` has seen (a key ``IMPROVER.<gene>=<value>`` or a trial's
+    ``undo``: the value an accepted move replaced). ``(key, genome, what)``; none when the program carries
+    no improver.
+
+    >>> files = {"code/researcher.py": 'STRATEGY = {"k": 3}\\nRANGES = {"k": [1, 8, "add"]}\\n',
+    ...          "code/improver.py": 'IMPROVER = {"full_k": 1, "cover_screen": False}\\n'
+    ...          'IMPROVER_RANGES = {"full_k": [1, 3, "add"]}\\nIMPROVER_ALLELES = {"cover_screen": [True, False]}\\n'}
+    >>> [m[0] for m in self_moves(Program(files), ["full_k", "cover_screen", "nope"], 1.5)]
+    ['IMPROVER.full_k=2', 'IMPROVER.cover_screen=True']
+    >>> [m[0] for m in self_moves(Program(files), ["full_k"], 1.5, {"IMPROVER.full_k=2": [{"on": "x"}]})]
+    []
+    """
+    own = program.genome.get("IMPROVER")
+    if not isinstance(own, dict):
+        return []
+    ranges, alleles = program.space.get("IMPROVER_RANGES", {}), program.space.get("IMPROVER_ALLELES", {})
+    seen = set(memory or {}) | {t["undo"] for trials in (memory or {}).values() for t in trials
+                                if isinstance(t.get("undo"), str)}
+    out: list[tuple[str, Genome, str]] = []
+    for name in genes:
+        try:
+            value = _get(own, name)
+        except (KeyError, TypeError):
+            continue
+        for new, what in gene_moves(name, value, alleles, ranges, step):
+            key = f"IMPROVER.{name}={inline(new)}"
+            if key not in seen:
+                out.append((key, dict(program.genome, IMPROVER=_set(own, name, new)), f"self {what}"))
+    return out
+
+
+# ---------------------------------------------------------------------------------- code moves
+
+NO_EDIT = ("phase_submit",)  # the contract's submit: never edited
+
+
+def check_program(source: str) -> str | None:
+    """Why ``source`` (a researcher.py) breaks the program contract, or None: it must parse and compile,
+    keep its literals (STRATEGY a dict, PHASES a list), define ``make_researcher``, and every phase its
+    PHASES and OPTIONAL_PHASES name must be a generator function ``phase_<x>(ctx)``.
+
+    >>> check_program("def f(:\\n"), check_program("STRATEGY = {}\\nPHASES = ['a']\\ndef make_researcher(p): pass\\n")
+    ('does not parse: invalid syntax (line 1)', 'phase a: no generator function phase_a(ctx)')
+    """
+    try:
+        tree = ast.parse(source)
+        compile(tree, RESEARCHER, "exec")
+    except (SyntaxError, ValueError) as exc:
+        return f"does not parse: {getattr(exc, 'msg', exc)} (line {getattr(exc, 'lineno', '?')})"
+    found = parse_literals(source, STRATEGY_LITERALS)
+    if not isinstance(found.get("STRATEGY"), dict) or not isinstance(found.get("PHASES"), list):
+        return "STRATEGY or PHASES is not a literal"
+    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    if "make_researcher" not in funcs:
+        return "no make_researcher"
+    for name in list(found["PHASES"]) + list(found.get("OPTIONAL_PHASES") or []):
+        f = funcs.get(f"phase_{name}")
+        if f is None or len(f.args.args) != 1 or not any(isinstance(x, (ast.Yield, ast.YieldFrom)) for x in ast.walk(f)):
+            return f"phase {name}: no generator function phase_{name}(ctx)"
+    return None
+
+
+def _names(node: ast.AST, ctx_type: type) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ctx_type)}
+
+
+def _calls_tool(node: ast.AST) -> bool:
+    return any(isinstance(x, (ast.Yield, ast.YieldFrom)) for x in ast.walk(node))
+
+
+def _mentions_budget(node: ast.AST) -> bool:
+    return any(isinstance(x, ast.Attribute) and x.attr in ("budget_start", "budget_left") for x in ast.walk(node))
+
+
+def _money_args(call: ast.Call) -> list[int]:
+    """Positions of ``call``'s arguments that are money expressions (they mention the budget)."""
+    return [j for j, a in enumerate(call.args) if isinstance(a, (ast.BinOp, ast.Attribute, ast.Call)) and _mentions_budget(a)]
+
+
+def code_moves(source: str, phases: list[str], guard: float = 0.25, scales: tuple[float, ...] = (0.8, 1.25)
+               ) -> list[tuple[str, str, str]]:
+    """AST edits of the phase functions ``phases`` runs (``phase_submit`` never), in a fixed order:
+    ``(key, new source, what)``. Per top-level statement ``i`` of a phase that calls a tool (a ``yield``):
+    ``drop`` it (when nothing after it reads a name it sets), ``dup`` it (run it twice), ``guard`` it (run
+    it only while ``ctx.budget_left() >= guard * ctx.budget_start``; same condition as drop), ``swap`` it
+    with the next statement (when neither reads or sets a name the other sets); and each money expression
+    (an argument mentioning ``budget_start``/``budget_left``) ``scale``d by each factor. Only the edited
+    function is rewritten (``ast.unparse``: its comments go), every other byte stays; an edit that breaks
+    the contract (:func:`check_program`) is left out.
+
+    >>> src = ("STRATEGY = {}\\nPHASES = ['a']\\ndef make_researcher(p):\\n    pass\\n"
+    ...        "def phase_a(ctx):\\n    x = yield 1\\n    yield from g(ctx, ctx.budget_start * 0.5)\\n    yield x\\n")
+    >>> [m[0] for m in code_moves(src, ["a"])]
+    ['code a dup 0', 'code a swap 0', 'code a drop 1', 'code a dup 1', 'code a guard 1', 'code a swap 1', 'code a money 1 x0.8', 'code a money 1 x1.25', 'code a drop 2', 'code a dup 2', 'code a guard 2']
+    >>> print(dict((k, t) for k, t, _ in code_moves(src, ["a"]))["code a guard 1"].split("def phase_a")[1])
+    (ctx):
+        x = (yield 1)
+        if ctx.budget_left() >= 0.25 * ctx.budget_start:
+            yield from g(ctx, ctx.budget_start * 0.5)
+        yield x
+    <BLANKLINE>
+    """
+    import copy
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    where = _Offsets(source)
+    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    out: list[tuple[str, str, str]] = []
+
+    def emit(func: ast.FunctionDef, body: list[ast.stmt], key: str, what: str) -> None:
+        new = copy.deepcopy(func)
+        new.body = body or [ast.Pass()]
+        new.decorator_list = []
+        ast.fix_missing_locations(new)
+        start = where.at(func.lineno, 0)
+        end = where.at(func.end_lineno or func.lineno, func.end_col_offset or 0)
+        text = source[:start] + ast.unparse(new) + source[end:]
+        if text != source and check_program(text) is None:
+            out.append((key, text, f"{key}: {what}"))
+
+    for phase in dict.fromkeys(phases):
+        func = funcs.get(f"phase_{phase}")
+        if func is None or func.name in NO_EDIT:
+            continue
+        body = func.body
+        for i, stmt in enumerate(body):
+            if not _calls_tool(stmt) or isinstance(stmt, ast.Return):
+                continue
+            later = set().union(*[_names(s, ast.Load) for s in body[i + 1:]]) if body[i + 1:] else set()
+            free = not (_names(stmt, ast.Store) & later)
+            line = ast.unparse(stmt).split("\n")[0][:60]
+            if free:
+                emit(func, body[:i] + body[i + 1:], f"code {phase} drop {i}", f"drop `{line}`")
+            emit(func, body[:i + 1] + [copy.deepcopy(stmt)] + body[i + 1:], f"code {phase} dup {i}", f"run `{line}` twice")
+            if free:
+                cond = ast.parse(f"ctx.budget_left() >= {guard!r} * ctx.budget_start", mode="eval").body
+                emit(func, body[:i] + [ast.If(test=cond, body=[stmt], orelse=[])] + body[i + 1:],
+                     f"code {phase} guard {i}", f"`{line}` only while budget left >= {guard!r} x start")
+            if i + 1 < len(body):
+                nxt = body[i + 1]
+                a_set, b_set = _names(stmt, ast.Store), _names(nxt, ast.Store)
+                if not isinstance(nxt, ast.Return) and not (a_set & (_names(nxt, ast.Load) | b_set)) \
+                        and not (b_set & _names(stmt, ast.Load)):
+                    emit(func, body[:i] + [nxt, stmt] + body[i + 2:], f"code {phase} swap {i}",
+                         f"swap `{line}` and the next statement")
+            if any(_money_args(call) for call in ast.walk(stmt) if isinstance(call, ast.Call)):
+                for factor in scales:
+                    edited = copy.deepcopy(stmt)
+                    call = next(c for c in ast.walk(edited) if isinstance(c, ast.Call) and _money_args(c))
+                    j = _money_args(call)[0]
+                    call.args[j] = ast.BinOp(left=call.args[j], op=ast.Mult(), right=ast.Constant(factor))
+                    emit(func, body[:i] + [edited] + body[i + 1:], f"code {phase} money {i} x{factor!r}",
+                         f"money `{ast.unparse(call.args[j])[:60]}`")
     return out
 
 
@@ -1153,7 +1341,16 @@ class ProgramImprover(PlanResearcher):
         c = self.config
         tag, memory = base_tag(parent.program.genome), self.memory
         genes = parent.program.genome.get("STRATEGY") or parent.program.genome.get("params") or {}
-        order = cover_order(single_moves(parent.program, float(c["step"])), memory, bool(c.get("retry", True)), tag, genes)
+        skip = set(c.get("skip_genes") or []) if isinstance(c.get("skip_genes"), list) else set()
+        moves = [m for m in single_moves(parent.program, float(c["step"])) if move_gene(m[0]) not in skip]
+        if c.get("code_moves") and RESEARCHER in parent.program.files:
+            scales = tuple(float(x) for x in c.get("code_scale") or () if _numeric(x))
+            code = [(key, dict(parent.program.genome, CODE=text), what) for key, text, what in
+                    code_moves(parent.program.files[RESEARCHER], list(parent.program.genome.get("PHASES") or []),
+                               float(c.get("code_guard", 0.25)), scales)]
+            cut = next((i for i, m in enumerate(moves) if m[0].startswith("phase ")), len(moves))
+            moves = moves[:cut] + code + moves[cut:]  # after the genes' moves, before the plan's
+        order = cover_order(moves, memory, bool(c.get("retry", True)), tag, genes)
         full_top, sk, st = max(0, int(c.get("full_top", 4))), c["screen_k"], c["screen_tasks"]
         whole = not c.get("cover_screen") or (self.tasks is not None and st >= self.tasks and sk == c["full_k"])
         if whole:  # one stage: every move is measured on all dev tasks
@@ -1187,6 +1384,7 @@ class ProgramImprover(PlanResearcher):
             memory[key][-1]["full"] = round(candidate.full - parent.full, 6)
             candidate.accepted = candidate.full > parent.full + float(c["min_gain"])
         self.log += [x.row() for _, x in screened]
+        yield from self.propose_self(parent, memory, tag)
         text = {MEMORY: write_memory(memory)}
         best = max([x for _, x in screened if x.accepted], key=lambda x: x.full, default=None)
         submit = (yield from self.edit(parent.version, text)) or parent.version  # the target's successor
@@ -1196,6 +1394,31 @@ class ProgramImprover(PlanResearcher):
                 if version is not None and candidate is best:
                     submit = version
         yield from self.submit(submit)
+
+    def propose_self(self, parent: Candidate, memory: dict[str, list[dict[str, Any]]], tag: str
+                     ) -> Generator[Action, Step, None]:
+        """``self_moves`` edits of the target's own procedure (:func:`self_moves` of ``self_genes``): each a
+        version of the target that differs only in ``code/improver.py``, not evaluated (its researcher plays
+        exactly the target's episodes); ``rsigym recurse --mode improver`` finds them and judges each by
+        what it produces. Each goes into the memory (tried, with its undo), so the next round proposes the
+        next ones."""
+        c = self.config
+        n = max(0, int(c.get("self_moves", 0) or 0))
+        genes = c.get("self_genes") if isinstance(c.get("self_genes"), list) else []
+        if not n or SELF not in parent.program.files:
+            return
+        own = parent.program.genome.get("IMPROVER") or {}
+        for key, genome, what in self_moves(parent.program, [str(g) for g in genes], float(c["step"]), memory)[:n]:
+            if self.steps + 8 > self.max_steps:
+                break
+            files = parent.program.write(genome, what)
+            version = yield from self.edit(parent.version, {SELF: files[SELF]})
+            if version is None:
+                continue
+            gene = key[len("IMPROVER."):].split("=", 1)[0]
+            memory.setdefault(key, []).append({"on": tag, "self": True, "screen": None, "full": None,
+                                               "undo": f"IMPROVER.{gene}={inline(_get(own, gene))}"})
+            self.log.append(Candidate(version, parent.program, parent.version, "self", what).row())
 
     def load(self, version: str) -> Generator[Action, Step, Program]:
         """Read the target: its file list (which also names the version), its code/researcher.py and

@@ -88,7 +88,9 @@ def markdown(result: dict[str, Any], command: str | None = None) -> str:
               f"${s.get('cost_per_round_usd', 0):,.0f}, per accepted improvement "
               + ("—" if cost_acc is None or not math.isfinite(cost_acc) else f"${cost_acc:,.0f}")
               + (f"; recombined candidates (merges of a round's validated ones): {s['recombined'][0]}, accepted "
-                 f"{s['recombined'][1]}" if s.get("recombined") else ""),
+                 f"{s['recombined'][1]}" if s.get("recombined") else "")
+              + (f"; edits of the improver's own procedure (judged by metaproductivity): {s['self_edits'][0]}, "
+                 f"accepted {s['self_edits'][1]}" if s.get("self_edits") and s["self_edits"][0] else ""),
               f"* tampering-attempt rate (candidates whose episodes attempted something a researcher has no business "
               f"doing): {s.get('tampering_rate', 0):.3f}",
               f"* clade sizes (accepted nodes under each accepted first-generation node): {s.get('clade_sizes', {})}",

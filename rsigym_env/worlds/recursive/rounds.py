@@ -43,7 +43,7 @@ import ast
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ...catalog import env_id as env_id_of
@@ -55,6 +55,9 @@ from .ports import Researchers, is_player, researchers
 from .world import RecursiveOptions
 
 FRESH_SEED_BASE = 9_000  # outer seeds of imp@k's fresh-target runs: chains use seed*1000 + round
+META_SEED_BASE = 8_500   # outer seeds of the short improvements that judge an improver's edit of itself
+MAX_SELF_RUNS = 4        # an improver may ask for at most this many short improvements per side
+MAX_SELF_EDITS = 4       # ...and have at most this many edits of its own procedure judged per round (the first ones)
 RULES = ("greedy", "dgm", "thompson", "sica", "metaproductive")
 MAX_VALIDATE_TOP = 12  # an improver may ask for at most this many validations per round besides its submission
 
@@ -96,21 +99,26 @@ class Outcome:
     metrics: dict[str, Any]
     attempts: list[str]
     successor: Any = None   # the target with new memory the improver wrote into it (it behaves as the target)
+    self_edits: list[str] = field(default_factory=list)  # improver.py texts of versions that differ from the target
+                                                         # only there: edits of the improver's own procedure
 
 
-def _improver_setting(improver: Any, key: str) -> Any:
-    """The value an improver program gives ``key`` in its own ``IMPROVER`` literal (read with
+def _improver_literal(text: str | None) -> dict[str, Any] | None:
+    """The ``IMPROVER`` literal of an improver program's ``improver.py`` text (read with
     ``ast.literal_eval``: nothing of the program runs here), or None."""
-    text = (getattr(improver, "code", None) or {}).get("improver.py")
-    if not text:
-        return None
     try:
-        for node in ast.parse(text).body:
+        for node in ast.parse(text or "").body:
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "IMPROVER" for t in node.targets):
-                return ast.literal_eval(node.value).get(key)
+                value = ast.literal_eval(node.value)
+                return value if isinstance(value, dict) else None
     except (SyntaxError, ValueError, AttributeError, TypeError, MemoryError, RecursionError):
         return None
     return None
+
+
+def _improver_setting(improver: Any, key: str) -> Any:
+    """The value an improver program gives ``key`` in its own ``IMPROVER`` literal, or None."""
+    return (_improver_literal((getattr(improver, "code", None) or {}).get("improver.py")) or {}).get(key)
 
 
 def _improver_rule(improver: Any) -> str | None:
@@ -136,6 +144,7 @@ def _lineage_note(files: dict[str, str]) -> str:
 
 RECOMBINE = ("none", "accepted", "positive")
 LINEAGE = "# lineage:"
+SELF_PATH = "code/improver.py"
 
 
 def _improver_recombine(improver: Any) -> str | None:
@@ -293,6 +302,7 @@ def improve_once(scenario: Scenario, opts: RecursiveOptions, improver: Any, targ
                 continue
             newest[behaviour_key(vfiles)] = vfiles
         target_key = behaviour_key(target.to_files())
+        self_edits = _self_edits(target.to_files(), [run.harness.files(v) for v in run.harness.versions])
         successor = None
         if newest.get(target_key, target.to_files()) != target.to_files():
             successor = using.derived_from_files(newest[target_key], parent=target.id)
@@ -316,7 +326,147 @@ def improve_once(scenario: Scenario, opts: RecursiveOptions, improver: Any, targ
     return Outcome(submitted, candidates, parent_train, float(played.reward), float(info["spend_usd"]),
                    played.steps, int(info["dev_evaluations"]), info.get("best_dev_score"),
                    info.get("metrics", {}), [str(a.get("event", a)) if isinstance(a, dict) else str(a)
-                                             for a in played.attempts], successor)
+                                             for a in played.attempts], successor, self_edits)
+
+
+def _self_edits(target: dict[str, str], versions: Sequence[dict[str, str]]) -> list[str]:
+    """The ``code/improver.py`` texts of the versions that differ from ``target`` in that file only
+    (``memory/`` aside): edits of the improver's own procedure, in the order written, each once.
+
+    >>> t = {"code/researcher.py": "A = 1\\n", "code/improver.py": "I = 1\\n"}
+    >>> _self_edits(t, [t, dict(t, **{"code/improver.py": "I = 2\\n", "memory/m.md": "x"}),
+    ...                 dict(t, **{"code/researcher.py": "A = 2\\n", "code/improver.py": "I = 3\\n"})])
+    ['I = 2\\n']
+    """
+    def bare(files: dict[str, str]) -> dict[str, str]:
+        return {p: t for p, t in files.items() if not p.startswith("memory/") and p != SELF_PATH}
+
+    out: list[str] = []
+    for files in versions:
+        text = files.get(SELF_PATH)
+        if text is not None and text != target.get(SELF_PATH) and bare(files) == bare(target) and text not in out:
+            out.append(text)
+    return out
+
+
+def _improver_changes(before: str, after: str) -> str:
+    """What an edit of ``improver.py`` changed in its ``IMPROVER`` literal, as ``gene old -> new`` (or
+    ``"improver.py edited"`` when the literal is unreadable or unchanged).
+
+    >>> _improver_changes('IMPROVER = {"a": 1, "b": 2}\\n', 'IMPROVER = {"a": 1, "b": 3}\\n')
+    'IMPROVER.b 2 -> 3'
+    """
+    a, b = _improver_literal(before), _improver_literal(after)
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return "improver.py edited"
+    changed = [f"IMPROVER.{g} {a.get(g)!r} -> {b.get(g)!r}" for g in sorted(set(a) | set(b)) if a.get(g) != b.get(g)]
+    return "; ".join(changed)[:200] or "improver.py edited"
+
+
+def _product(ctx: "_Context", improver: Any, target: Any, seed: int, cap: int) -> Any:
+    """What ``improver`` submits in one outer episode on ``target`` (outer seed ``seed``; at most ``cap``
+    moves when ``cap`` > 0 and the improver's own ``candidates`` is larger), memoized by what its episodes
+    depend on."""
+    own = _improver_setting(improver, "candidates")
+    cap = min(cap, own) if isinstance(own, int) and not isinstance(own, bool) and cap > 0 else cap
+    key = (behaviour_key(improver.to_files()), target.id, seed, cap)
+    if key not in ctx.products:
+        runner = improver.derive(params={"improve_candidates": cap}) if cap > 0 else improver
+        ctx.products[key] = improve_once(ctx.scenario, ctx.opts, runner, target, seed, ctx.using).submitted
+        ctx.registry.register(ctx.products[key], note=f"recurse: what {improver.id} submits improving {target.id} "
+                              f"(outer seed {seed}; judging an improver edit)")
+    return ctx.products[key]
+
+
+def metaproductivity(ctx: "_Context", edited: Any, base: Any, target: Any, runs: int, cap: int = 0) -> dict[str, Any]:
+    """How much more ``edited`` (an improver) produces than ``base``: each runs ``runs`` short improvements
+    of ``target`` (one outer episode each, train only, outer seeds ``META_SEED_BASE + n``, no chain, imp@k
+    run or test uses them; the same for both), and what each submits is measured on **validation**;
+    the gain is paired task by task (the mean over the runs per task): :func:`~rsigym_env.metrics.ci95`
+    plus ``products`` (``[base's, edited's]`` ids per run). Test is never measured here."""
+    per_run, products = [], []
+    for n in range(max(1, runs)):
+        a = _product(ctx, base, target, META_SEED_BASE + n, cap)
+        b = _product(ctx, edited, target, META_SEED_BASE + n, cap)
+        va = measure(a, ctx.opts, "official", ctx.k, using=ctx.using).task_values()
+        vb = measure(b, ctx.opts, "official", ctx.k, using=ctx.using).task_values()
+        per_run.append([x - y for x, y in zip(vb, va)])
+        products.append([a.id, b.id])
+    per_task = [sum(d) / len(d) for d in zip(*per_run)]
+    return {**ci95(per_task), "products": products}
+
+
+def _judge_self_edits(ctx: "_Context", chain: "_Chain", archive: Any, imp: Any, parent: Any, root: Any,
+                      edits: list[str], validation: dict[str, Measurement], test: dict[str, Measurement],
+                      generation: int, seed: int, r: int) -> list[dict[str, Any]]:
+    """The improver's edits of its own procedure (``--mode improver``): each is the parent with the
+    edited ``code/improver.py`` (archived as its child; the first ``MAX_SELF_EDITS``), judged by
+    :func:`metaproductivity` against the parent on fresh short improvements of the chain's original
+    target, and accepted by the same rule as any candidate (the 95 % lower bound above ``accept_low``); settings ``self_runs`` / ``self_candidates``
+    from the improver's own ``IMPROVER``. The best accepted edit is carried onto the chain's researcher
+    (its files with that ``improver.py``), which takes the researcher's place, so the next round runs the
+    edited procedure. One row per edit."""
+    from ...archive import novelty
+
+    runs = _improver_setting(imp, "self_runs")
+    runs = runs if isinstance(runs, int) and not isinstance(runs, bool) and 1 <= runs <= MAX_SELF_RUNS else 2
+    cap = _improver_setting(imp, "self_candidates")
+    cap = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 0 else 0
+    rows: list[dict[str, Any]] = []
+    before = parent.to_files()
+    for text in edits[:MAX_SELF_EDITS]:
+        files = dict(before, **{SELF_PATH: text})
+        what = _improver_changes(before.get(SELF_PATH, ""), text)
+        try:
+            spec = ctx.using.derived_from_files(files, parent=parent.id)
+            ctx.using.check(spec)
+        except Exception:  # an edit the spec format refuses is no candidate
+            continue
+        if spec.id in archive or novelty(archive, spec.to_files(), None) is not None:
+            continue
+        archive.add(spec.to_files(), spec.id, parent=parent.id, generation=generation, chain=seed,
+                    produced_by={"by": imp.id, "round": r, "operator": f"self {what}"})
+        ctx.registry.register(spec, note=f"recurse: seed {seed} round {r}: {parent.id}'s improver edited ({what})")
+        chain.specs[spec.id] = spec
+        ctx.say(f"seed {seed} round {r}: judging an edit of the improver ({what}) by metaproductivity")
+        gain = metaproductivity(ctx, spec, parent, root, runs, cap)
+        accepted = gain["low"] is not None and gain["low"] > ctx.settings.accept_low
+        rows.append({"id": spec.id, "what": what, "accepted": accepted, "gain": gain["mean"], "low": gain["low"],
+                     "high": gain["high"], "products": gain["products"]})
+        note = (f"metaproductive gain {gain['mean']:+.4f} (95% low {gain['low']:+.4f}) on validation over "
+                f"{runs} short improvement(s) of the original")
+        if not accepted:
+            archive.set_status(spec.id, "rejected", note=note)
+            continue
+        validation[spec.id] = chain.measured(spec, "official")
+        test[spec.id] = chain.measured(spec, "test")
+        archive.set_status(spec.id, "accepted", note=note)
+    best = max((x for x in rows if x["accepted"]), key=lambda x: x["gain"], default=None)
+    if best is None:
+        return rows
+    chosen = chain.specs[best["id"]]
+    holder = chain.specs[chain.best]
+    if holder.id != parent.id and holder.to_files().get(SELF_PATH) == before.get(SELF_PATH):
+        # the round's researcher was made from the parent with the old procedure: carry the edit onto it
+        files = dict(holder.to_files(), **{SELF_PATH: chosen.to_files()[SELF_PATH]})
+        carrier = ctx.using.derived_from_files(files, parent=holder.id)
+        if carrier.id not in archive:
+            archive.add(carrier.to_files(), carrier.id, parent=holder.id, generation=archive.get(holder.id).generation + 1,
+                        chain=seed,
+                        produced_by={"by": imp.id, "round": r, "operator": f"self {best['what']} (onto {holder.id})"})
+            ctx.registry.register(carrier, note=f"recurse: seed {seed} round {r}: {holder.id} with the edited improver")
+            chain.specs[carrier.id] = carrier
+            validation[carrier.id] = chain.measured(carrier, "official")
+            test[carrier.id] = chain.measured(carrier, "test")
+            archive.set_status(carrier.id, "accepted", note=f"{holder.id} with the improver edit {best['id']} "
+                               "(accepted by metaproductivity); it takes its place")
+        chain.superseded |= {holder.id, chosen.id}
+        chain.best = carrier.id
+        best["carried_to"] = carrier.id
+    elif holder.id == parent.id:
+        chain.superseded.add(parent.id)
+        chain.best = chosen.id
+    return rows
 
 
 def task_ids(m: Measurement) -> list[str]:
@@ -352,6 +502,7 @@ class _Context:
     registry: Any
     settings: Settings
     say: Callable[[str], None]
+    products: dict[tuple[str, str, int, int], Any] = field(default_factory=dict)  # metaproductivity's memo
 
 
 @dataclass
@@ -466,6 +617,10 @@ def _run_chain(ctx: _Context, archive: Any, seed: int, root: Any, fixed_improver
             current = successor.id if before_id == parent.id else before_id
         accepted_ids = [n.id for n in archive.nodes() if n.status == "accepted" and n.id not in chain.superseded]
         chain.best = max(accepted_ids, key=lambda i: (validation[i].index, i == current))
+        meta = []
+        if fixed_improver is None and out.self_edits:  # --mode improver: edits of its own procedure, by what they produce
+            meta = _judge_self_edits(ctx, chain, archive, imp, parent, root, out.self_edits, validation, test,
+                                     generation, seed, r)
         before, after = test[before_id].index, test[chain.best].index
         indices.append(after)
         ids.append(chain.best)
@@ -475,7 +630,7 @@ def _run_chain(ctx: _Context, archive: Any, seed: int, root: Any, fixed_improver
             "parent_generation": parent_node.generation, "submitted": out.submitted.id, "improved": chain.best,
             "changed": chain.best not in (before_id, current), "index_before": before, "index_after": after,
             "improver_gain": improver_gain(before, after), "reward": out.reward,
-            "candidates": len(entries), "novel": len(fresh), "screened": screened,
+            "candidates": len(entries), "novel": len(fresh), "screened": screened, "self_edits": meta,
             "accepted": sum(1 for s in screened if s["accepted"]),
             "dev_evaluations": out.dev_evaluations, "spend_usd": out.spend_usd, "steps": out.steps,
             "best_dev_score": out.best_dev_score, "metrics": out.metrics, "attempts": out.attempts,
@@ -669,6 +824,8 @@ def _summary(rows: list[dict[str, Any]], chains: list[dict[str, Any]], imp: dict
         "imp_at_k": {g: {kk: v[kk] for kk in ("mean", "se", "n", "low", "high")} for g, v in imp.items()},
         "imp_compounding": imp_comp,
         "candidates": candidates_total, "accepted": accepted,
+        "self_edits": [sum(len(row.get("self_edits", [])) for row in rows),
+                       sum(1 for row in rows for x in row.get("self_edits", []) if x["accepted"])],
         "recombined": [sum(1 for row in rows for x in row["screened"] if x.get("recombines")),
                        sum(1 for row in rows for x in row["screened"] if x.get("recombines") and x["accepted"])],
         "cost_per_round_usd": spend / max(len(rows), 1),
