@@ -51,10 +51,11 @@ State arrays (row i = env i; see ``MenuArrayEnv.__init__``):
 
 Every macro runs as array passes over the rows that chose it; no per-row object (``SimWorld``,
 ``Dataset``, plan generator) is on the path. ``gen`` and ``clean`` follow the adapter's plans
-(``MenuAdapter._gen``, ``._clean``) a phase at a time: each phase is one call per row still in its plan
-(a max generation: up to four rounds of a refused full size and a cut-to-fit call; a clean: filter, then
-dedupe, of the k-th raw dataset of the newest raw one's teacher, then the mix into the pool), and a call
-is :meth:`MenuArrayEnv._generate` or :meth:`~MenuArrayEnv._transform`: permission (once per teacher or
+(``MenuAdapter._gen``, ``._clean``) a phase at a time: each phase is one pass over the rows still in their
+plan (a generation round, :meth:`MenuArrayEnv._generate`: the full-size call and, for the rows the budget
+refused, the cut-to-fit call, their draws together; a max generation is up to four rounds; a clean: filter,
+then dedupe, of the k-th raw dataset of the newest raw one's teacher, then the mix into the pool, one call
+per row each, :meth:`~MenuArrayEnv._transform`), and a call is: permission (once per teacher or
 operation), quote, reserve or refuse, the world's aggregate draw from its own ``data`` stream
 (``generate_datasets``, ``filter_datasets``, ``dedupe_datasets`` and ``mix_datasets`` as element-wise
 NumPy over the rows), bill, time, the adapter's record, the run's limits. ``train`` always starts from
@@ -525,25 +526,18 @@ class MenuArrayEnv(VectorEnv):
         """``MenuAdapter._gen`` for every row at once: a size below the largest is one ``generate_data`` call,
         and if the budget refuses it one cut to fit; ``max`` is up to ``MAX_CHUNKS`` rounds of (the largest
         size, refused, then a call cut to fit what is left above ``MAX_RESERVE`` of the budget). Each round
-        is one array call (:meth:`_generate`) over the rows still in their plan."""
+        is one array pass (:meth:`_generate`: the full-size call and, for the rows it refused, the cut one)
+        over the rows still in their plan."""
         teacher, n = _TEACHER[actions], _GEN_N[actions]
         self._calibrate(rows, teacher)
         is_max = n == GEN_SIZES[-1]
-        reserve_max = MAX_RESERVE * self.scenario.budget_usd
+        reserve = np.where(is_max, MAX_RESERVE * self.scenario.budget_usd, 0.0)
         for chunk in range(MAX_CHUNKS):
             if not rows.size:
                 return
-            _, short, needs, available = self._generate(rows, teacher, n)
-            more = short & ~self.done[rows]
-            reserve = np.where(is_max, reserve_max, 0.0)
-            fit = _fit(n, needs, available, reserve)
-            more &= fit >= np.where(is_max & (chunk > 0), GEN_SIZES[0], 1)
-            rows, teacher, n, is_max, fit = rows[more], teacher[more], n[more], is_max[more], fit[more]
-            if not rows.size:
-                return
-            ran, *_ = self._generate(rows, teacher, fit)
-            go_on = is_max & ran & ~self.done[rows]
-            rows, teacher, n, is_max = rows[go_on], teacher[go_on], n[go_on], is_max[go_on]
+            fitted = self._generate(rows, teacher, n, reserve, np.where(is_max & (chunk > 0), GEN_SIZES[0], 1))
+            go_on = is_max & fitted & ~self.done[rows]
+            rows, teacher, n, is_max, reserve = rows[go_on], teacher[go_on], n[go_on], is_max[go_on], reserve[go_on]
 
     def _macro_clean(self, rows: np.ndarray, actions: np.ndarray) -> None:
         """``MenuAdapter._clean`` for every row at once: the raw datasets of the newest raw one's teacher,
@@ -791,61 +785,84 @@ class MenuArrayEnv(VectorEnv):
                      "ds_cleaned"):
             setattr(self, name, np.pad(getattr(self, name), pad))
 
-    def _generate(self, rows: np.ndarray, teacher: np.ndarray, n: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """One ``generate_data`` call per row (``teacher`` index, ``n`` examples), as the run executes it:
-        permission and quote (refused per teacher), the worst case reserved or refused, the world's aggregate
-        draw (``generate_datasets``: three uniforms of its ``data`` stream), the bill settled (at most the
-        hold), its time passed, the adapter's record (pass rate, dollars per example, generations), the run's
-        limits. Returns (ran, refused for money, and the refusal message's two amounts as the adapter reads
-        them: needed, available)."""
+    def _generate(self, rows: np.ndarray, teacher: np.ndarray, n: np.ndarray, reserve: np.ndarray,
+                  least: np.ndarray) -> np.ndarray:
+        """A round of the adapter's generation plan per row, in one pass: the ``generate_data`` call of ``n``
+        examples (``teacher`` index) and, where the budget refused it, the call cut to fit (``_fit`` of the
+        refusal message's amounts above ``reserve``) if that is at least ``least`` examples and the episode
+        goes on. Each call as the run executes it (:meth:`_ask`, then :meth:`_draw_generations` for the calls
+        that fit, then the run's limits); a row's calls keep their order, rows are independent. Returns which
+        rows ran a cut-to-fit call."""
+        go, hold, input_tokens, short, needs, available = self._ask_generate(rows, teacher, n)
+        self._after_call(rows[~go])  # the refused call's limits, before its row's cut-to-fit call
+        fit = _fit(n, needs, available, reserve)
+        again = np.flatnonzero(short & ~self.done[rows] & (fit >= least))
+        fitted = np.zeros(rows.size, bool)
+        run = np.flatnonzero(go)
+        sizes, holds, tokens = n[run], hold[run], input_tokens[run]
+        if again.size:
+            go2, hold2, tokens2, *_ = self._ask_generate(rows[again], teacher[again], fit[again])
+            self._after_call(rows[again[~go2]])
+            fitted[again[go2]] = True
+            run = np.concatenate([run, again[go2]])
+            sizes = np.concatenate([sizes, fit[again[go2]]])
+            holds, tokens = np.concatenate([holds, hold2[go2]]), np.concatenate([tokens, tokens2[go2]])
+        if run.size:
+            self._draw_generations(rows[run], teacher[run], sizes, tokens, holds)
+            self._after_call(rows[run])
+        return fitted
+
+    def _ask_generate(self, rows: np.ndarray, teacher: np.ndarray, n: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """A ``generate_data`` call begins per row (``teacher`` index, ``n`` examples): permission and quote
+        (refused per teacher), the worst case reserved or refused. Returns (fits, the hold in nano-dollars,
+        the input tokens, refused for money, and the refusal message's two amounts as the adapter reads them:
+        needed, available)."""
         self._call(rows)
         code = self._gen_error[teacher]
         barred = code != ""
         if barred.any():
             for value in set(code[barred].tolist()):
                 self._refuse(rows[code == value], value)
-        m = rows.size
-        ran, short, needs, available = np.zeros(m, bool), np.zeros(m, bool), np.zeros(m), np.zeros(m)
-        ok = np.flatnonzero(~barred)
-        r, t, k = rows[ok], teacher[ok], n[ok]
         domain = self.batch.model.domain
-        input_tokens = np.rint(k * domain.example_prompt_tokens * domain.teacher_input_factor)
-        hold = nano_up((input_tokens * self._price_in[t] + (k * _MAX_TOKENS) * self._price_out[t]) * PER_M)
-        left = self.budget_n - self.spent_n[r] - self.reserved_n[r]
+        input_tokens = np.rint(n * domain.example_prompt_tokens * domain.teacher_input_factor)
+        hold = nano_up((input_tokens * self._price_in[teacher] + (n * _MAX_TOKENS) * self._price_out[teacher]) * PER_M)
+        left = self.budget_n - self.spent_n[rows] - self.reserved_n[rows]
         fits = hold <= left
-        poor = ok[~fits]
-        if poor.size:
-            short[poor] = True
-            needs[poor] = round_digits(hold[~fits] / NANO, 4)
-            available[poor] = round_digits(left[~fits] / NANO, 4)
-            self._refuse(rows[poor], "insufficient_budget")
-        go = ok[fits]
-        ran[go] = True
-        r, t, k, hold = r[fits], t[fits], k[fits], hold[fits]
-        if r.size:
-            self._calibrate(r, t)
-            u = uniforms(self.data_keys[r], self.data_counter[r], GENERATE_DRAWS)
-            self.data_counter[r] += 1
-            size = k.astype(float)
-            cut, duplicate = binomial(np.concatenate([size, size]),  # element-wise: one pass for two draws
-                                      np.concatenate([np.full(r.size, self._over), self._dup_rate[t]]),
-                                      np.concatenate([u[:, 0], u[:, 2]])).reshape(2, -1)
-            correct = binomial(k - cut, self.teacher_acc[r, t], u[:, 1])
-            output_tokens = np.rint(k * self._mean_tokens)
-            tokens = k * domain.example_prompt_tokens + output_tokens.astype(np.int64)
-            cost = (input_tokens[fits] * self._price_in[t] + output_tokens * self._price_out[t]) * PER_M
-            before = self.spent_n[r].copy()
-            self.spent_n[r] += np.minimum(nano_near(cost), hold)
-            options = self.batch.model.options
-            self.clock[r] += np.ceil(k / options.generate_concurrency) * domain.generate_seconds
-            self._ran(r)
-            slot = self._new_datasets(r, k, correct, duplicate, tokens, self.teacher_skill[r, t], t, clean=False)
-            self.pass_rates[r, t] = np.maximum(self.ds_rate[r, slot], self.pass_rates[r, t])
-            self.usd_per_example[r, t] = round_digits(self.spent_n[r] / NANO - before / NANO, 9) / np.maximum(k, 1)
-            self.generations[r] += 1
-        self._after_call(rows)
-        return ran, short, needs, available
+        short = ~barred & ~fits
+        needs, available = np.zeros(rows.size), np.zeros(rows.size)
+        if short.any():
+            needs[short] = round_digits(hold[short] / NANO, 4)
+            available[short] = round_digits(left[short] / NANO, 4)
+            self._refuse(rows[short], "insufficient_budget")
+        return fits & ~barred, hold, input_tokens, short, needs, available
+
+    def _draw_generations(self, r: np.ndarray, t: np.ndarray, k: np.ndarray, input_tokens: np.ndarray,
+                          hold: np.ndarray) -> None:
+        """The calls that fit (rows ``r``, teachers ``t``, ``k`` examples): the world's aggregate draw
+        (``generate_datasets``: three uniforms of its ``data`` stream), the bill settled (at most the hold),
+        its time passed, the adapter's record (pass rate, dollars per example, generations)."""
+        domain = self.batch.model.domain
+        self._calibrate(r, t)
+        u = uniforms(self.data_keys[r], self.data_counter[r], GENERATE_DRAWS)
+        self.data_counter[r] += 1
+        size = k.astype(float)
+        cut, duplicate = binomial(np.concatenate([size, size]),  # element-wise: one pass for two draws
+                                  np.concatenate([np.full(r.size, self._over), self._dup_rate[t]]),
+                                  np.concatenate([u[:, 0], u[:, 2]])).reshape(2, -1)
+        correct = binomial(k - cut, self.teacher_acc[r, t], u[:, 1])
+        output_tokens = np.rint(k * self._mean_tokens)
+        tokens = k * domain.example_prompt_tokens + output_tokens.astype(np.int64)
+        cost = (input_tokens * self._price_in[t] + output_tokens * self._price_out[t]) * PER_M
+        before = self.spent_n[r].copy()
+        self.spent_n[r] += np.minimum(nano_near(cost), hold)
+        options = self.batch.model.options
+        self.clock[r] += np.ceil(k / options.generate_concurrency) * domain.generate_seconds
+        self._ran(r)
+        slot = self._new_datasets(r, k, correct, duplicate, tokens, self.teacher_skill[r, t], t, clean=False)
+        self.pass_rates[r, t] = np.maximum(self.ds_rate[r, slot], self.pass_rates[r, t])
+        self.usd_per_example[r, t] = round_digits(self.spent_n[r] / NANO - before / NANO, 9) / np.maximum(k, 1)
+        self.generations[r] += 1
 
     def _transform(self, rows: np.ndarray, operation: str, sources: np.ndarray) -> np.ndarray:
         """One ``transform_data`` call per row (``sources``: (M, P) slots, -1 padded), as the run executes it:
@@ -1056,18 +1073,17 @@ class MenuArrayEnv(VectorEnv):
 
     def _after_call(self, rows: np.ndarray) -> None:
         """The run's limits after a call, in its order: steps, refusals, time, money."""
-        rows = rows[~self.done[rows]]
         if not rows.size:
             return
         s = self.scenario
-        limits = [self.steps[rows] >= s.max_steps, self.refusals[rows] >= s.refusal_limit,
-                  self.clock[rows] >= self.time_limit_s,
-                  ~self.running[rows] & (self.budget_n - self.spent_n[rows] - self.reserved_n[rows] < self._min_n)]
-        ending = limits[0] | limits[1] | limits[2] | limits[3]
+        # the limits over all N rows (as cheap as over a few: the cost is per NumPy call), then the callers'
+        limits = [self.steps >= s.max_steps, self.refusals >= s.refusal_limit, self.clock >= self.time_limit_s,
+                  ~self.running & (self.budget_n - self.spent_n - self.reserved_n < self._min_n)]
+        ending = (limits[0] | limits[1] | limits[2] | limits[3])[rows] & ~self.done[rows]
         if ending.any():
-            reason = np.select([c[ending] for c in limits], ["step limit", "refusal limit", "time limit",
-                                                             "budget exhausted"], "")
             ends = rows[ending]
+            reason = np.select([c[ends] for c in limits], ["step limit", "refusal limit", "time limit",
+                                                           "budget exhausted"], "")
             self._end(ends, self.initial_official[ends], terminated=False, reason=reason)
 
     def _end(self, rows: np.ndarray, final: np.ndarray, *, terminated: bool, reason: Any) -> None:
