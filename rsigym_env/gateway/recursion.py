@@ -56,12 +56,15 @@ from typing import Any, Callable
 
 from ..scenario import Scenario
 from .auth import new_admin_token
+from ..splits import NONCE_ENV, SECRET_ENV
 from .service import SessionService
 
 Agent = Callable[[str, str], Any]
 """``agent(mcp_url, run_key)``: drives one outer episode to ``submit``; may be ``async``."""
 
 DEFAULT_TIMEOUT_S = 3600.0
+HELD_OUT_ENV = (SECRET_ENV, NONCE_ENV)
+"""Variables an improver command never inherits: the held-out split's secret and an episode draw's nonce."""
 LABEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -121,7 +124,8 @@ def mcp_client_config(mcp_url: str, key: str, name: str = "rsigym") -> dict[str,
 def command_agent(command: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Agent:
     """An agent that runs ``command`` (a shell command line) once per episode, with the session in its
     environment (``RSIGYM_MCP_URL``, ``RSIGYM_REST_URL``, ``RSIGYM_RUN_KEY``, ``RSIGYM_MCP_CONFIG``); it is
-    killed after ``timeout_s``. Its output goes to this process's. A command that exits non-zero fails.
+    killed after ``timeout_s``. Its output goes to this process's. A command that exits non-zero fails. It
+    inherits this process's environment (its own API keys, ``PATH``) without :data:`HELD_OUT_ENV`.
 
     >>> agent = command_agent('test "$RSIGYM_RUN_KEY" = k && test -n "$RSIGYM_MCP_CONFIG"')
     >>> agent("http://127.0.0.1:1/mcp", "k", mcp_config="/dev/null")
@@ -134,7 +138,8 @@ def command_agent(command: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Agen
         raise ValueError("the improver command is empty")
 
     def run(mcp_url: str, key: str, mcp_config: str = "") -> None:
-        env = {**os.environ, "RSIGYM_MCP_URL": mcp_url, "RSIGYM_REST_URL": mcp_url.removesuffix("/mcp") + "/v1",
+        env = {**{k: v for k, v in os.environ.items() if k not in HELD_OUT_ENV},
+               "RSIGYM_MCP_URL": mcp_url, "RSIGYM_REST_URL": mcp_url.removesuffix("/mcp") + "/v1",
                "RSIGYM_RUN_KEY": key, "RSIGYM_MCP_CONFIG": mcp_config}
         try:
             done = subprocess.run(["/bin/sh", "-c", command], env=env, timeout=timeout_s, check=False)
