@@ -28,6 +28,19 @@ def masked_uniform(rng: np.random.Generator, mask: np.ndarray) -> np.ndarray:
     return np.argmax(np.where(mask, rng.random(mask.shape), -1.0), axis=1)
 
 
+def assert_a_changed_byte_breaks_the_audit(path, capsys) -> None:
+    """Change one digit of an episode entry's ``refusals`` in the audit table: ``rsigym audit verify`` fails there."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    seq, event = conn.execute("SELECT seq, event FROM audit WHERE event LIKE '%\"refusals\":%' LIMIT 1").fetchone()
+    at = event.index('"refusals":') + len('"refusals":')
+    conn.execute("UPDATE audit SET event = ? WHERE seq = ?", (event[:at] + ("9" if event[at] != "9" else "8")
+                                                               + event[at + 1:], seq))
+    conn.close()
+    capsys.readouterr()
+    assert rsigym(["audit", "verify", str(path)]) == 1
+    assert f"BROKEN at record {seq}" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("env_id", rsigym_env.ENV_IDS)
 def test_make_vec_builds_the_array_env_for_the_menu_on_the_sim_world(env_id):
     track = gym.spec(env_id).kwargs["track"]
@@ -188,15 +201,7 @@ def test_finished_episodes_are_in_a_ledger_the_audit_cli_verifies(tmp_path: Path
     assert rsigym(["audit", "verify", str(path)]) == 0, capsys.readouterr().out
     assert rsigym(["ledger", "show", str(path)]) == 0, capsys.readouterr().out
 
-    conn = sqlite3.connect(path, isolation_level=None)
-    seq, event = conn.execute("SELECT seq, event FROM audit WHERE event LIKE '%\"refusals\":%' LIMIT 1").fetchone()
-    at = event.index('"refusals":') + len('"refusals":')
-    conn.execute("UPDATE audit SET event = ? WHERE seq = ?", (event[:at] + ("9" if event[at] != "9" else "8")
-                                                               + event[at + 1:], seq))
-    conn.close()
-    capsys.readouterr()
-    assert rsigym(["audit", "verify", str(path)]) == 1
-    assert f"BROKEN at record {seq}" in capsys.readouterr().out
+    assert_a_changed_byte_breaks_the_audit(path, capsys)
 
 
 def test_the_ledger_is_in_memory_by_default_and_written_per_episode():
@@ -243,14 +248,6 @@ def test_episodes_written_per_step_are_verified_and_tamper_evident(tmp_path: Pat
     assert [e["end_reason"] for e in entries[-1]["episodes"]] == ["closed"] * len(entries[-1]["episodes"])
     capsys.readouterr()
     assert rsigym(["audit", "verify", str(path)]) == 0, capsys.readouterr().out
-    conn = sqlite3.connect(path, isolation_level=None)
-    seq, event = conn.execute("SELECT seq, event FROM audit WHERE event LIKE '%\"refusals\":%' LIMIT 1").fetchone()
-    at = event.index('"refusals":') + len('"refusals":')
-    conn.execute("UPDATE audit SET event = ? WHERE seq = ?", (event[:at] + ("9" if event[at] != "9" else "8")
-                                                               + event[at + 1:], seq))
-    conn.close()
-    capsys.readouterr()
-    assert rsigym(["audit", "verify", str(path)]) == 1
-    assert f"BROKEN at record {seq}" in capsys.readouterr().out
+    assert_a_changed_byte_breaks_the_audit(path, capsys)
     with pytest.raises(ValueError, match="write_episodes"):
         MenuArrayEnv(1, write_episodes="sometimes")

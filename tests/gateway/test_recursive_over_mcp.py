@@ -226,30 +226,25 @@ async def read_file(seen: Seen, client: Client, ref: str, max_pages: int = 20) -
 # ------------------------------------------------------------------------------------------------ the edit
 
 
-def strategy_node(source: str) -> ast.Dict:
-    """The module-level ``STRATEGY = {...}`` literal of a researcher program."""
-    for node in ast.parse(source).body:
-        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(node, "target", None)
-        if isinstance(target, ast.Name) and target.id == "STRATEGY" and isinstance(node.value, ast.Dict):
-            return node.value
-    raise ValueError("no module-level STRATEGY = {...} literal")
+def load_reference_agent() -> Any:
+    """``scripts/mcp_improver.py`` as a module (``scripts/`` is not a package): its literal helpers are the ones
+    the test's own agents use, so a program edit is written one way only."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mcp_improver", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mcp_improver.py"
+REFERENCE = load_reference_agent()
+set_gene = REFERENCE.set_gene
 
 
 def strategy(source: str) -> dict[str, Any]:
-    return ast.literal_eval(strategy_node(source))
-
-
-def set_gene(source: str, name: str, value: Any) -> str:
-    """``source`` with ``STRATEGY[name]`` rewritten to ``value`` (only that literal's text changes)."""
-    node = strategy_node(source)
-    for key, old in zip(node.keys, node.values):
-        if isinstance(key, ast.Constant) and key.value == name:
-            raw = source.encode()  # ast offsets count UTF-8 bytes
-            lines = raw.splitlines(keepends=True)
-            start = sum(map(len, lines[:old.lineno - 1])) + old.col_offset
-            end = sum(map(len, lines[:old.end_lineno - 1])) + old.end_col_offset  # type: ignore[operator]
-            return (raw[:start] + repr(value).encode() + raw[end:]).decode()
-    raise KeyError(f"STRATEGY has no gene {name!r}")
+    """The program's ``STRATEGY`` literal (an error if it has none)."""
+    return ast.literal_eval(REFERENCE.literal_node(source, "STRATEGY"))
 
 
 def edited_program(value: float) -> tuple[str, str]:
@@ -837,6 +832,21 @@ def test_cli_recurse_runs_an_improver_command_per_round_and_stops_clearly_when_i
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
+def test_an_improver_command_never_inherits_the_held_out_split_secret_or_nonce(monkeypatch, tmp_path):
+    """An agent that dumps its environment (what a curious coding agent does first) finds its session there, its
+    own variables, and neither the split secret nor an episode draw's nonce, even when the platform pinned both."""
+    from rsigym_env.gateway.recursion import command_agent
+
+    monkeypatch.setenv("RSIGYM_SPLIT_SECRET", "pinned-secret-xyz")
+    monkeypatch.setenv("RSIGYM_SPLIT_NONCE", "pinned-nonce-xyz")
+    monkeypatch.setenv("MY_AGENT_API_KEY", "mine")
+    dump = tmp_path / "env.txt"
+    command_agent(f"env > {dump}")("http://127.0.0.1:1/mcp", "rsr_k", mcp_config="/dev/null")
+    seen = dump.read_text()
+    assert "RSIGYM_RUN_KEY=rsr_k" in seen and "MY_AGENT_API_KEY=mine" in seen
+    assert "pinned-secret-xyz" not in seen and "pinned-nonce-xyz" not in seen
+
+
 @needs_sandbox
 def test_cli_recurse_with_the_reference_mcp_improver_script(served, tmp_path, monkeypatch, capfd):
     """``scripts/mcp_improver.py`` as ``rsigym recurse --improver-command``: in each round it reads the parent,
@@ -850,7 +860,7 @@ def test_cli_recurse_with_the_reference_mcp_improver_script(served, tmp_path, mo
     from rsigym_env.archive import Archive
     from rsigym_env.cli import main
 
-    script = Path(__file__).resolve().parents[2] / "scripts" / "mcp_improver.py"
+    script = SCRIPT
     memory = tmp_path / "memory.json"
     monkeypatch.setenv("RSIGYM_HOME", str(tmp_path / "home"))
     command = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} --memory {shlex.quote(str(memory))}"
@@ -893,12 +903,8 @@ def test_the_reference_mcp_improver_proposes_untried_single_gene_edits_within_th
     the same edits again and puts a gene that gained first; its docstring examples run; a file that is not its
     memory is refused."""
     import doctest
-    import importlib.util
 
-    path = Path(__file__).resolve().parents[2] / "scripts" / "mcp_improver.py"
-    spec = importlib.util.spec_from_file_location("mcp_improver", path)
-    agent = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(agent)  # type: ignore[union-attr]
+    agent = REFERENCE
     assert doctest.testmod(agent).failed == 0
     source = builtin_spec("program").code["researcher.py"]
     genes, ranges, alleles = (agent.literal(source, n) for n in ("STRATEGY", "RANGES", "ALLELES"))
@@ -933,7 +939,7 @@ def test_the_reference_mcp_improver_stops_editing_when_the_budget_cannot_cover_a
                                  "budget_usd": 2100})
     assert response.status_code == 201, response.text
     key = response.json()["run_key"]
-    script = Path(__file__).resolve().parents[2] / "scripts" / "mcp_improver.py"
+    script = SCRIPT
     memory = tmp_path / "memory.json"
     done = subprocess.run([sys.executable, str(script), "--memory", str(memory)], capture_output=True, text=True,
                           timeout=120, env={**os.environ, "RSIGYM_MCP_URL": f"{served[1]}/mcp", "RSIGYM_RUN_KEY": key})
