@@ -61,6 +61,11 @@ def test_earlier_episodes_official_tasks_teach_nothing_the_public_package_does_n
     assert sum(visible(p) in fixed for p in draw(name, "")) / 30 == 1.0 > known_publicly + noise
 
 
+def answer(p: benchmarks.Problem) -> str | None:
+    """The answer a task's solution states (``ANSWER: x``), as TABLE_ONLY reads it."""
+    return next((a.rsplit("ANSWER:", 1)[1].strip() for a in p.solution if "ANSWER:" in a), None)
+
+
 def official_tasks(world) -> list[str]:
     return json.loads((world.tasks["official"] / INDEX_FILE).read_text())
 
@@ -97,7 +102,8 @@ def test_every_episode_draws_official_tasks_of_its_own_and_keeps_them_private(mo
 @pytest.mark.slow
 def test_a_perfect_channel_out_of_an_official_evaluation_is_worth_nothing_in_the_next_episode(tmp_path, monkeypatch):
     """The page cache, the host's counters or any other channel can carry at most what an official trial saw:
-    here the next episode gets all of it, answers included, and scores nothing with it."""
+    here the next episode gets all of it, answers included, and scores nothing with it beyond the few tasks its
+    own draw gives it by chance (a fixed 1/30 bound failed once in CI when two of 30 recurred)."""
     monkeypatch.delenv(NONCE_ENV, raising=False)
     env = gym.make("RSIGym/Joint-v0", scenario=quick("local-joint-aime"), run_dir=tmp_path / "run",
                    world_options={"early_official": False})
@@ -106,10 +112,20 @@ def test_a_perfect_channel_out_of_an_official_evaluation_is_worth_nothing_in_the
         world = env.unwrapped.run.world
         leaked = json.dumps({p.instruction.strip(): p.solution for p in world.benchmark.split("official", world.split)})
         env.reset(seed=0)
+        world = env.unwrapped.run.world
+        table = json.loads(leaked)
+        tasks = world.benchmark.split("official", world.split)
+        # what the table-only harness gets right by chance alone: a task the new draw repeats, or one whose
+        # answer is its fallback "0"
+        recurring = sum(p.instruction.strip() in table or answer(p) == "0" for p in tasks) / len(tasks)
         for path, content in (("answers.json", leaked), ("agent.py", TABLE_ONLY)):
             assert env.step({"tool": "edit_harness", "args": {"path": path, "content": content}})[4]["ok"]
         end = env.step({"tool": "submit", "args": {}})[4]
     finally:
         env.close()
     assert end["official_split"]["draw"] == "per-episode"
-    assert end["official_score"] <= 1 / 30, end["official_score"]
+    # the table answers only the tasks the new draw happens to repeat (a fixed draw would repeat all of them;
+    # by chance a few of 30 at most: test_earlier_episodes_official_tasks_teach_nothing_the_public_package_does_not
+    # bounds that rate by what the public package gives anyone), and nothing else carried over
+    assert recurring < 0.25, recurring
+    assert end["official_score"] <= recurring, (end["official_score"], recurring)
