@@ -281,3 +281,29 @@ def test_requests_waiting_on_a_failed_prefill_fail_alike_and_do_not_hang(setup):
         with pytest.raises(ContextOverflowError):
             future.result(60)
     assert not pool._computing and not pool._owners
+
+
+def test_a_request_waiting_for_a_prompt_goes_when_it_is_prefilled_not_when_it_is_answered(setup):
+    """The k attempts at a task start with the same prompt: the first computes its blocks, the others wait
+    for them — for its prefill only. A one-token request for a prompt that a 400-token request is
+    prefilling is answered (from that request's blocks, on the other worker) while the long one still
+    decodes, and both samples are bit for bit the in-process ones."""
+    service, pool, _ = setup
+    local = service.create_sampling_client(base_model=BASE).result()
+    pooled = pool.client(base_model=BASE, tokenizer=local.get_tokenizer())
+    warm = [pooled.sample(types.ModelInput.from_ints([5, 6, 7]), 1, types.SamplingParams(max_tokens=2, seed=i))
+            for i in range(4)]  # both worker processes up before the clock matters
+    [f.result(60) for f in warm]
+    prompt = types.ModelInput.from_ints(local.get_tokenizer().encode("Say epsilon, then zeta, then eta. " * 3))
+    assert len(prompt.to_ints()) > 64  # several blocks
+    long, short = (types.SamplingParams(max_tokens=m, temperature=1.0, seed=9, stop=[]) for m in (400, 1))
+    reused = pool.reused
+    first = pooled.sample_scoped(prompt, 1, long, "eval-early")
+    second = pooled.sample_scoped(prompt, 1, short, "eval-early")
+    got = exactly(second.result(60))
+    assert not first._future.done()  # still decoding its 400 tokens
+    assert pool.reused == reused + 1  # the second used the first's blocks
+    assert got == exactly(local.sample(prompt, 1, short).result())
+    assert exactly(first.result(60)) == exactly(local.sample(prompt, 1, long).result())
+    assert len(exactly(first.result(60))[0][0]) == 400
+    assert not pool._computing and not pool._owners

@@ -19,6 +19,10 @@ whichever worker serves it, and the worker sends back the blocks it computed. So
 task share their first prompt, and each turn of a conversation computes only what the turn before
 did not (its reply, the command's output, the next prompt's header).
 
+A worker sends a scoped request's new blocks back as soon as its prompt is prefilled, before it
+decodes (a frame of its own), and the requests waiting for that prompt (the other attempts at a task
+start with the same one) are dispatched then: they wait for the prefill, not for the whole reply.
+
 A worker also keeps the blocks it computed or was sent (up to ``worker_block_bytes``, least recently
 used first out), and the pool keeps a record of which: a block the serving worker holds is named, not
 sent (a conversation's earlier turns are megabytes of keys and values that were pickled and piped to a
@@ -44,7 +48,7 @@ import sys
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import tinker_client
 from .model import PrefillCache, prefill_ends
@@ -61,13 +65,15 @@ WORKER_BLOCK_BYTES = 96 << 20
 def _sample(root: str, bases: dict[str, str], model_path: str | None, base_model: str | None,
             tokens: list[int], num_samples: int, params: dict[str, Any], scope: str | None = None,
             blocks: list[tuple[int, int, Any]] = (), drop: list[int] = (),
-            keep: dict[int, int] | None = None) -> tuple[str, Any] | tuple[str, Any, Any]:
+            keep: dict[int, int] | None = None, *,
+            early: Callable[[Any], None] | None = None) -> tuple[str, Any] | tuple[str, Any, Any]:
     """Run one request in a worker: ``("ok", SampleResponse)`` or ``("error", (class name, message))``;
     with a ``scope``, ``("ok", SampleResponse, new blocks)``. A block is ``(keys, values, logits)``, the
     prompt's prefill block ending at ``end``: ``blocks`` are ``(end, number, block)``, kept under their
     number, or ``(end, number, None)`` for one kept before; then the numbers in ``drop`` are forgotten (the
     pool's record of this store says so); the new blocks come back as ``(end, block)``, kept under
-    ``keep[end]``."""
+    ``keep[end]``. With ``early``, the new blocks are handed to it as ``("blocks", new blocks)`` the moment
+    the prompt is prefilled (before decoding), and the answer then carries none."""
     from tinker import types
 
     given: dict[int, Any] = {}
@@ -94,20 +100,43 @@ def _sample(root: str, bases: dict[str, str], model_path: str | None, base_model
         if scope is None:
             return "ok", client.sample(types.ModelInput.from_ints(tokens), num_samples,
                                        types.SamplingParams(**params)).result()
-        carrier = PrefillCache(max_bytes=1 << 40)  # this request's prefill blocks, in and out
         identity = (client.prefill_identity, scope)
-        for end, block in given.items():
-            carrier.put((identity, tuple(tokens[:end])), *block)
+        carrier = _Carrier(identity, tokens, given, early)  # this request's prefill blocks, in and out
         response = client.sample_scoped(types.ModelInput.from_ints(tokens), num_samples, types.SamplingParams(**params),
                                         scope, prefill_cache=carrier).result()
-        new = [(end, block) for end in prefill_ends(len(tokens))
-               if end not in given and (block := carrier.get((identity, tuple(tokens[:end])))) is not None]
-        for end, block in new:
+        new = [] if carrier.handed else carrier.new_blocks()
+        for end, block in carrier.new_blocks():
             if keep and end in keep:
                 _HELD[keep[end]] = block
         return "ok", response, new
     except Exception as exc:  # noqa: BLE001 - raised again in the caller, by kind
         return "error", (type(exc).__name__, str(exc))
+
+
+class _Carrier(PrefillCache):
+    """One request's prefill blocks in a worker: the ones it was given, then the ones its prefill computes.
+    When the last block the prompt lacked is put (its prefill is done; decoding has not begun), the new
+    blocks go to ``early`` at once, so the requests waiting for this prompt need not wait for the reply."""
+
+    def __init__(self, identity: Any, tokens: list[int], given: dict[int, Any],
+                 early: Callable[[Any], None] | None):
+        super().__init__(max_bytes=1 << 40)
+        self.identity, self.tokens, self.early, self.handed = identity, tokens, early, False
+        self.ends = [end for end in prefill_ends(len(tokens)) if end not in given]  # what the prefill computes
+        self.missing = set(self.ends)
+        for end, block in given.items():
+            super().put((identity, tuple(tokens[:end])), *block)
+
+    def new_blocks(self) -> list[tuple[int, Any]]:
+        """The blocks computed here, as ``(end, block)``."""
+        return [(end, block) for end in self.ends if (block := self.get((self.identity, tuple(self.tokens[:end])))) is not None]
+
+    def put(self, key: Any, k: list[Any], v: list[Any], logits: Any) -> None:
+        super().put(key, k, v, logits)
+        self.missing.discard(len(key[1]))
+        if not self.missing and self.early is not None and not self.handed:
+            self.handed = True
+            self.early(("blocks", self.new_blocks()))
 
 
 def _raise(kind: str, message: str) -> None:
@@ -180,8 +209,11 @@ class _Worker:
 
     def _start(self) -> subprocess.Popen:
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-        return subprocess.Popen([sys.executable, "-m", "rsigym_env.worlds.local.lm.inference_pool"],
+        proc = subprocess.Popen([sys.executable, "-m", "rsigym_env.worlds.local.lm.inference_pool"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        for stream in (proc.stdin, proc.stdout):
+            widen_pipe(stream)
+        return proc
 
     def _serve(self) -> None:
         while True:
@@ -240,17 +272,26 @@ class _Worker:
                 frame, keep = self._frame(args)
                 write_frame(self.proc.stdin, frame)
                 answer = read_frame(self.proc.stdout)
-                for end, block in answer[2] if len(answer) == 3 else ():  # new blocks: later requests may use them
-                    key = self.pool.block_key(args, end)
-                    self.pool.prefills.put(key, *block)
-                    if end in keep:
-                        self._hold(key, keep[end], _block_bytes(block))
+                if answer[0] == "blocks":  # the prompt is prefilled: whoever waits for it can go now
+                    self._take(args, answer[1], keep)
+                    self.pool._release(future)
+                    answer = read_frame(self.proc.stdout)
+                self._take(args, answer[2] if len(answer) == 3 else (), keep)
                 future.set_result(answer[:2])
                 return
             except Exception as exc:  # noqa: BLE001 - the pipe broke: the worker died
                 self.stop()
                 if attempt == 2:
                     future.set_exception(RuntimeError(f"the sampling worker failed twice: {type(exc).__name__}: {exc}"))
+
+    def _take(self, args: tuple, new: Any, keep: dict[int, int]) -> None:
+        """New blocks from the process: into the pool's store (later requests may use them), and into
+        the record of this process's store where it keeps them."""
+        for end, block in new:
+            key = self.pool.block_key(args, end)
+            self.pool.prefills.put(key, *block)
+            if end in keep:
+                self._hold(key, keep[end], _block_bytes(block))
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
@@ -261,6 +302,34 @@ class _Worker:
             except (OSError, subprocess.TimeoutExpired):
                 proc.kill()
                 proc.wait(5)
+
+
+PIPE_BYTES = 1 << 20
+"""The pipes to and from a worker hold this much (Linux's default 64 KB made a frame of prefill blocks,
+~0.2-0.6 MB, cross in a dozen wake-ups of the reader and the writer)."""
+
+
+def widen_pipe(stream: Any, size: int = PIPE_BYTES) -> int | None:
+    """Ask the kernel for a pipe buffer of ``size`` bytes (``fcntl.F_SETPIPE_SZ``) for ``stream``'s pipe;
+    returns the size granted, or None where it cannot (not Linux, not a pipe, over the system's limit:
+    the pipe stays as it was, which changes nothing but speed).
+
+    >>> import os
+    >>> r, w = os.pipe()
+    >>> widen_pipe(w, 1 << 16) in (1 << 16, None)
+    True
+    >>> os.close(r); os.close(w)
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a POSIX system
+        return None
+    flag = getattr(fcntl, "F_SETPIPE_SZ", None)
+    try:
+        fd = stream if isinstance(stream, int) else stream.fileno()
+        return None if flag is None else fcntl.fcntl(fd, flag, size)
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def write_frame(stream: Any, value: Any) -> None:
@@ -373,7 +442,7 @@ def _main() -> None:
             args = read_frame(stdin)
         except EOFError:
             return
-        write_frame(stdout, _sample(*args))
+        write_frame(stdout, _sample(*args, early=lambda blocks: write_frame(stdout, blocks)))
 
 
 if __name__ == "__main__":
