@@ -18,9 +18,10 @@ round's outer episode a session with a key of its own): 2 rounds x 1 chain, the 
 SDK client, then the ``llm`` researcher with its scripted chat model; the archive grows, acceptance follows the
 paired validation gains, every session's audit verifies; ``--improver-command`` from the command line.
 
-All check that nothing the client received names a held-out task: the recursive world's official
-(validation) tasks are ``official/<benchmark>/seed-<n>`` with seeds ``0 ... official_seeds-1`` and its
-test tasks use seeds from ``test_first_seed`` (2,000,000); only ``dev/...`` task ids may appear.
+All check that nothing the client received names a held-out seed: the recursive world's official
+(validation) and test seeds are drawn from the platform's split secret (``held_out_seeds``), and neither
+they nor the inner episodes' seeds made from them, nor an ``official|test/<benchmark>/seed-<n>`` id, may
+appear; only ``dev/...`` task ids name seeds.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from rsigym_env.platform.audit import verify_audit
 from rsigym_env.platform.ledger import Ledger
 from rsigym_env.programs.sandbox import UNSANDBOXED_ENV
 from rsigym_env.worlds.local.sandbox import isolation
-from rsigym_env.worlds.recursive.measure import split_tasks
+from rsigym_env.worlds.recursive.measure import HELD_OUT_SEED_BASE, MAX_K, split_tasks
 from rsigym_env.worlds.recursive.world import RecursiveOptions
 
 ADMIN = "test-admin-token-" + secrets.token_hex(8)
@@ -107,14 +108,17 @@ def create_run(url: str, seed: int, label: str) -> dict[str, Any]:
 
 
 def held_out() -> dict[str, Any]:
-    """What must never reach the client: the official task ids and seeds, and the test seeds."""
+    """What must never reach the client: the validation and test seeds (drawn from the split secret),
+    the inner episodes' seeds made from them, and task ids naming them."""
     from rsigym_env.scenario import load_scenario
 
     opts = RecursiveOptions.model_validate(load_scenario(SCENARIO, world_options=OPTIONS).world_options)
     official, test = split_tasks(opts, "official"), split_tasks(opts, "test")
-    assert official and test and min(s for _, s in test) == 2_000_000
+    seeds = {s for _, s in official} | {s for _, s in test}
+    assert official and test and opts.official_split == "secret" and min(seeds) >= HELD_OUT_SEED_BASE
+    episodes = {s * MAX_K + j for s in seeds for j in range(MAX_K)}
     return {"task_ids": [f"official/{b}/seed-{s}" for b, s in official] + [f"test/{b}/seed-{s}" for b, s in test],
-            "seeds": {s for _, s in official} | {s for _, s in test}, "big_seeds": {s for _, s in test}}
+            "seeds": seeds, "big_seeds": seeds | episodes}
 
 
 def assert_nothing_held_out(texts: list[str], secret: dict[str, Any]) -> None:
@@ -541,8 +545,9 @@ def test_the_held_out_check_catches_what_it_looks_for():
     secret = held_out()
     dev = "job-1: dev score 0.3 | dev/aime/seed-1000100  0.2"
     assert_nothing_held_out([dev, "official score 0.28 vs initial 0.27; seeds 0..7 are documented"], secret)
-    for leak in ("official/aime/seed-0", "official/gpqa-diamond/seed-1", "test/aime/seed-2000001",
-                 "task aime seed-1 failed", "\"test_first_seed\": 2000000"):
+    one, other = sorted(secret["seeds"])[:2]
+    for leak in ("official/aime/seed-0", f"official/gpqa-diamond/seed-{one}", f"test/aime/seed-{other}",
+                 f"task aime seed-{one} failed", f"\"seed\": {other}", f"episode {one * MAX_K + 1}"):
         with pytest.raises(AssertionError):
             assert_nothing_held_out([dev, leak], secret)
 

@@ -470,8 +470,8 @@ def _judge_self_edits(ctx: "_Context", chain: "_Chain", archive: Any, imp: Any, 
 
 
 def task_ids(m: Measurement) -> list[str]:
-    """The measurement's tasks as ids (``aime/seed-1000300``): what behaviour comparisons match on."""
-    return [f"{b}/seed-{seed}" for b, seed in m.tasks]
+    """The measurement's tasks as ids (:meth:`Measurement.task_ids`): what behaviour comparisons match on."""
+    return m.task_ids()
 
 
 class _Chain:
