@@ -853,6 +853,47 @@ def test_an_improver_command_never_inherits_the_held_out_split_secret_or_nonce(m
 
 
 @needs_sandbox
+def test_an_improver_command_cannot_read_the_secret_or_the_books_see_other_processes_or_change_the_package(
+        monkeypatch, tmp_path):
+    """A hostile improver command, run as this user, hunts for what would let it select on held-out scores or
+    forge results: the split secret's key file under ``$RSIGYM_HOME``, the sessions' ledgers, the processes of
+    ``rsigym recurse`` (their memory and environment), and the package's code (to plant code that later
+    evaluations run). It finds none of them, and still gets its MCP config and its network."""
+    import rsigym_env
+    from rsigym_env.gateway.recursion import command_agent
+    from rsigym_env.splits import SECRET_FILE
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("RSIGYM_HOME", str(home))
+    (home / "secrets").mkdir(parents=True)
+    (home / "secrets" / SECRET_FILE).write_text("the-platform-split-secret\n")
+    books = tmp_path / "sessions"
+    (books / "runs" / "r1").mkdir(parents=True)
+    (books / "runs" / "r1" / "ledger.jsonl").write_text('{"entry": "books"}\n')
+    config = books / "runs" / "r1" / "mcp-client.json"
+    config.write_text('{"mcpServers": {"rsigym": {}}}')
+    package = Path(rsigym_env.__file__).parent
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    hunt = f"""
+        cat "$RSIGYM_HOME/secrets/{SECRET_FILE}" > {seen}/secret 2>&1
+        cat {books}/runs/r1/ledger.jsonl > {seen}/books 2>&1
+        cat "$RSIGYM_MCP_CONFIG" > {seen}/config 2>&1
+        cat /proc/{os.getpid()}/environ > {seen}/parent 2>&1
+        ls /proc | grep -c '^[0-9]' > {seen}/processes
+        {{ echo 'X = 1' > {package}/planted_by_agent.py; }} 2> {seen}/planted
+        echo hunted > {seen}/done
+    """
+    command_agent(hunt)("http://127.0.0.1:1/mcp", "rsr_k", mcp_config=str(config), hidden=[str(books)])
+    read = {p.name: p.read_text() for p in seen.iterdir()}
+    assert read["done"] == "hunted\n"
+    assert "the-platform-split-secret" not in read["secret"] and "No such file" in read["secret"]
+    assert "books" not in read["books"] and read["config"] == config.read_text()
+    assert "No such file" in read["parent"] and int(read["processes"]) < 10  # a PID namespace of its own
+    assert not (package / "planted_by_agent.py").exists() and "Read-only file system" in read["planted"]
+
+
+@needs_sandbox
 def test_cli_recurse_with_the_reference_mcp_improver_script(served, tmp_path, monkeypatch, capfd):
     """``scripts/mcp_improver.py`` as ``rsigym recurse --improver-command``: in each round it reads the parent,
     evaluates it and untried single-gene edits on dev and submits the best; its memory file carries what it tried
