@@ -41,7 +41,7 @@ def markdown(result: dict[str, Any], command: str | None = None) -> str:
     lines += [f"Scenario `{cfg['scenario']}`, mode `{cfg['mode']}`, {cfg['rounds']} rounds × seeds {cfg['seeds']}; "
               f"improver {cfg['improver']}, original target {cfg['target']}. Splits: **train** = {o['dev_seeds']} new "
               f"seed(s) per benchmark each round on {', '.join(o['dev_benchmarks'])} (what the improver sees, per "
-              f"episode); **validation** = {o['official_seeds']} fixed seeds per benchmark × avg@{cfg['official_k']} "
+              f"episode); **validation** = {o['official_seeds']} seeds per benchmark, the same for every candidate, × avg@{cfg['official_k']} "
               "(selection and acceptance; the improver sees only its episode's reward); **test** = "
               f"{o['test_seeds']} seeds per benchmark (reported only), {_held_out_source(o)}. "
               f"Index = test RSI-Index ({o['track']} track, ${o['budget_usd']:g} per episode). Archives: {', '.join('`' + a + '`' for a in cfg.get('archives', []))}.",
