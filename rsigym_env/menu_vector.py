@@ -86,8 +86,9 @@ written to a ledger at the end of the step it ends in: an account of its own (a 
 scenario's budget), its whole spend reserved and settled, the settlement audited with its seed, steps,
 refusals, end and official result, on a hash-chained audit log that ``rsigym audit verify`` accepts
 (``ledger_path=``: a file; default: in memory). That is batched per episode, not per tool call: the
-per-call trail (each reserve, settle and refusal) is the scalar env's and the per-env route's.
-``write_episodes="step"`` batches further: one account and one audited entry per step listing the episodes
+per-call trail (each reserve, settle and refusal) is the scalar env's and the per-env route's. The episodes
+that end in a step are written in one transaction (``Ledger.open_settled``: the same accounts and audit
+records as opening, reserving and settling each in turn). ``write_episodes="step"`` batches further: one account and one audited entry per step listing the episodes
 that ended in it (each one's spend checked against its budget first); ``False`` writes nothing.
 
 Autoreset: ``NEXT_STEP`` (default), ``SAME_STEP`` (``final_obs``/``final_info``) and ``DISABLED``
@@ -97,7 +98,7 @@ Not here (use ``array=False``): the text log and the rest of the scalar ``info``
 ``events``, ``calls``, ``macro``, ``metrics``, the reset keys but ``seed``), ``blocking=False``, non-sim
 worlds. Speed: ``bench/README.md`` ("The vector sim"). Per-row Python left on the path: a reset row's
 episode seed (its Gymnasium generator), a training row's two ``math`` calls, Python's ``round`` where a
-value is within float noise of a half, and the ledger entry per finished episode (default).
+value is within float noise of a half, and the audit event (its JSON and hash) per finished episode (default).
 
 >>> env = MenuArrayEnv(2, track="harness", benchmark="aime", budget_usd=500)
 >>> obs, info = env.reset(seed=0)
@@ -1124,8 +1125,10 @@ class MenuArrayEnv(VectorEnv):
         cut short) its official result; an episode that spent nothing is one audit record. Per step
         (``write_episodes="step"``): one account for the episodes of the step (their budgets together), their
         spend reserved and settled at once, one audited entry listing each episode as above with its spend;
-        each episode's spend is checked against its own budget first. The chain is ``rsigym audit verify``'s;
-        the ledger's own guards check again that no account spent more than its budget."""
+        each episode's spend is checked against its own budget first. Either way the step's entries are one
+        :meth:`~rsigym_env.platform.ledger.Ledger.open_settled` (one transaction, the same records as writing each
+        account, reserve and settle in turn). The chain is ``rsigym audit verify``'s; the ledger's own guards
+        check again that no account spent more than its budget."""
         if not self.write_episodes or not rows.size:
             self._open[rows] = False
             return
@@ -1151,14 +1154,12 @@ class MenuArrayEnv(VectorEnv):
         else:
             batches = [({"tool": "episode", "decision": "allowed", **event}, nano, budget)
                        for event, nano in zip(events, spent_n.tolist())]
+        entries = []
         for event, nano, usd in batches:
             self._keys += 1
             key = event["key"] = PlatformKey.key_id(f"{self._key_secret}-{self._keys}")
-            ledger.open_account(key, usd)
-            if nano:
-                ledger.settle(ledger.reserve(key, nano / NANO, label=event["tool"]), nano / NANO, audit=event)
-            else:
-                ledger.record(event)
+            entries.append((key, usd, nano / NANO, event))
+        ledger.open_settled(entries)  # one transaction: as open_account, reserve and settle (or record) each
         self._open[rows] = False
 
     # ------------------------------------------------------------------ state
