@@ -55,7 +55,10 @@ Every macro runs as array passes over the rows that chose it; no per-row object 
 plan (a generation round, :meth:`MenuArrayEnv._generate`: the full-size call and, for the rows the budget
 refused, the cut-to-fit call, their draws together; a max generation is up to four rounds; a clean: filter,
 then dedupe, of the k-th raw dataset of the newest raw one's teacher, then the mix into the pool, one call
-per row each, :meth:`~MenuArrayEnv._transform`), and a call is: permission (once per teacher or
+per row each, :meth:`~MenuArrayEnv._transform`; the filters and dedupes of all a step's datasets first run
+as two passes, as if every call ran — the draws are counter-based, so the k-th filter's is number
+``counter + 2k`` — and a row keeps them up to its first call where that is not so, :meth:`~MenuArrayEnv._clean_ahead`),
+and a call is: permission (once per teacher or
 operation), quote, reserve or refuse, the world's aggregate draw from its own ``data`` stream
 (``generate_datasets``, ``filter_datasets``, ``dedupe_datasets`` and ``mix_datasets`` as element-wise
 NumPy over the rows), bill, time, the adapter's record, the run's limits. ``train`` always starts from
@@ -544,7 +547,9 @@ class MenuArrayEnv(VectorEnv):
         """``MenuAdapter._clean`` for every row at once: the raw datasets of the newest raw one's teacher,
         oldest first, each filtered then deduplicated (a refusal, an empty result or the end of the episode
         stops that dataset; the end stops the row), then the pool and the cleaned ones mixed (at most 8)
-        into the teacher's new pool. Each pass is one array call (:meth:`_transform`) over its rows."""
+        into the teacher's new pool. The filters and dedupes run ahead in two passes (:meth:`_clean_ahead`);
+        what a row has left after its first call that did not go as assumed is a pass per dataset and
+        operation (:meth:`_transform`) over the rows that have it."""
         raw = self._raws(rows)
         has = raw.any(axis=1)
         missing = rows[~has]
@@ -562,9 +567,10 @@ class MenuArrayEnv(VectorEnv):
         count = raw.sum(axis=1)
         todo = _first_true(raw, int(count.max()))
         cleaned = np.full(todo.shape, -1, np.int64)
+        done_ahead = self._clean_ahead(rows, todo, count, cleaned)
         alive = np.ones(rows.size, bool)
-        for k in range(todo.shape[1]):
-            at = np.flatnonzero(alive & (count > k))
+        for k in range(int(done_ahead.min(initial=0)), todo.shape[1]):  # the rest, a pass per dataset and operation
+            at = np.flatnonzero(alive & (count > k) & (done_ahead <= k))
             current = todo[at, k]
             for operation in ("filter", "dedupe"):
                 if not at.size:
@@ -865,6 +871,81 @@ class MenuArrayEnv(VectorEnv):
         self.usd_per_example[r, t] = round_digits(self.spent_n[r] / NANO - before / NANO, 9) / np.maximum(k, 1)
         self.generations[r] += 1
 
+    def _clean_ahead(self, rows: np.ndarray, todo: np.ndarray, count: np.ndarray, cleaned: np.ndarray) -> np.ndarray:
+        """The filter, then dedupe, of each row's datasets ``todo[:, :count]`` in two passes over all of them, as if
+        every call ran: the k-th filter draws number ``counter + 2k`` of the row's ``data`` stream and its dedupe
+        ``counter + 2k + 1``, the spend and the clock add up call after call (``cumsum``: the same sums, in the
+        same order). A row keeps the datasets before its first one where that is not so (a call refused for
+        money, a limit reached after a call, a filter that keeps nothing, so no dedupe), and they are recorded
+        as :meth:`_transform` records them one call at a time; the rest is left to it. Returns how many of its
+        datasets each row cleaned here; ``cleaned[i, k]`` gets the deduplicated slot (if not empty)."""
+        m, width = todo.shape
+        kept = np.zeros(m, np.int64)
+        if not width or self._transform_error["filter"] or self._transform_error["dedupe"]:
+            return kept
+        ri, ki = np.nonzero(np.arange(width) < count[:, None])  # row by row, each row's datasets in order
+        r, source = rows[ri], todo[ri, ki]
+        n0, c0, d0, t0 = (a[r, source] for a in (self.ds_n, self.ds_correct, self.ds_dup, self.ds_tokens))
+        skill = np.where(n0 > 0, self.ds_skill[r, source] * n0 / np.maximum(n0, 1), self.ds_skill[r, source])
+        counter = self.data_counter[r] + (2 * ki).astype(np.uint64)
+        usd0, wall0, hold0 = self._transform_price("filter", n0)
+        n1, c1, d1, t1 = self._transform_draw("filter", r, counter, n0, c0, d0, t0)
+        skill1 = np.where(n1 > 0, skill * n1 / np.maximum(n1, 1), skill)
+        usd1, wall1, hold1 = self._transform_price("dedupe", n1)
+        n2, c2, d2, t2 = self._transform_draw("dedupe", r, counter + np.uint64(1), n1, c1, d1, t1)
+        # the calls in the run's order, (M, 2 width): filter 0, dedupe 0, filter 1, ...
+        calls = 2 * width
+        hold, charge, wall = np.zeros((m, calls), np.int64), np.zeros((m, calls), np.int64), np.zeros((m, calls))
+        hold[ri, 2 * ki], hold[ri, 2 * ki + 1] = hold0, hold1
+        charge[ri, 2 * ki], charge[ri, 2 * ki + 1] = np.minimum(nano_near(usd0), hold0), np.minimum(nano_near(usd1), hold1)
+        wall[ri, 2 * ki], wall[ri, 2 * ki + 1] = wall0, wall1
+        g = rows
+        spent_after = self.spent_n[g, None] + np.cumsum(charge, axis=1)
+        spent_before = spent_after - charge
+        left = self.budget_n - self.reserved_n[g, None]
+        clock_after = np.cumsum(np.concatenate([self.clock[g, None], wall], axis=1), axis=1)[:, 1:]
+        s = self.scenario
+        stop = ((hold > left - spent_before)
+                | (self.steps[g, None] + np.arange(1, calls + 1) >= s.max_steps)
+                | (self.refusals[g] >= s.refusal_limit)[:, None]
+                | (clock_after >= self.time_limit_s)
+                | (~self.running[g, None] & (left - spent_after < self._min_n)))
+        stop[ri[n1 == 0], 2 * ki[n1 == 0]] = True  # no dedupe after it: the next counters are not these
+        stop &= np.arange(calls) < 2 * count[:, None]
+        kept[:] = np.where(stop.any(axis=1), np.argmax(stop, axis=1), 2 * count) // 2
+        done = ki < kept[ri]
+        rows_c = np.flatnonzero(kept)
+        if not rows_c.size:
+            return kept
+        last = 2 * kept[rows_c] - 1
+        g = rows[rows_c]
+        self._calls[g] += 2 * kept[rows_c]
+        self._ok[g], self._error[g] = True, ""
+        self._spent_before[g] = spent_before[rows_c, last]
+        self.spent_n[g], self.clock[g] = spent_after[rows_c, last], clock_after[rows_c, last]
+        self.steps[g] += 2 * kept[rows_c]
+        self.data_counter[g] += (2 * kept[rows_c]).astype(np.uint64)
+        # the new datasets, in the order they were made: slot n_ds + 2k the filtered one, + 1 the deduplicated
+        r, ki, source = r[done], ki[done], source[done]
+        slot = self.n_ds[r] + 2 * ki
+        if slot.max() + 1 >= self.ds_n.shape[1]:
+            self._grow_datasets(max(2 * self.ds_n.shape[1], int(slot.max()) + 2))
+        teacher = self.ds_teacher[r, source]
+        self.ds_cleaned[r, source] = True
+        for made, parts in ((slot, (n1, c1, d1, t1, skill)), (slot + 1, (n2, c2, d2, t2, skill1))):
+            n, correct, duplicate, tokens, sk = (a[done] for a in parts)
+            self.ds_n[r, made], self.ds_correct[r, made], self.ds_dup[r, made] = n, correct, duplicate
+            self.ds_tokens[r, made], self.ds_skill[r, made], self.ds_teacher[r, made] = tokens, sk, teacher
+            self.ds_rate[r, made] = round_digits(np.where(n > 0, correct / np.maximum(n, 1), 0.0), 4)
+            self.ds_clean[r, made], self.ds_cleaned[r, made] = True, False
+        self.n_ds[g] += 2 * kept[rows_c]
+        full = n2[done] > 0
+        cleaned[ri[done][full], ki[full]] = slot[full] + 1
+        # the train set: the last non-empty dataset made (each filtered one is; a deduplicated one may be empty)
+        last_of_row = np.flatnonzero(np.append(r[1:] != r[:-1], True))
+        self.train_set[r[last_of_row]] = np.where(full, slot + 1, slot)[last_of_row]
+        return kept
+
     def _transform(self, rows: np.ndarray, operation: str, sources: np.ndarray) -> np.ndarray:
         """One ``transform_data`` call per row (``sources``: (M, P) slots, -1 padded), as the run executes it:
         permission, the quote reserved or refused, the sources merged (``mix_datasets``), filtered or
@@ -893,14 +974,7 @@ class MenuArrayEnv(VectorEnv):
             for j in range(1, sources.shape[1]):
                 weighted += parts[:, j]
         skill = np.where(n > 0, weighted / np.maximum(n, 1), self.ds_skill[rows, at[:, 0]])
-        domain, options = self.batch.model.domain, self.batch.model.options
-        if operation == "filter":
-            per_example, parallel = domain.check_seconds, options.transform_concurrency
-        else:
-            per_example, parallel = TRANSFORM_SECONDS_PER_EXAMPLE[operation], 1
-        usd = (TRANSFORM_STARTUP_S + n * per_example) * self._sandbox_per_s
-        wall = TRANSFORM_STARTUP_S + np.ceil(n / parallel) * per_example
-        hold = nano_up(usd)
+        usd, wall, hold = self._transform_price(operation, n)
         fits = hold <= self.budget_n - self.spent_n[rows] - self.reserved_n[rows]
         self._refuse(rows[~fits], "insufficient_budget")
         go = np.flatnonzero(fits)
@@ -910,27 +984,9 @@ class MenuArrayEnv(VectorEnv):
                 n, correct, duplicate, tokens, skill, hold, usd, wall, at = (
                     a[go] for a in (n, correct, duplicate, tokens, skill, hold, usd, wall, at))
             if operation != "mix":
-                u = uniforms(self.data_keys[r], self.data_counter[r], 2 if operation == "filter" else 1)
+                n, correct, duplicate, tokens = self._transform_draw(operation, r, self.data_counter[r], n, correct,
+                                                                     duplicate, tokens)
                 self.data_counter[r] += 1
-                share_of = n
-                if operation == "filter":
-                    kept_correct, kept_incorrect = binomial(
-                        np.concatenate([correct, n - correct]).astype(float),
-                        np.repeat([FILTER_RECALL, FILTER_FALSE_PASS], r.size), u.T.ravel()).reshape(2, -1)
-                    kept = kept_correct + kept_incorrect
-                    duplicate = np.rint(duplicate * np.where(n > 0, kept / np.maximum(n, 1), 0.0)).astype(np.int64)
-                    correct = kept_correct
-                else:
-                    removed = binomial(duplicate.astype(float), DEDUPE_RECALL, u[:, 0])
-                    pass_rate = np.where(n > 0, correct / np.maximum(n, 1), 0.0)
-                    removed_correct = np.rint(removed * pass_rate).astype(np.int64)
-                    kept = n - removed
-                    duplicate = duplicate - removed
-                    correct = correct - removed_correct
-                share = np.where(share_of > 0, kept / np.maximum(share_of, 1), 0.0)
-                tokens = np.rint(tokens * share).astype(np.int64)
-                duplicate = np.minimum(duplicate, kept)
-                n = kept
             self.spent_n[r] += np.minimum(nano_near(usd), hold)
             self.clock[r] += wall
             self._ran(r)
@@ -940,6 +996,40 @@ class MenuArrayEnv(VectorEnv):
                                           clean=True)
         self._after_call(rows)
         return made
+
+    def _transform_price(self, operation: str, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A ``transform_data`` call on ``n`` examples: its cost in dollars, its seconds and its hold (nano-dollars)."""
+        domain, options = self.batch.model.domain, self.batch.model.options
+        if operation == "filter":
+            per_example, parallel = domain.check_seconds, options.transform_concurrency
+        else:
+            per_example, parallel = TRANSFORM_SECONDS_PER_EXAMPLE[operation], 1
+        usd = (TRANSFORM_STARTUP_S + n * per_example) * self._sandbox_per_s
+        return usd, TRANSFORM_STARTUP_S + np.ceil(n / parallel) * per_example, nano_up(usd)
+
+    def _transform_draw(self, operation: str, r: np.ndarray, counter: np.ndarray, n: np.ndarray, correct: np.ndarray,
+                        duplicate: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, ...]:
+        """A filter's or dedupe's counts (``filter_datasets``, ``dedupe_datasets``) from draw ``counter`` of each
+        row's ``data`` stream (element-wise: rows ``r`` may repeat); returns (n, correct, duplicate, tokens)."""
+        u = uniforms(self.data_keys[r], counter, 2 if operation == "filter" else 1)
+        share_of = n
+        if operation == "filter":
+            kept_correct, kept_incorrect = binomial(
+                np.concatenate([correct, n - correct]).astype(float),
+                np.repeat([FILTER_RECALL, FILTER_FALSE_PASS], r.size), u.T.ravel()).reshape(2, -1)
+            kept = kept_correct + kept_incorrect
+            duplicate = np.rint(duplicate * np.where(n > 0, kept / np.maximum(n, 1), 0.0)).astype(np.int64)
+            correct = kept_correct
+        else:
+            removed = binomial(duplicate.astype(float), DEDUPE_RECALL, u[:, 0])
+            pass_rate = np.where(n > 0, correct / np.maximum(n, 1), 0.0)
+            removed_correct = np.rint(removed * pass_rate).astype(np.int64)
+            kept = n - removed
+            duplicate = duplicate - removed
+            correct = correct - removed_correct
+        share = np.where(share_of > 0, kept / np.maximum(share_of, 1), 0.0)
+        tokens = np.rint(tokens * share).astype(np.int64)
+        return kept, correct, np.minimum(duplicate, kept), tokens
 
     def _evaluations(self, resetting: np.ndarray) -> None:
         """The step's evaluations in one ``SimBatch.evaluate`` pass (rows are independent, so this is what
