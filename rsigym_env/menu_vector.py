@@ -53,7 +53,9 @@ Every macro runs as array passes over the rows that chose it; no per-row object 
 ``Dataset``, plan generator) is on the path. ``gen`` and ``clean`` follow the adapter's plans
 (``MenuAdapter._gen``, ``._clean``) a phase at a time: each phase is one pass over the rows still in their
 plan (a generation round, :meth:`MenuArrayEnv._generate`: the full-size call and, for the rows the budget
-refused, the cut-to-fit call, their draws together; a max generation is up to four rounds; a clean: filter,
+refused, the cut-to-fit call, billed; a max generation is up to four rounds, and the draws of all the
+macro's calls are made at its end in one pass, :meth:`MenuArrayEnv._record_generations`, since a cost is a
+function of the size alone and nothing in the plan reads a dataset; a clean: filter,
 then dedupe, of the k-th raw dataset of the newest raw one's teacher, then the mix into the pool, one call
 per row each, :meth:`~MenuArrayEnv._transform`; the filters and dedupes of all a step's datasets first run
 as two passes, as if every call ran — the draws are counter-based, so the k-th filter's is number
@@ -340,6 +342,7 @@ class MenuArrayEnv(VectorEnv):
         self.write_episodes = "episode" if write_episodes is True else write_episodes
         self._key_secret, self._keys = secrets.token_hex(16), 0  # episode i's account: key_id(f"{secret}-{i}")
         self._tools: dict[tuple, Any] = {}  # a data call's arguments -> its authorized tool (or refusal)
+        self._drawn: list[tuple[np.ndarray, ...]] = []  # a gen macro's draws, made at its end (_record_generations)
         # datasets: slot j of a row is the j-th dataset its episode made (counts as the sim's Dataset; the
         # adapter's record: teacher, rounded pass rate, made by a transform, cleaned); grown on demand
         self.n_ds = z(np.int64)
@@ -531,17 +534,20 @@ class MenuArrayEnv(VectorEnv):
         and if the budget refuses it one cut to fit; ``max`` is up to ``MAX_CHUNKS`` rounds of (the largest
         size, refused, then a call cut to fit what is left above ``MAX_RESERVE`` of the budget). Each round
         is one array pass (:meth:`_generate`: the full-size call and, for the rows it refused, the cut one)
-        over the rows still in their plan."""
+        over the rows still in their plan; the calls' draws and datasets are one pass at the end
+        (:meth:`_record_generations`)."""
         teacher, n = _TEACHER[actions], _GEN_N[actions]
         self._calibrate(rows, teacher)
         is_max = n == GEN_SIZES[-1]
         reserve = np.where(is_max, MAX_RESERVE * self.scenario.budget_usd, 0.0)
+        self._drawn = []
         for chunk in range(MAX_CHUNKS):
             if not rows.size:
-                return
+                break
             fitted = self._generate(rows, teacher, n, reserve, np.where(is_max & (chunk > 0), GEN_SIZES[0], 1))
             go_on = is_max & fitted & ~self.done[rows]
             rows, teacher, n, is_max, reserve = rows[go_on], teacher[go_on], n[go_on], is_max[go_on], reserve[go_on]
+        self._record_generations()
 
     def _macro_clean(self, rows: np.ndarray, actions: np.ndarray) -> None:
         """``MenuAdapter._clean`` for every row at once: the raw datasets of the newest raw one's teacher,
@@ -765,16 +771,24 @@ class MenuArrayEnv(VectorEnv):
         """Store one new dataset per row (its next slot; the adapter's pass rate is the sim's ``stats()``, 4
         digits) and make it the train set if it is not empty; returns the slots."""
         slot = self.n_ds[rows].copy()
-        if slot.size and slot.max() >= self.ds_n.shape[1]:
-            self._grow_datasets(2 * self.ds_n.shape[1])
+        self._put_datasets(rows, slot, n, correct, duplicate, tokens, skill, teacher, clean)
         self.n_ds[rows] += 1
+        full = n > 0
+        self.train_set[rows[full]] = slot[full]
+        return slot
+
+    def _put_datasets(self, rows: np.ndarray, slot: np.ndarray, n: np.ndarray, correct: np.ndarray,
+                      duplicate: np.ndarray, tokens: np.ndarray, skill: np.ndarray, teacher: np.ndarray,
+                      clean: bool) -> None:
+        """Write datasets at ``(rows, slot)`` (the arrays grown to hold them): counts, teacher skill and the
+        adapter's record (teacher, pass rate to 4 digits as ``stats()`` gives it, made by a transform, not
+        cleaned yet)."""
+        if slot.size and slot.max() >= self.ds_n.shape[1]:
+            self._grow_datasets(max(2 * self.ds_n.shape[1], int(slot.max()) + 1))
         self.ds_n[rows, slot], self.ds_correct[rows, slot], self.ds_dup[rows, slot] = n, correct, duplicate
         self.ds_tokens[rows, slot], self.ds_skill[rows, slot], self.ds_teacher[rows, slot] = tokens, skill, teacher
         self.ds_rate[rows, slot] = round_digits(np.where(n > 0, correct / np.maximum(n, 1), 0.0), 4)
         self.ds_clean[rows, slot], self.ds_cleaned[rows, slot] = clean, False
-        full = n > 0
-        self.train_set[rows[full]] = slot[full]
-        return slot
 
     def _calibrate(self, rows: np.ndarray, teacher: np.ndarray) -> None:
         """``SimWorld.teacher_skill`` of each row's teacher where it is not known yet, in one ``calibrate_skill``
@@ -848,28 +862,56 @@ class MenuArrayEnv(VectorEnv):
                           hold: np.ndarray) -> None:
         """The calls that fit (rows ``r``, teachers ``t``, ``k`` examples): the world's aggregate draw
         (``generate_datasets``: three uniforms of its ``data`` stream), the bill settled (at most the hold),
-        its time passed, the adapter's record (pass rate, dollars per example, generations)."""
+        its time passed, the adapter's dollars per example and generations. The draw itself (its counter taken
+        now) and the datasets it makes wait for :meth:`_record_generations`, at the end of the macro: nothing
+        in a generation plan reads them, and a cost is a function of the size alone."""
         domain = self.batch.model.domain
         self._calibrate(r, t)
-        u = uniforms(self.data_keys[r], self.data_counter[r], GENERATE_DRAWS)
+        self._drawn.append((r, t, k, self.data_counter[r].copy()))
         self.data_counter[r] += 1
-        size = k.astype(float)
-        cut, duplicate = binomial(np.concatenate([size, size]),  # element-wise: one pass for two draws
-                                  np.concatenate([np.full(r.size, self._over), self._dup_rate[t]]),
-                                  np.concatenate([u[:, 0], u[:, 2]])).reshape(2, -1)
-        correct = binomial(k - cut, self.teacher_acc[r, t], u[:, 1])
         output_tokens = np.rint(k * self._mean_tokens)
-        tokens = k * domain.example_prompt_tokens + output_tokens.astype(np.int64)
         cost = (input_tokens * self._price_in[t] + output_tokens * self._price_out[t]) * PER_M
         before = self.spent_n[r].copy()
         self.spent_n[r] += np.minimum(nano_near(cost), hold)
         options = self.batch.model.options
         self.clock[r] += np.ceil(k / options.generate_concurrency) * domain.generate_seconds
         self._ran(r)
-        slot = self._new_datasets(r, k, correct, duplicate, tokens, self.teacher_skill[r, t], t, clean=False)
-        self.pass_rates[r, t] = np.maximum(self.ds_rate[r, slot], self.pass_rates[r, t])
         self.usd_per_example[r, t] = round_digits(self.spent_n[r] / NANO - before / NANO, 9) / np.maximum(k, 1)
         self.generations[r] += 1
+
+    def _record_generations(self) -> None:
+        """The draws of the macro's generations (``generate_datasets``: three uniforms of the row's ``data``
+        stream at the call's counter) in one pass, element-wise, and their datasets stored in the order each
+        row made them (its next slots; the last non-empty one the train set; the teacher's best pass rate)."""
+        if not self._drawn:
+            return
+        r, t, k, counter = (np.concatenate(part) for part in zip(*self._drawn))
+        self._drawn = []
+        order = np.argsort(r, kind="stable")  # a row's calls in the order they ran
+        r, t, k, counter = r[order], t[order], k[order], counter[order]
+        u = uniforms(self.data_keys[r], counter, GENERATE_DRAWS)
+        size = k.astype(float)
+        cut, duplicate = binomial(np.concatenate([size, size]),  # element-wise: one pass for two draws
+                                  np.concatenate([np.full(r.size, self._over), self._dup_rate[t]]),
+                                  np.concatenate([u[:, 0], u[:, 2]])).reshape(2, -1)
+        correct = binomial(k - cut, self.teacher_acc[r, t], u[:, 1])
+        tokens = k * self.batch.model.domain.example_prompt_tokens + np.rint(k * self._mean_tokens).astype(np.int64)
+        if r.size == np.unique(r).size:
+            slot = self._new_datasets(r, k, correct, duplicate, tokens, self.teacher_skill[r, t], t, clean=False)
+            self.pass_rates[r, t] = np.maximum(self.ds_rate[r, slot], self.pass_rates[r, t])
+            return
+        first = np.flatnonzero(np.append(True, r[1:] != r[:-1]))
+        rank = np.arange(r.size) - np.repeat(first, np.diff(np.append(first, r.size)))
+        slot = self.n_ds[r] + rank
+        last = np.append(first[1:], r.size) - 1
+        self._put_datasets(r, slot, k, correct, duplicate, tokens, self.teacher_skill[r, t], t, clean=False)
+        self.n_ds[r[last]] = slot[last] + 1
+        full = np.flatnonzero(k > 0)
+        if full.size:  # each row's last non-empty one, in the order made
+            r_full = r[full]
+            ends = np.flatnonzero(np.append(r_full[1:] != r_full[:-1], True))
+            self.train_set[r_full[ends]] = slot[full[ends]]
+        np.maximum.at(self.pass_rates, (r, t), self.ds_rate[r, slot])
 
     def _clean_ahead(self, rows: np.ndarray, todo: np.ndarray, count: np.ndarray, cleaned: np.ndarray) -> np.ndarray:
         """The filter, then dedupe, of each row's datasets ``todo[:, :count]`` in two passes over all of them, as if
@@ -928,16 +970,10 @@ class MenuArrayEnv(VectorEnv):
         # the new datasets, in the order they were made: slot n_ds + 2k the filtered one, + 1 the deduplicated
         r, ki, source = r[done], ki[done], source[done]
         slot = self.n_ds[r] + 2 * ki
-        if slot.max() + 1 >= self.ds_n.shape[1]:
-            self._grow_datasets(max(2 * self.ds_n.shape[1], int(slot.max()) + 2))
         teacher = self.ds_teacher[r, source]
         self.ds_cleaned[r, source] = True
         for made, parts in ((slot, (n1, c1, d1, t1, skill)), (slot + 1, (n2, c2, d2, t2, skill1))):
-            n, correct, duplicate, tokens, sk = (a[done] for a in parts)
-            self.ds_n[r, made], self.ds_correct[r, made], self.ds_dup[r, made] = n, correct, duplicate
-            self.ds_tokens[r, made], self.ds_skill[r, made], self.ds_teacher[r, made] = tokens, sk, teacher
-            self.ds_rate[r, made] = round_digits(np.where(n > 0, correct / np.maximum(n, 1), 0.0), 4)
-            self.ds_clean[r, made], self.ds_cleaned[r, made] = True, False
+            self._put_datasets(r, made, *(a[done] for a in parts), teacher, clean=True)
         self.n_ds[g] += 2 * kept[rows_c]
         full = n2[done] > 0
         cleaned[ri[done][full], ki[full]] = slot[full] + 1
