@@ -101,8 +101,8 @@ Autoreset: ``NEXT_STEP`` (default), ``SAME_STEP`` (``final_obs``/``final_info``)
 
 Not here (use ``array=False``): the text log and the rest of the scalar ``info`` (``result``, ``message``,
 ``events``, ``calls``, ``macro``, ``metrics``, the reset keys but ``seed``), ``blocking=False``, non-sim
-worlds. Speed: ``bench/README.md`` ("The vector sim"). Per-row Python left on the path: a reset row's
-episode seed (its Gymnasium generator), a training row's two ``math`` calls, Python's ``round`` where a
+worlds. Speed: ``bench/README.md`` ("The vector sim"). Per-row Python left on the path: a row's episode
+seeds, drawn from its Gymnasium generator 32 at a time, a training row's two ``math`` calls, Python's ``round`` where a
 value is within float noise of a half, and the audit event (its JSON and hash) per finished episode (default).
 
 >>> env = MenuArrayEnv(2, track="harness", benchmark="aime", budget_usd=500)
@@ -170,6 +170,7 @@ _TEACHER = np.array([TEACHERS.index(m.arg[0]) if m.kind == "gen" else -1 for m i
 _GEN_N = np.array([m.arg[1] if m.kind == "gen" else 0 for m in MENU], np.int64)
 _MEAN_EXACT = 8  # from this many scores on, a candidate's mean is NumPy's (pairwise), below it a running sum
 _MAX_TOKENS = GenerateData.model_fields["max_tokens_per_example"].default  # the menu's generations leave it
+_SEEDS_AHEAD = 32  # episode seeds drawn at once per row: a batch of integers() draws is the same draws in turn
 
 
 def harness_versions(batch: SimBatch) -> tuple[list[str], list[dict[str, str]]]:
@@ -310,6 +311,10 @@ class MenuArrayEnv(VectorEnv):
         self.n_dev = self.batch.n_tasks
         self._static_mask = self._mask_constants()
         self._rngs: list[np.random.Generator | None] = [None] * n
+        # each row's next episode seeds, drawn _SEEDS_AHEAD at a time from its generator (the same numbers as
+        # one integers() call per reset, which is what ResearchEnv.reset makes); _seed_at: the next one's index
+        self._seeds_ahead = np.zeros((n, _SEEDS_AHEAD), np.int64)
+        self._seed_at = np.full(n, _SEEDS_AHEAD, np.int64)
         self.episode_seeds = np.zeros(n, np.int64)
         z = lambda dtype=float: np.zeros(n, dtype)  # noqa: E731
         self.initial_official, self._final, self.clock, self.done = z(), z(), z(), z(bool)
@@ -1293,11 +1298,15 @@ class MenuArrayEnv(VectorEnv):
     def _reset_rows(self, rows: np.ndarray, seeds: Sequence[int | None], official: bool = True) -> None:
         """New episodes at ``rows``: the episode seed as ``ResearchEnv.reset`` draws it, the world it gives, and
         (``official``; else the step's evaluation pass does it) the initial system's official score."""
-        episode = []
         for i, seed in zip(rows.tolist(), seeds):
             if seed is not None or self._rngs[i] is None:
                 self._rngs[i], _ = seeding.np_random(seed)
-            episode.append(int(self._rngs[i].integers(2**31 - 1)))
+                self._seed_at[i] = _SEEDS_AHEAD  # none drawn yet from the new generator
+        for i in rows[self._seed_at[rows] == _SEEDS_AHEAD].tolist():
+            self._seeds_ahead[i] = self._rngs[i].integers(2**31 - 1, size=_SEEDS_AHEAD)
+            self._seed_at[i] = 0
+        episode = self._seeds_ahead[rows, self._seed_at[rows]]
+        self._seed_at[rows] += 1
         if self._score_lists:
             gone = set(rows.tolist())
             self._score_lists = {key: v for key, v in self._score_lists.items() if key[0] not in gone}

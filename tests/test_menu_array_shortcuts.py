@@ -1,14 +1,17 @@
-"""``MenuArrayEnv``'s clean in two passes (``_clean_ahead``: every row's filters and dedupes at once, as if each
-call ran, kept up to a row's first call where that is not so) leaves every array of the env's state as the pass
-per dataset and operation alone (``_transform``) leaves it, step after step: refusals for money, limits reached
-inside a clean, filters that keep nothing. Parity with the scalar env is ``tests/test_menu_vector.py``'s."""
+"""``MenuArrayEnv``'s shortcuts leave what the direct way gives. The clean in two passes (``_clean_ahead``: every
+row's filters and dedupes at once, as if each call ran, kept up to a row's first call where that is not so)
+leaves every array of the env's state as the pass per dataset and operation alone (``_transform``) leaves it,
+step after step: refusals for money, limits reached inside a clean, filters that keep nothing. Episode seeds
+drawn 32 at a time per row are the ones a draw per reset gives (``ResearchEnv.reset``'s). Parity with the scalar
+env is ``tests/test_menu_vector.py``'s."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from gymnasium.utils import seeding
 
-from rsigym_env.menu_vector import MenuArrayEnv
+from rsigym_env.menu_vector import MENU_INDEX, MenuArrayEnv
 
 
 def state(env: MenuArrayEnv) -> dict[str, np.ndarray]:
@@ -52,3 +55,25 @@ def test_the_clean_in_two_passes_leaves_the_state_of_a_pass_per_call(monkeypatch
         assert_same(state(ahead), state(one_by_one), step)
     ran, asked, cut = map(sum, zip(*kept))
     assert ran > asked / 2 and cut > 0  # most datasets cleaned ahead, and some rows stopped early and went on alone
+
+
+def test_episode_seeds_drawn_ahead_are_the_draws_one_per_reset():
+    """Rows that submit every step start ~50 episodes each (autoresets, a reset with new seeds in between, one
+    row reseeded alone): each episode seed is the next ``integers(2**31 - 1)`` of the row's generator."""
+    env = MenuArrayEnv(3, track="harness", benchmark="aime", budget_usd=100)
+    env.reset(seed=40)
+    generators = [seeding.np_random(40 + i)[0] for i in range(3)]
+    expected = lambda: [int(g.integers(2**31 - 1)) for g in generators]  # noqa: E731
+    seen, want = [env.episode_seeds.tolist()], [expected()]
+    submit = np.full(3, MENU_INDEX["submit_latest"])
+    for step in range(100):
+        if step == 40:
+            env.reset(seed=[7, None, 9])  # rows 0 and 2 get new generators, row 1 keeps its own
+            generators[0], generators[2] = seeding.np_random(7)[0], seeding.np_random(9)[0]
+            seen.append(env.episode_seeds.tolist())
+            want.append(expected())
+        *_, info = env.step(submit)
+        if step % 2:  # every other step is the autoreset of the episodes the step before ended
+            seen.append(env.episode_seeds.tolist())
+            want.append(expected())
+    assert seen == want and len(seen) > 40  # more than one batch of 32 per row
