@@ -970,13 +970,23 @@ class Ledger:
         if not accounts:
             return
         wall_time = round(time.time(), 3)
+        try:
+            self._open_settled(accounts, charges, wall_time)
+        except sqlite3.IntegrityError:  # rolled back: name the first key that has an account
+            for key, *_ in accounts:
+                try:
+                    self.balance(key)
+                except ActionError:
+                    continue
+                raise ValueError(f"key {key!r} already has an account") from None
+            raise
+
+    def _open_settled(self, accounts: list[tuple[str, None, int, int]],
+                      charges: list[tuple[bool, int, int, int, dict[str, Any]]], wall_time: float) -> None:
+        """:meth:`open_settled`'s transaction, its entries checked."""
         with self._transaction() as logged:
             cur = self._cur
-            try:
-                cur.executemany(_OPEN_SPENT, accounts)
-            except sqlite3.IntegrityError:
-                taken = next(a[0] for a in accounts if cur.execute(_BALANCE, (a[0],)).fetchone() is not None)
-                raise ValueError(f"key {taken!r} already has an account") from None
+            cur.executemany(_OPEN_SPENT, accounts)
             head = self._head if self._head is not None else _audit.read_head(cur)
             (rid,) = cur.execute(_LAST_RID).fetchone()  # in memory too: the transaction flushed the mirror
             rows = []

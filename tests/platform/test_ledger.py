@@ -803,6 +803,24 @@ def test_processes_share_one_file(tmp_path: Path) -> None:
 # --- finished runs written in one go (open_settled) -----------------------------------------------
 
 
+@pytest.mark.parametrize(("entries", "error", "match"), [
+    ([("a", 5.0, 1.0, AUDIT), ("a", 5.0, 1.0, AUDIT)], ValueError, "repeats"),
+    ([("new", 5.0, 1.0, AUDIT), ("run", 5.0, 1.0, AUDIT)], ValueError, "'run' already has an account"),
+    ([("new", 5.0, 1.0, AUDIT), (7, 5.0, 1.0, AUDIT)], TypeError, "key is a str"),
+    ([("new", 5.0, 1.0, AUDIT), ("b", 5.0, math.nan, AUDIT)], ValueError, "amount must be"),
+    ([("new", 5.0, 1.0, AUDIT), ("b", -1.0, 0.0, AUDIT)], ValueError, "amount must be"),
+    ([("new", 5.0, 1.0, AUDIT), ("b", 5.0, 5.000000001, AUDIT)], InsufficientBudget, "reserve needs"),
+])
+def test_settled_accounts_refuse_a_bad_entry_and_write_nothing(ledger: Ledger, entries: list, error: type,
+                                                               match: str) -> None:
+    before = ledger_state(ledger)
+    with pytest.raises(error, match=match):
+        ledger.open_settled(entries)
+    assert ledger_state(ledger) == before
+    ledger.open_settled([("new", 5.0, 5.0, AUDIT)])  # the ledger is still usable, and a spend of the whole budget fits
+    assert ledger.balance("new").available_usd == 0.0 and ledger.books().ok
+
+
 _AMOUNT = st.one_of(st.just(0.0), st.floats(0.0, 20.0), st.integers(0, 20_000_000_000).map(lambda n: n / NANO))
 
 
