@@ -11,7 +11,8 @@ account and an audited entry per finished episode); at the largest N the joint a
 ``write_episodes="step"`` (one ledger entry per step) and ``False`` (none), to show what the default costs;
 ``route``: the joint id with ``array=False`` (``ResearchVectorEnv`` over ``DiscreteMenu`` sub-envs).
 CartPole-v1 (``gym.make``, sampled) runs at the start, the end, and for 1 s right before each row (the
-``[x]`` ratio). The policy's forward pass runs on one BLAS thread (OpenBLAS's second thread spins between
+``[x]`` ratio; also per CPU-second of this process: "env CPU" is the env's steps per CPU-second of its own
+``reset``/``step`` against that, the ratio that moves least when other jobs load the machine). The policy's forward pass runs on one BLAS thread (OpenBLAS's second thread spins between
 calls: on 2 shared cores that made the 256 x 50 forward pass take ~19 ms instead of ~1.4 ms).
 
     python bench/bench_menu_array.py [--seconds 3] [--sizes 1,16,256] [--route-sizes 16] [--tracks joint,data,harness]
@@ -40,14 +41,30 @@ KWARGS = {"benchmark": "swe-bench-verified", "budget_usd": 500}
 IDS = {"joint": "RSIGym/Joint-v0", "data": "RSIGym/Data-v0", "harness": "RSIGym/Harness-v0"}
 
 
-def measure(env, n: int, seconds: float, policy: str) -> tuple[float, float, float, int]:
+def cartpole_cpu(seconds: float) -> tuple[float, float]:
+    """CartPole-v1 (``gym.make``, sampled actions, as ``bench_env.cartpole``) for ``seconds``: (steps/s,
+    steps per CPU-second of this process). On a machine other jobs load, the CPU rate moves less."""
+    env = gym.make("CartPole-v1")
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    steps, start, cpu = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - start < seconds:
+        for _ in range(1000):
+            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+            if terminated or truncated:
+                env.reset()
+        steps += 1000
+    return steps / (time.perf_counter() - start), steps / (time.process_time() - cpu)
+
+
+def measure(env, n: int, seconds: float, policy: str) -> tuple[float, float, float, int, float]:
     """(aggregate steps/s with the policy's time, the same in the env's time alone (reset and steps), mean
-    steps of the episodes that ended, episodes ended)."""
+    steps of the episodes that ended, episodes ended, aggregate steps per CPU-second of the env alone)."""
     params = shared_policy(default_policy_path())
     rng = np.random.default_rng(0)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     obs, info = env.reset(seed=0)
-    in_env = time.perf_counter() - start
+    in_env, in_env_cpu = time.perf_counter() - start, time.process_time() - cpu_start
     steps, lengths, running = 0, [], np.zeros(n, np.int64)
     while time.perf_counter() - start < seconds:
         mask = info["action_mask"]
@@ -55,16 +72,17 @@ def measure(env, n: int, seconds: float, policy: str) -> tuple[float, float, flo
             actions = np.argmax(np.where(mask, rng.random(mask.shape), -1.0), axis=1)
         else:
             actions, _ = policy_actions(params, np.asarray(obs, np.float64), mask, None)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         obs, _, terminated, truncated, info = env.step(actions)
         in_env += time.perf_counter() - t
+        in_env_cpu += time.process_time() - c
         steps += n
         running += 1
         ended = terminated | truncated
         lengths += running[ended].tolist()
         running[ended] = -1  # the next step is the autoreset (NEXT_STEP): not an episode step
     mean = float(np.mean(lengths)) if lengths else float("nan")
-    return steps / (time.perf_counter() - start), steps / in_env, mean, len(lengths)
+    return steps / (time.perf_counter() - start), steps / in_env, mean, len(lengths), steps / in_env_cpu
 
 
 def main() -> None:
@@ -85,17 +103,18 @@ def main() -> None:
             + [("route", "joint", int(n), "episode") for n in args.route_sizes.split(",") if n])
     for policy in ("masked", "policy"):
         for kind, track, n, ledger in rows:
-            near = cartpole(1.0)
+            near, near_cpu = cartpole_cpu(1.0)
             extra = {"write_episodes": ledger} if kind == "array" else {}
             env = gym.make_vec(IDS[track], num_envs=n, vectorization_mode="vector_entry_point", menu=True,
                                array=kind == "array", **extra, **KWARGS)
             assert type(env.unwrapped).__name__ == ("MenuArrayEnv" if kind == "array" else "ResearchVectorEnv")
             with threadpool_limits(limits=1, user_api="blas"):
-                rate, env_rate, per_episode, episodes = measure(env, n, args.seconds, policy)
+                rate, env_rate, per_episode, episodes, env_cpu = measure(env, n, args.seconds, policy)
             env.close()
             print(f"{policy:6s} {kind:5s} {track:7s} N={n:4d} ledger={str(ledger):7s}: {rate:9,.0f} steps/s "
                   f"({rate / ref:6.3f}x cartpole [{rate / near:6.3f}x]); env alone {env_rate:9,.0f} "
-                  f"({env_rate / ref:6.3f}x [{env_rate / near:6.3f}x]); {per_episode:5.1f} steps/episode over "
+                  f"({env_rate / ref:6.3f}x [{env_rate / near:6.3f}x]); env CPU {env_cpu:9,.0f} steps/CPU-s "
+                  f"({env_cpu / near_cpu:6.3f}x CartPole's {near_cpu:,.0f}); {per_episode:5.1f} steps/episode over "
                   f"{episodes} episodes, load {os.getloadavg()[0]:.2f}", flush=True)
     print(f"cartpole-v1 again: {cartpole(args.seconds):,.0f} steps/s; load after {os.getloadavg()}")
 

@@ -53,9 +53,14 @@ Every macro runs as array passes over the rows that chose it; no per-row object 
 ``Dataset``, plan generator) is on the path. ``gen`` and ``clean`` follow the adapter's plans
 (``MenuAdapter._gen``, ``._clean``) a phase at a time: each phase is one pass over the rows still in their
 plan (a generation round, :meth:`MenuArrayEnv._generate`: the full-size call and, for the rows the budget
-refused, the cut-to-fit call, their draws together; a max generation is up to four rounds; a clean: filter,
+refused, the cut-to-fit call, billed; a max generation is up to four rounds, and the draws of all the
+macro's calls are made at its end in one pass, :meth:`MenuArrayEnv._record_generations`, since a cost is a
+function of the size alone and nothing in the plan reads a dataset; a clean: filter,
 then dedupe, of the k-th raw dataset of the newest raw one's teacher, then the mix into the pool, one call
-per row each, :meth:`~MenuArrayEnv._transform`), and a call is: permission (once per teacher or
+per row each, :meth:`~MenuArrayEnv._transform`; the filters and dedupes of all a step's datasets first run
+as two passes, as if every call ran — the draws are counter-based, so the k-th filter's is number
+``counter + 2k`` — and a row keeps them up to its first call where that is not so, :meth:`~MenuArrayEnv._clean_ahead`),
+and a call is: permission (once per teacher or
 operation), quote, reserve or refuse, the world's aggregate draw from its own ``data`` stream
 (``generate_datasets``, ``filter_datasets``, ``dedupe_datasets`` and ``mix_datasets`` as element-wise
 NumPy over the rows), bill, time, the adapter's record, the run's limits. ``train`` always starts from
@@ -86,8 +91,9 @@ written to a ledger at the end of the step it ends in: an account of its own (a 
 scenario's budget), its whole spend reserved and settled, the settlement audited with its seed, steps,
 refusals, end and official result, on a hash-chained audit log that ``rsigym audit verify`` accepts
 (``ledger_path=``: a file; default: in memory). That is batched per episode, not per tool call: the
-per-call trail (each reserve, settle and refusal) is the scalar env's and the per-env route's.
-``write_episodes="step"`` batches further: one account and one audited entry per step listing the episodes
+per-call trail (each reserve, settle and refusal) is the scalar env's and the per-env route's. The episodes
+that end in a step are written in one transaction (``Ledger.open_settled``: the same accounts and audit
+records as opening, reserving and settling each in turn). ``write_episodes="step"`` batches further: one account and one audited entry per step listing the episodes
 that ended in it (each one's spend checked against its budget first); ``False`` writes nothing.
 
 Autoreset: ``NEXT_STEP`` (default), ``SAME_STEP`` (``final_obs``/``final_info``) and ``DISABLED``
@@ -95,9 +101,9 @@ Autoreset: ``NEXT_STEP`` (default), ``SAME_STEP`` (``final_obs``/``final_info``)
 
 Not here (use ``array=False``): the text log and the rest of the scalar ``info`` (``result``, ``message``,
 ``events``, ``calls``, ``macro``, ``metrics``, the reset keys but ``seed``), ``blocking=False``, non-sim
-worlds. Speed: ``bench/README.md`` ("The vector sim"). Per-row Python left on the path: a reset row's
-episode seed (its Gymnasium generator), a training row's two ``math`` calls, Python's ``round`` where a
-value is within float noise of a half, and the ledger entry per finished episode (default).
+worlds. Speed: ``bench/README.md`` ("The vector sim"). Per-row Python left on the path: a row's episode
+seeds, drawn from its Gymnasium generator 32 at a time, a training row's two ``math`` calls, Python's ``round`` where a
+value is within float noise of a half, and the audit event (its JSON and hash) per finished episode (default).
 
 >>> env = MenuArrayEnv(2, track="harness", benchmark="aime", budget_usd=500)
 >>> obs, info = env.reset(seed=0)
@@ -164,6 +170,7 @@ _TEACHER = np.array([TEACHERS.index(m.arg[0]) if m.kind == "gen" else -1 for m i
 _GEN_N = np.array([m.arg[1] if m.kind == "gen" else 0 for m in MENU], np.int64)
 _MEAN_EXACT = 8  # from this many scores on, a candidate's mean is NumPy's (pairwise), below it a running sum
 _MAX_TOKENS = GenerateData.model_fields["max_tokens_per_example"].default  # the menu's generations leave it
+_SEEDS_AHEAD = 32  # episode seeds drawn at once per row: a batch of integers() draws is the same draws in turn
 
 
 def harness_versions(batch: SimBatch) -> tuple[list[str], list[dict[str, str]]]:
@@ -304,6 +311,10 @@ class MenuArrayEnv(VectorEnv):
         self.n_dev = self.batch.n_tasks
         self._static_mask = self._mask_constants()
         self._rngs: list[np.random.Generator | None] = [None] * n
+        # each row's next episode seeds, drawn _SEEDS_AHEAD at a time from its generator (the same numbers as
+        # one integers() call per reset, which is what ResearchEnv.reset makes); _seed_at: the next one's index
+        self._seeds_ahead = np.zeros((n, _SEEDS_AHEAD), np.int64)
+        self._seed_at = np.full(n, _SEEDS_AHEAD, np.int64)
         self.episode_seeds = np.zeros(n, np.int64)
         z = lambda dtype=float: np.zeros(n, dtype)  # noqa: E731
         self.initial_official, self._final, self.clock, self.done = z(), z(), z(), z(bool)
@@ -336,6 +347,7 @@ class MenuArrayEnv(VectorEnv):
         self.write_episodes = "episode" if write_episodes is True else write_episodes
         self._key_secret, self._keys = secrets.token_hex(16), 0  # episode i's account: key_id(f"{secret}-{i}")
         self._tools: dict[tuple, Any] = {}  # a data call's arguments -> its authorized tool (or refusal)
+        self._drawn: list[tuple[np.ndarray, ...]] = []  # a gen macro's draws, made at its end (_record_generations)
         # datasets: slot j of a row is the j-th dataset its episode made (counts as the sim's Dataset; the
         # adapter's record: teacher, rounded pass rate, made by a transform, cleaned); grown on demand
         self.n_ds = z(np.int64)
@@ -527,23 +539,28 @@ class MenuArrayEnv(VectorEnv):
         and if the budget refuses it one cut to fit; ``max`` is up to ``MAX_CHUNKS`` rounds of (the largest
         size, refused, then a call cut to fit what is left above ``MAX_RESERVE`` of the budget). Each round
         is one array pass (:meth:`_generate`: the full-size call and, for the rows it refused, the cut one)
-        over the rows still in their plan."""
+        over the rows still in their plan; the calls' draws and datasets are one pass at the end
+        (:meth:`_record_generations`)."""
         teacher, n = _TEACHER[actions], _GEN_N[actions]
         self._calibrate(rows, teacher)
         is_max = n == GEN_SIZES[-1]
         reserve = np.where(is_max, MAX_RESERVE * self.scenario.budget_usd, 0.0)
+        self._drawn = []
         for chunk in range(MAX_CHUNKS):
             if not rows.size:
-                return
+                break
             fitted = self._generate(rows, teacher, n, reserve, np.where(is_max & (chunk > 0), GEN_SIZES[0], 1))
             go_on = is_max & fitted & ~self.done[rows]
             rows, teacher, n, is_max, reserve = rows[go_on], teacher[go_on], n[go_on], is_max[go_on], reserve[go_on]
+        self._record_generations()
 
     def _macro_clean(self, rows: np.ndarray, actions: np.ndarray) -> None:
         """``MenuAdapter._clean`` for every row at once: the raw datasets of the newest raw one's teacher,
         oldest first, each filtered then deduplicated (a refusal, an empty result or the end of the episode
         stops that dataset; the end stops the row), then the pool and the cleaned ones mixed (at most 8)
-        into the teacher's new pool. Each pass is one array call (:meth:`_transform`) over its rows."""
+        into the teacher's new pool. The filters and dedupes run ahead in two passes (:meth:`_clean_ahead`);
+        what a row has left after its first call that did not go as assumed is a pass per dataset and
+        operation (:meth:`_transform`) over the rows that have it."""
         raw = self._raws(rows)
         has = raw.any(axis=1)
         missing = rows[~has]
@@ -561,9 +578,10 @@ class MenuArrayEnv(VectorEnv):
         count = raw.sum(axis=1)
         todo = _first_true(raw, int(count.max()))
         cleaned = np.full(todo.shape, -1, np.int64)
+        done_ahead = self._clean_ahead(rows, todo, count, cleaned)
         alive = np.ones(rows.size, bool)
-        for k in range(todo.shape[1]):
-            at = np.flatnonzero(alive & (count > k))
+        for k in range(int(done_ahead.min(initial=0)), todo.shape[1]):  # the rest, a pass per dataset and operation
+            at = np.flatnonzero(alive & (count > k) & (done_ahead <= k))
             current = todo[at, k]
             for operation in ("filter", "dedupe"):
                 if not at.size:
@@ -758,16 +776,24 @@ class MenuArrayEnv(VectorEnv):
         """Store one new dataset per row (its next slot; the adapter's pass rate is the sim's ``stats()``, 4
         digits) and make it the train set if it is not empty; returns the slots."""
         slot = self.n_ds[rows].copy()
-        if slot.size and slot.max() >= self.ds_n.shape[1]:
-            self._grow_datasets(2 * self.ds_n.shape[1])
+        self._put_datasets(rows, slot, n, correct, duplicate, tokens, skill, teacher, clean)
         self.n_ds[rows] += 1
+        full = n > 0
+        self.train_set[rows[full]] = slot[full]
+        return slot
+
+    def _put_datasets(self, rows: np.ndarray, slot: np.ndarray, n: np.ndarray, correct: np.ndarray,
+                      duplicate: np.ndarray, tokens: np.ndarray, skill: np.ndarray, teacher: np.ndarray,
+                      clean: bool) -> None:
+        """Write datasets at ``(rows, slot)`` (the arrays grown to hold them): counts, teacher skill and the
+        adapter's record (teacher, pass rate to 4 digits as ``stats()`` gives it, made by a transform, not
+        cleaned yet)."""
+        if slot.size and slot.max() >= self.ds_n.shape[1]:
+            self._grow_datasets(max(2 * self.ds_n.shape[1], int(slot.max()) + 1))
         self.ds_n[rows, slot], self.ds_correct[rows, slot], self.ds_dup[rows, slot] = n, correct, duplicate
         self.ds_tokens[rows, slot], self.ds_skill[rows, slot], self.ds_teacher[rows, slot] = tokens, skill, teacher
         self.ds_rate[rows, slot] = round_digits(np.where(n > 0, correct / np.maximum(n, 1), 0.0), 4)
         self.ds_clean[rows, slot], self.ds_cleaned[rows, slot] = clean, False
-        full = n > 0
-        self.train_set[rows[full]] = slot[full]
-        return slot
 
     def _calibrate(self, rows: np.ndarray, teacher: np.ndarray) -> None:
         """``SimWorld.teacher_skill`` of each row's teacher where it is not known yet, in one ``calibrate_skill``
@@ -841,28 +867,125 @@ class MenuArrayEnv(VectorEnv):
                           hold: np.ndarray) -> None:
         """The calls that fit (rows ``r``, teachers ``t``, ``k`` examples): the world's aggregate draw
         (``generate_datasets``: three uniforms of its ``data`` stream), the bill settled (at most the hold),
-        its time passed, the adapter's record (pass rate, dollars per example, generations)."""
+        its time passed, the adapter's dollars per example and generations. The draw itself (its counter taken
+        now) and the datasets it makes wait for :meth:`_record_generations`, at the end of the macro: nothing
+        in a generation plan reads them, and a cost is a function of the size alone."""
         domain = self.batch.model.domain
         self._calibrate(r, t)
-        u = uniforms(self.data_keys[r], self.data_counter[r], GENERATE_DRAWS)
+        self._drawn.append((r, t, k, self.data_counter[r].copy()))
         self.data_counter[r] += 1
-        size = k.astype(float)
-        cut, duplicate = binomial(np.concatenate([size, size]),  # element-wise: one pass for two draws
-                                  np.concatenate([np.full(r.size, self._over), self._dup_rate[t]]),
-                                  np.concatenate([u[:, 0], u[:, 2]])).reshape(2, -1)
-        correct = binomial(k - cut, self.teacher_acc[r, t], u[:, 1])
         output_tokens = np.rint(k * self._mean_tokens)
-        tokens = k * domain.example_prompt_tokens + output_tokens.astype(np.int64)
         cost = (input_tokens * self._price_in[t] + output_tokens * self._price_out[t]) * PER_M
         before = self.spent_n[r].copy()
         self.spent_n[r] += np.minimum(nano_near(cost), hold)
         options = self.batch.model.options
         self.clock[r] += np.ceil(k / options.generate_concurrency) * domain.generate_seconds
         self._ran(r)
-        slot = self._new_datasets(r, k, correct, duplicate, tokens, self.teacher_skill[r, t], t, clean=False)
-        self.pass_rates[r, t] = np.maximum(self.ds_rate[r, slot], self.pass_rates[r, t])
         self.usd_per_example[r, t] = round_digits(self.spent_n[r] / NANO - before / NANO, 9) / np.maximum(k, 1)
         self.generations[r] += 1
+
+    def _record_generations(self) -> None:
+        """The draws of the macro's generations (``generate_datasets``: three uniforms of the row's ``data``
+        stream at the call's counter) in one pass, element-wise, and their datasets stored in the order each
+        row made them (its next slots; the last non-empty one the train set; the teacher's best pass rate)."""
+        if not self._drawn:
+            return
+        r, t, k, counter = (np.concatenate(part) for part in zip(*self._drawn))
+        self._drawn = []
+        order = np.argsort(r, kind="stable")  # a row's calls in the order they ran
+        r, t, k, counter = r[order], t[order], k[order], counter[order]
+        u = uniforms(self.data_keys[r], counter, GENERATE_DRAWS)
+        size = k.astype(float)
+        cut, duplicate = binomial(np.concatenate([size, size]),  # element-wise: one pass for two draws
+                                  np.concatenate([np.full(r.size, self._over), self._dup_rate[t]]),
+                                  np.concatenate([u[:, 0], u[:, 2]])).reshape(2, -1)
+        correct = binomial(k - cut, self.teacher_acc[r, t], u[:, 1])
+        tokens = k * self.batch.model.domain.example_prompt_tokens + np.rint(k * self._mean_tokens).astype(np.int64)
+        if r.size == np.unique(r).size:
+            slot = self._new_datasets(r, k, correct, duplicate, tokens, self.teacher_skill[r, t], t, clean=False)
+            self.pass_rates[r, t] = np.maximum(self.ds_rate[r, slot], self.pass_rates[r, t])
+            return
+        first = np.flatnonzero(np.append(True, r[1:] != r[:-1]))
+        rank = np.arange(r.size) - np.repeat(first, np.diff(np.append(first, r.size)))
+        slot = self.n_ds[r] + rank
+        last = np.append(first[1:], r.size) - 1
+        self._put_datasets(r, slot, k, correct, duplicate, tokens, self.teacher_skill[r, t], t, clean=False)
+        self.n_ds[r[last]] = slot[last] + 1
+        full = np.flatnonzero(k > 0)
+        if full.size:  # each row's last non-empty one, in the order made
+            r_full = r[full]
+            ends = np.flatnonzero(np.append(r_full[1:] != r_full[:-1], True))
+            self.train_set[r_full[ends]] = slot[full[ends]]
+        np.maximum.at(self.pass_rates, (r, t), self.ds_rate[r, slot])
+
+    def _clean_ahead(self, rows: np.ndarray, todo: np.ndarray, count: np.ndarray, cleaned: np.ndarray) -> np.ndarray:
+        """The filter, then dedupe, of each row's datasets ``todo[:, :count]`` in two passes over all of them, as if
+        every call ran: the k-th filter draws number ``counter + 2k`` of the row's ``data`` stream and its dedupe
+        ``counter + 2k + 1``, the spend and the clock add up call after call (``cumsum``: the same sums, in the
+        same order). A row keeps the datasets before its first one where that is not so (a call refused for
+        money, a limit reached after a call, a filter that keeps nothing, so no dedupe), and they are recorded
+        as :meth:`_transform` records them one call at a time; the rest is left to it. Returns how many of its
+        datasets each row cleaned here; ``cleaned[i, k]`` gets the deduplicated slot (if not empty)."""
+        m, width = todo.shape
+        kept = np.zeros(m, np.int64)
+        if not width or self._transform_error["filter"] or self._transform_error["dedupe"]:
+            return kept
+        ri, ki = np.nonzero(np.arange(width) < count[:, None])  # row by row, each row's datasets in order
+        r, source = rows[ri], todo[ri, ki]
+        n0, c0, d0, t0 = (a[r, source] for a in (self.ds_n, self.ds_correct, self.ds_dup, self.ds_tokens))
+        skill = np.where(n0 > 0, self.ds_skill[r, source] * n0 / np.maximum(n0, 1), self.ds_skill[r, source])
+        counter = self.data_counter[r] + (2 * ki).astype(np.uint64)
+        usd0, wall0, hold0 = self._transform_price("filter", n0)
+        n1, c1, d1, t1 = self._transform_draw("filter", r, counter, n0, c0, d0, t0)
+        skill1 = np.where(n1 > 0, skill * n1 / np.maximum(n1, 1), skill)
+        usd1, wall1, hold1 = self._transform_price("dedupe", n1)
+        n2, c2, d2, t2 = self._transform_draw("dedupe", r, counter + np.uint64(1), n1, c1, d1, t1)
+        # the calls in the run's order, (M, 2 width): filter 0, dedupe 0, filter 1, ...
+        calls = 2 * width
+        hold, charge, wall = np.zeros((m, calls), np.int64), np.zeros((m, calls), np.int64), np.zeros((m, calls))
+        hold[ri, 2 * ki], hold[ri, 2 * ki + 1] = hold0, hold1
+        charge[ri, 2 * ki], charge[ri, 2 * ki + 1] = np.minimum(nano_near(usd0), hold0), np.minimum(nano_near(usd1), hold1)
+        wall[ri, 2 * ki], wall[ri, 2 * ki + 1] = wall0, wall1
+        g = rows
+        spent_after = self.spent_n[g, None] + np.cumsum(charge, axis=1)
+        spent_before = spent_after - charge
+        left = self.budget_n - self.reserved_n[g, None]
+        clock_after = np.cumsum(np.concatenate([self.clock[g, None], wall], axis=1), axis=1)[:, 1:]
+        s = self.scenario
+        stop = ((hold > left - spent_before)
+                | (self.steps[g, None] + np.arange(1, calls + 1) >= s.max_steps)
+                | (self.refusals[g] >= s.refusal_limit)[:, None]
+                | (clock_after >= self.time_limit_s)
+                | (~self.running[g, None] & (left - spent_after < self._min_n)))
+        stop[ri[n1 == 0], 2 * ki[n1 == 0]] = True  # no dedupe after it: the next counters are not these
+        stop &= np.arange(calls) < 2 * count[:, None]
+        kept[:] = np.where(stop.any(axis=1), np.argmax(stop, axis=1), 2 * count) // 2
+        done = ki < kept[ri]
+        rows_c = np.flatnonzero(kept)
+        if not rows_c.size:
+            return kept
+        last = 2 * kept[rows_c] - 1
+        g = rows[rows_c]
+        self._calls[g] += 2 * kept[rows_c]
+        self._ok[g], self._error[g] = True, ""
+        self._spent_before[g] = spent_before[rows_c, last]
+        self.spent_n[g], self.clock[g] = spent_after[rows_c, last], clock_after[rows_c, last]
+        self.steps[g] += 2 * kept[rows_c]
+        self.data_counter[g] += (2 * kept[rows_c]).astype(np.uint64)
+        # the new datasets, in the order they were made: slot n_ds + 2k the filtered one, + 1 the deduplicated
+        r, ki, source = r[done], ki[done], source[done]
+        slot = self.n_ds[r] + 2 * ki
+        teacher = self.ds_teacher[r, source]
+        self.ds_cleaned[r, source] = True
+        for made, parts in ((slot, (n1, c1, d1, t1, skill)), (slot + 1, (n2, c2, d2, t2, skill1))):
+            self._put_datasets(r, made, *(a[done] for a in parts), teacher, clean=True)
+        self.n_ds[g] += 2 * kept[rows_c]
+        full = n2[done] > 0
+        cleaned[ri[done][full], ki[full]] = slot[full] + 1
+        # the train set: the last non-empty dataset made (each filtered one is; a deduplicated one may be empty)
+        last_of_row = np.flatnonzero(np.append(r[1:] != r[:-1], True))
+        self.train_set[r[last_of_row]] = np.where(full, slot + 1, slot)[last_of_row]
+        return kept
 
     def _transform(self, rows: np.ndarray, operation: str, sources: np.ndarray) -> np.ndarray:
         """One ``transform_data`` call per row (``sources``: (M, P) slots, -1 padded), as the run executes it:
@@ -892,14 +1015,7 @@ class MenuArrayEnv(VectorEnv):
             for j in range(1, sources.shape[1]):
                 weighted += parts[:, j]
         skill = np.where(n > 0, weighted / np.maximum(n, 1), self.ds_skill[rows, at[:, 0]])
-        domain, options = self.batch.model.domain, self.batch.model.options
-        if operation == "filter":
-            per_example, parallel = domain.check_seconds, options.transform_concurrency
-        else:
-            per_example, parallel = TRANSFORM_SECONDS_PER_EXAMPLE[operation], 1
-        usd = (TRANSFORM_STARTUP_S + n * per_example) * self._sandbox_per_s
-        wall = TRANSFORM_STARTUP_S + np.ceil(n / parallel) * per_example
-        hold = nano_up(usd)
+        usd, wall, hold = self._transform_price(operation, n)
         fits = hold <= self.budget_n - self.spent_n[rows] - self.reserved_n[rows]
         self._refuse(rows[~fits], "insufficient_budget")
         go = np.flatnonzero(fits)
@@ -909,27 +1025,9 @@ class MenuArrayEnv(VectorEnv):
                 n, correct, duplicate, tokens, skill, hold, usd, wall, at = (
                     a[go] for a in (n, correct, duplicate, tokens, skill, hold, usd, wall, at))
             if operation != "mix":
-                u = uniforms(self.data_keys[r], self.data_counter[r], 2 if operation == "filter" else 1)
+                n, correct, duplicate, tokens = self._transform_draw(operation, r, self.data_counter[r], n, correct,
+                                                                     duplicate, tokens)
                 self.data_counter[r] += 1
-                share_of = n
-                if operation == "filter":
-                    kept_correct, kept_incorrect = binomial(
-                        np.concatenate([correct, n - correct]).astype(float),
-                        np.repeat([FILTER_RECALL, FILTER_FALSE_PASS], r.size), u.T.ravel()).reshape(2, -1)
-                    kept = kept_correct + kept_incorrect
-                    duplicate = np.rint(duplicate * np.where(n > 0, kept / np.maximum(n, 1), 0.0)).astype(np.int64)
-                    correct = kept_correct
-                else:
-                    removed = binomial(duplicate.astype(float), DEDUPE_RECALL, u[:, 0])
-                    pass_rate = np.where(n > 0, correct / np.maximum(n, 1), 0.0)
-                    removed_correct = np.rint(removed * pass_rate).astype(np.int64)
-                    kept = n - removed
-                    duplicate = duplicate - removed
-                    correct = correct - removed_correct
-                share = np.where(share_of > 0, kept / np.maximum(share_of, 1), 0.0)
-                tokens = np.rint(tokens * share).astype(np.int64)
-                duplicate = np.minimum(duplicate, kept)
-                n = kept
             self.spent_n[r] += np.minimum(nano_near(usd), hold)
             self.clock[r] += wall
             self._ran(r)
@@ -939,6 +1037,40 @@ class MenuArrayEnv(VectorEnv):
                                           clean=True)
         self._after_call(rows)
         return made
+
+    def _transform_price(self, operation: str, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A ``transform_data`` call on ``n`` examples: its cost in dollars, its seconds and its hold (nano-dollars)."""
+        domain, options = self.batch.model.domain, self.batch.model.options
+        if operation == "filter":
+            per_example, parallel = domain.check_seconds, options.transform_concurrency
+        else:
+            per_example, parallel = TRANSFORM_SECONDS_PER_EXAMPLE[operation], 1
+        usd = (TRANSFORM_STARTUP_S + n * per_example) * self._sandbox_per_s
+        return usd, TRANSFORM_STARTUP_S + np.ceil(n / parallel) * per_example, nano_up(usd)
+
+    def _transform_draw(self, operation: str, r: np.ndarray, counter: np.ndarray, n: np.ndarray, correct: np.ndarray,
+                        duplicate: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, ...]:
+        """A filter's or dedupe's counts (``filter_datasets``, ``dedupe_datasets``) from draw ``counter`` of each
+        row's ``data`` stream (element-wise: rows ``r`` may repeat); returns (n, correct, duplicate, tokens)."""
+        u = uniforms(self.data_keys[r], counter, 2 if operation == "filter" else 1)
+        share_of = n
+        if operation == "filter":
+            kept_correct, kept_incorrect = binomial(
+                np.concatenate([correct, n - correct]).astype(float),
+                np.repeat([FILTER_RECALL, FILTER_FALSE_PASS], r.size), u.T.ravel()).reshape(2, -1)
+            kept = kept_correct + kept_incorrect
+            duplicate = np.rint(duplicate * np.where(n > 0, kept / np.maximum(n, 1), 0.0)).astype(np.int64)
+            correct = kept_correct
+        else:
+            removed = binomial(duplicate.astype(float), DEDUPE_RECALL, u[:, 0])
+            pass_rate = np.where(n > 0, correct / np.maximum(n, 1), 0.0)
+            removed_correct = np.rint(removed * pass_rate).astype(np.int64)
+            kept = n - removed
+            duplicate = duplicate - removed
+            correct = correct - removed_correct
+        share = np.where(share_of > 0, kept / np.maximum(share_of, 1), 0.0)
+        tokens = np.rint(tokens * share).astype(np.int64)
+        return kept, correct, np.minimum(duplicate, kept), tokens
 
     def _evaluations(self, resetting: np.ndarray) -> None:
         """The step's evaluations in one ``SimBatch.evaluate`` pass (rows are independent, so this is what
@@ -1124,8 +1256,10 @@ class MenuArrayEnv(VectorEnv):
         cut short) its official result; an episode that spent nothing is one audit record. Per step
         (``write_episodes="step"``): one account for the episodes of the step (their budgets together), their
         spend reserved and settled at once, one audited entry listing each episode as above with its spend;
-        each episode's spend is checked against its own budget first. The chain is ``rsigym audit verify``'s;
-        the ledger's own guards check again that no account spent more than its budget."""
+        each episode's spend is checked against its own budget first. Either way the step's entries are one
+        :meth:`~rsigym_env.platform.ledger.Ledger.open_settled` (one transaction, the same records as writing each
+        account, reserve and settle in turn). The chain is ``rsigym audit verify``'s; the ledger's own guards
+        check again that no account spent more than its budget."""
         if not self.write_episodes or not rows.size:
             self._open[rows] = False
             return
@@ -1151,14 +1285,12 @@ class MenuArrayEnv(VectorEnv):
         else:
             batches = [({"tool": "episode", "decision": "allowed", **event}, nano, budget)
                        for event, nano in zip(events, spent_n.tolist())]
+        entries = []
         for event, nano, usd in batches:
             self._keys += 1
             key = event["key"] = PlatformKey.key_id(f"{self._key_secret}-{self._keys}")
-            ledger.open_account(key, usd)
-            if nano:
-                ledger.settle(ledger.reserve(key, nano / NANO, label=event["tool"]), nano / NANO, audit=event)
-            else:
-                ledger.record(event)
+            entries.append((key, usd, nano / NANO, event))
+        ledger.open_settled(entries)  # one transaction: as open_account, reserve and settle (or record) each
         self._open[rows] = False
 
     # ------------------------------------------------------------------ state
@@ -1166,11 +1298,15 @@ class MenuArrayEnv(VectorEnv):
     def _reset_rows(self, rows: np.ndarray, seeds: Sequence[int | None], official: bool = True) -> None:
         """New episodes at ``rows``: the episode seed as ``ResearchEnv.reset`` draws it, the world it gives, and
         (``official``; else the step's evaluation pass does it) the initial system's official score."""
-        episode = []
         for i, seed in zip(rows.tolist(), seeds):
             if seed is not None or self._rngs[i] is None:
                 self._rngs[i], _ = seeding.np_random(seed)
-            episode.append(int(self._rngs[i].integers(2**31 - 1)))
+                self._seed_at[i] = _SEEDS_AHEAD  # none drawn yet from the new generator
+        for i in rows[self._seed_at[rows] == _SEEDS_AHEAD].tolist():
+            self._seeds_ahead[i] = self._rngs[i].integers(2**31 - 1, size=_SEEDS_AHEAD)
+            self._seed_at[i] = 0
+        episode = self._seeds_ahead[rows, self._seed_at[rows]]
+        self._seed_at[rows] += 1
         if self._score_lists:
             gone = set(rows.tolist())
             self._score_lists = {key: v for key, v in self._score_lists.items() if key[0] not in gone}

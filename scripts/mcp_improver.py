@@ -16,8 +16,8 @@ validation score of its submission as one number):
     rsigym recurse --scenario recursive-scripted --rounds 5 --seeds 3 --imp-k 0 \\
         --improver-command "python scripts/mcp_improver.py --memory /tmp/improver-memory.json"
 
-The memory file is ``--memory``, else ``$RSIGYM_IMPROVER_MEMORY``, else
-``$RSIGYM_HOME/mcp-improver-memory.json`` (``~/.rsigym`` without ``RSIGYM_HOME``). Every MCP call is
+The memory file is ``--memory``, else ``$RSIGYM_IMPROVER_MEMORY``, else ``mcp-improver-memory.json`` in the
+working directory (not under ``$RSIGYM_HOME``: ``rsigym recurse`` hides that from an improver command). Every MCP call is
 bounded (``--call-timeout``, default 50 s, under a client's usual 60 s); a refused call ends the script
 with a clear message and exit status 2 (``rsigym recurse`` then stops: the session did not submit).
 """
@@ -175,11 +175,9 @@ def save_memory(path: Path, memory: dict[str, Any]) -> None:
 
 
 def default_memory() -> Path:
-    """``$RSIGYM_IMPROVER_MEMORY``, else ``$RSIGYM_HOME/mcp-improver-memory.json`` (``~/.rsigym``)."""
-    if os.environ.get("RSIGYM_IMPROVER_MEMORY"):
-        return Path(os.environ["RSIGYM_IMPROVER_MEMORY"])
-    home = Path(os.environ.get("RSIGYM_HOME") or Path.home() / ".rsigym")
-    return home / "mcp-improver-memory.json"
+    """``$RSIGYM_IMPROVER_MEMORY``, else ``mcp-improver-memory.json`` in the working directory (an improver
+    command cannot see ``$RSIGYM_HOME``)."""
+    return Path(os.environ.get("RSIGYM_IMPROVER_MEMORY") or "mcp-improver-memory.json")
 
 
 # ------------------------------------------------------------------------------------------------ MCP
@@ -360,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", default=os.environ.get("RSIGYM_MCP_URL"), help="MCP URL (default $RSIGYM_MCP_URL)")
     parser.add_argument("--key", default=os.environ.get("RSIGYM_RUN_KEY"), help="run key (default $RSIGYM_RUN_KEY)")
     parser.add_argument("--memory", type=Path, default=None, help="the JSON memory file kept across rounds "
-                        "(default $RSIGYM_IMPROVER_MEMORY or $RSIGYM_HOME/mcp-improver-memory.json)")
+                        "(default $RSIGYM_IMPROVER_MEMORY or ./mcp-improver-memory.json)")
     parser.add_argument("--max-edits", type=int, default=3, help="single-gene edits evaluated per round (3)")
     parser.add_argument("--call-timeout", type=float, default=50.0, help="seconds any MCP call may take (50)")
     args = parser.parse_args(argv)

@@ -8,15 +8,18 @@ from __future__ import annotations
 import math
 import sqlite3
 from pathlib import Path
+from unittest import mock
 
 import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
+from ledger_helpers import ledger_state, open_settled_one_by_one
 
 import rsigym_env
 from rsigym_env.cli import main as rsigym
 from rsigym_env.menu_vector import END_KEYS, MenuArrayEnv
+from rsigym_env.platform import ledger as ledger_module
 from rsigym_env.platform.ledger import Ledger
 from rsigym_env.vector import ResearchVectorEnv
 from rsigym_env.wrappers.menu import FEATURES, MENU, MENU_INDEX, DiscreteMenu
@@ -219,6 +222,33 @@ def test_the_ledger_is_in_memory_by_default_and_written_per_episode():
     quiet.step([MENU_INDEX["submit_latest"], MENU_INDEX["eval_latest_k1"]])
     assert quiet.platform.ledger.accounts() == [] and quiet.episodes.tolist() == [1, 0] and quiet.spent_usd[1] > 0
     quiet.close()
+
+
+@pytest.mark.parametrize("write", ["episode", "step"])
+def test_a_step_s_episodes_written_at_once_equal_them_written_one_by_one(tmp_path: Path, write: str):
+    """The episodes that end in a step go to the ledger in one ``open_settled``: the file (audit rows with their
+    hashes, at one wall time; accounts) is, entry for entry, what opening, reserving and settling (or recording)
+    each episode in turn gives, through autoresets, a reset that cuts episodes short and ``close``."""
+    states = []
+    for bulk in (True, False):
+        path = tmp_path / f"{write}-{bulk}.sqlite"
+        with mock.patch.object(ledger_module, "time", mock.Mock(time=lambda: 1_800_000_000.5)), \
+                mock.patch.object(Ledger, "open_settled", Ledger.open_settled if bulk else open_settled_one_by_one):
+            vec = MenuArrayEnv(8, ledger_path=path, write_episodes=write, track="joint", **KWARGS)
+            vec._key_secret = "same-keys"
+            rng = np.random.default_rng(5)
+            obs, info = vec.reset(seed=3)
+            for i in range(30):
+                if i == 20:
+                    obs, info = vec.reset(seed=4)  # the running episodes are cut short: "reset"
+                obs, reward, terminated, truncated, info = vec.step(masked_uniform(rng, info["action_mask"]))
+            vec.close()
+        with Ledger(path, readonly=True) as ledger:
+            states.append(ledger_state(ledger))
+        assert rsigym(["audit", "verify", str(path)]) == 0
+    assert states[0] == states[1]
+    text = str([row[2] for row in states[0][0]])
+    assert all(f"'end_reason': '{why}'" in text for why in ("reset", "closed")) and "'op': 'settle'" in text
 
 
 def test_episodes_written_per_step_are_verified_and_tamper_evident(tmp_path: Path, capsys):

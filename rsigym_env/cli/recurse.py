@@ -162,6 +162,7 @@ def register(sub: Any) -> None:
     outside.add_argument("--improver-command", metavar="CMD",
                          help="run this shell command once per round, with RSIGYM_MCP_URL, RSIGYM_REST_URL, "
                               "RSIGYM_RUN_KEY and RSIGYM_MCP_CONFIG (an MCP client config file) in its environment, "
+                              "under bubblewrap ($RSIGYM_HOME hidden, this package read-only, its own PID namespace), "
                               "e.g. 'claude -p \"Improve the researcher; submit\" --mcp-config \"$RSIGYM_MCP_CONFIG\"'")
     outside.add_argument("--improver-timeout", type=float, default=3600.0,
                          help="seconds one round's session may take before it is closed and recurse stops (default 3600)")

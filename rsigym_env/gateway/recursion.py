@@ -46,13 +46,15 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..scenario import Scenario
 from .auth import new_admin_token
@@ -121,11 +123,73 @@ def mcp_client_config(mcp_url: str, key: str, name: str = "rsigym") -> dict[str,
     return {"mcpServers": {name: {"type": "http", "url": mcp_url, "headers": {"Authorization": f"Bearer {key}"}}}}
 
 
-def command_agent(command: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Agent:
+def protected_paths() -> tuple[list[str], list[str]]:
+    """What an improver command must not read (``hidden``: ``$RSIGYM_HOME``, with the split secret, the
+    archives and the agent registry) and must not change (``read_only``: this package's code, including
+    its mapped ``wrappers``/``baselines``/``scenarios``, and the interpreters that sandboxed programs and
+    workers start from).
+
+    >>> hidden, read_only = protected_paths()
+    >>> any(p.endswith("rsigym_env") for p in read_only), len(hidden)
+    (True, 1)
+    """
+    import importlib.util
+    import sys
+
+    from ..splits import rsigym_home
+
+    read_only = []
+    for name in ("rsigym_env", "rsigym_env.wrappers", "rsigym_env.baselines", "rsigym_env.scenarios"):
+        spec = importlib.util.find_spec(name)
+        read_only += [os.path.realpath(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    read_only += [os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)]
+    return [str(rsigym_home())], list(dict.fromkeys(read_only))
+
+
+def confined(argv: Sequence[str], hidden: Sequence[str] = (), read_only: Sequence[str] = (),
+             shown: Sequence[str] = ()) -> list[str]:
+    """``argv`` run under bubblewrap as the same user with the same network and files, except: a PID
+    namespace of its own (no other process of the user's to read or trace), every ``hidden`` directory an
+    empty tmpfs, every ``read_only`` one read-only, then each ``shown`` file put back read-only (e.g. the
+    session's MCP config, kept in a hidden directory). Without a usable bubblewrap, ``argv`` as it is and
+    a loud warning.
+
+    >>> confined(["true"], hidden=["/nonexistent-x"])[-2:] if bwrap_usable() else ["--", "true"]
+    ['--', 'true']
+    """
+    if not bwrap_usable():
+        warnings.warn("bubblewrap is not usable here: the improver command runs unconfined, as this user, and can "
+                      "read $RSIGYM_HOME (the split secret) and change this package; install bubblewrap, or run "
+                      "the agent as another user", RuntimeWarning, stacklevel=2)
+        return list(argv)
+    out = [shutil.which("bwrap") or "/usr/bin/bwrap", "--dev-bind", "/", "/", "--unshare-pid", "--proc", "/proc",
+           "--die-with-parent"]
+    for path in read_only:
+        if os.path.exists(path):
+            out += ["--ro-bind", path, path]
+    for path in hidden:
+        if os.path.isdir(path):
+            out += ["--tmpfs", path]
+    for path in shown:
+        if os.path.exists(path):
+            out += ["--ro-bind", path, path]
+    return [*out, "--", *argv]
+
+
+def bwrap_usable() -> bool:
+    """Whether bubblewrap runs here (the sandboxes' own check)."""
+    from ..worlds.local.sandbox.isolation import bwrap_available
+
+    return bwrap_available()
+
+
+def command_agent(command: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, confine: bool = True) -> Agent:
     """An agent that runs ``command`` (a shell command line) once per episode, with the session in its
     environment (``RSIGYM_MCP_URL``, ``RSIGYM_REST_URL``, ``RSIGYM_RUN_KEY``, ``RSIGYM_MCP_CONFIG``); it is
     killed after ``timeout_s``. Its output goes to this process's. A command that exits non-zero fails. It
-    inherits this process's environment (its own API keys, ``PATH``) without :data:`HELD_OUT_ENV`.
+    inherits this process's environment (its own API keys, ``PATH``) without :data:`HELD_OUT_ENV`, and,
+    with ``confine``, runs :func:`confined`: it cannot read ``$RSIGYM_HOME`` or the sessions' books
+    (``hidden`` from the improver), see this user's other processes, or change this package.
 
     >>> agent = command_agent('test "$RSIGYM_RUN_KEY" = k && test -n "$RSIGYM_MCP_CONFIG"')
     >>> agent("http://127.0.0.1:1/mcp", "k", mcp_config="/dev/null")
@@ -137,12 +201,16 @@ def command_agent(command: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Agen
     if not command.strip():
         raise ValueError("the improver command is empty")
 
-    def run(mcp_url: str, key: str, mcp_config: str = "") -> None:
+    def run(mcp_url: str, key: str, mcp_config: str = "", hidden: Sequence[str] = ()) -> None:
         env = {**{k: v for k, v in os.environ.items() if k not in HELD_OUT_ENV},
                "RSIGYM_MCP_URL": mcp_url, "RSIGYM_REST_URL": mcp_url.removesuffix("/mcp") + "/v1",
                "RSIGYM_RUN_KEY": key, "RSIGYM_MCP_CONFIG": mcp_config}
+        argv = ["/bin/sh", "-c", command]
+        if confine:
+            home, read_only = protected_paths()
+            argv = confined(argv, hidden=[*home, *hidden], read_only=read_only, shown=[mcp_config] if mcp_config else ())
         try:
-            done = subprocess.run(["/bin/sh", "-c", command], env=env, timeout=timeout_s, check=False)
+            done = subprocess.run(argv, env=env, timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired:
             raise AgentFailed(f"the improver command ran longer than {timeout_s:g} s and was killed: {command}") from None
         if done.returncode != 0:
@@ -243,8 +311,10 @@ class AgentImprover:
 
     def _call_agent(self, session: Session) -> None:
         assert self.agent is not None
-        if getattr(self.agent, "wants_config", False):
-            out = self.agent(session.mcp_url, session.key, mcp_config=session.mcp_config)
+        if getattr(self.agent, "wants_config", False):  # a command: told what to hide (the sessions' books)
+            assert self.service is not None
+            out = self.agent(session.mcp_url, session.key, mcp_config=session.mcp_config,
+                             hidden=[str(self.service.state_dir)])
         else:
             out = self.agent(session.mcp_url, session.key)
         if inspect.isawaitable(out):

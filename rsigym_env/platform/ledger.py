@@ -55,7 +55,7 @@ import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from ..errors import ActionError, InsufficientBudget
 from ..owners import Owner, OwnerStatus, current_owner, owner_status
@@ -141,6 +141,10 @@ _RETURN_GRANT = (
 _BALANCE = "SELECT budget, spent, reserved, granted, closed FROM accounts WHERE key = ?"
 _CARVE = "UPDATE reservations SET nano = nano - ? WHERE id = ? AND key = ? AND nano - used >= ? RETURNING nano"
 _HOLD = "SELECT nano, used FROM reservations WHERE id = ? AND key = ?"
+_OPEN_SPENT = "INSERT INTO accounts (key, parent, budget, spent) VALUES (?, ?, ?, ?)"
+_LAST_RID = ("SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'reservations'), 0),"
+             " coalesce((SELECT max(id) FROM reservations), 0))")
+_SET_RID = "UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = 'reservations'"
 _CARVE_ACCOUNT = (
     f"UPDATE accounts SET reserved = reserved - ?, granted = granted + ? WHERE key = ? AND closed = 0 RETURNING {_AVAILABLE}"
 )
@@ -926,6 +930,82 @@ class Ledger:
             return
         with self._transaction() as logged:
             logged.append(self._log(key, audit, self._state_fields(key)))
+
+    def open_settled(self, entries: Iterable[tuple[str, float, float, dict[str, Any]]]) -> None:
+        """Open an account per entry ``(key, budget_usd, spend_usd, audit)`` with its whole spend charged, all in
+        one transaction with one append to the audit chain: entry for entry what ``open_account(key, budget_usd)``
+        then ``settle(reserve(key, spend_usd), spend_usd, audit=audit)`` (a spend above 0) or
+        ``record({**audit, "key": key})`` (a spend of 0) give, in order: the same accounts, reservation ids
+        and audit records (but ``wall_time``, read once). For runs written when they are over (the vector
+        sim's finished episodes).
+
+        Every entry is checked before anything is written: a key that is not a ``str`` is a ``TypeError``, a bad
+        amount or a key that has an account (or repeats) a ``ValueError``, a spend whose reservation (rounded
+        up, as :meth:`reserve` rounds it) exceeds its budget :class:`InsufficientBudget`; then nothing is written.
+
+        >>> ledger = Ledger()
+        >>> ledger.open_settled([("ep-1", 10.0, 2.5, {"tool": "episode", "decision": "allowed"}),
+        ...                      ("ep-2", 10.0, 0.0, {"tool": "episode", "decision": "allowed"})])
+        >>> ledger.balance("ep-1").spent_usd, [(r.key, r.event["op"]) for r in ledger.audit_records()]
+        (2.5, [('ep-1', 'settle'), ('ep-2', 'record')])
+        >>> ledger.books().ok
+        True
+        """
+        accounts, charges = [], []
+        for key, budget_usd, spend_usd, audit in entries:
+            if type(key) is not str:
+                raise TypeError(f"an account's key is a str, not {type(key).__name__}")
+            budget = _nano_near(_checked(budget_usd))
+            reserved = _nano_up(_checked(spend_usd)) if spend_usd else 0
+            if reserved > budget:
+                raise InsufficientBudget(f"reserve needs ${reserved / NANO:.4f} but only ${budget / NANO:.4f} is "
+                                         f"available on key {key!r}", requested_usd=reserved / NANO,
+                                         available_usd=budget / NANO)
+            actual = _nano_near(spend_usd)
+            charged = min(actual, reserved)
+            accounts.append((key, None, budget, charged))
+            charges.append((bool(spend_usd), reserved, charged, actual, audit))
+        if len({a[0] for a in accounts}) < len(accounts):
+            raise ValueError("a key repeats among the accounts to open")
+        if not accounts:
+            return
+        wall_time = round(time.time(), 3)
+        try:
+            self._open_settled(accounts, charges, wall_time)
+        except sqlite3.IntegrityError:  # rolled back: name the first key that has an account
+            for key, *_ in accounts:
+                try:
+                    self.balance(key)
+                except ActionError:
+                    continue
+                raise ValueError(f"key {key!r} already has an account") from None
+            raise
+
+    def _open_settled(self, accounts: list[tuple[str, None, int, int]],
+                      charges: list[tuple[bool, int, int, int, dict[str, Any]]], wall_time: float) -> None:
+        """:meth:`open_settled`'s transaction, its entries checked."""
+        with self._transaction() as logged:
+            cur = self._cur
+            cur.executemany(_OPEN_SPENT, accounts)
+            head = self._head if self._head is not None else _audit.read_head(cur)
+            (rid,) = cur.execute(_LAST_RID).fetchone()  # in memory too: the transaction flushed the mirror
+            rows = []
+            for (key, _, budget, _), (spends, reserved, charged, actual, audit) in zip(accounts, charges):
+                if spends:
+                    rid += 1
+                    fields = _finish_fields("settle", Reservation(rid, key, reserved / NANO), reserved, charged,
+                                            budget - charged, actual, 0)
+                else:
+                    fields = {"op": "record", "available_usd": budget / NANO}
+                row = _audit.chain_row(key, {**audit, **fields, "key": key, "wall_time": wall_time}, head)
+                head = row[0], row[4]
+                rows.append(row)
+            _audit.insert_rows(cur, rows)
+            if any(c[0] for c in charges):  # reservation ids were taken
+                cur.execute(_SET_RID, (rid,))
+                if cur.rowcount == 0:
+                    cur.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('reservations', ?)", (rid,))
+            logged.append((head, None))  # in memory: the cached head moves after the commit (rows are in)
 
     def _state_fields(self, key: str | None) -> dict[str, Any]:
         fields: dict[str, Any] = {"op": "record"}

@@ -11,17 +11,20 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from ledger_helpers import ledger_state, open_settled_one_by_one
+
 from rsigym_env.errors import ActionError, InsufficientBudget
 from rsigym_env.platform.audit import GENESIS, AuditRecord, chain_hash, canonical_json, verify_audit
-from rsigym_env.platform.ledger import NANO, Balance, Ledger, Reservation
+from rsigym_env.platform.ledger import NANO, Balance, Ledger, Reservation, _nano_up
 
 AUDIT = {"tool": "infer", "args": {"model": "m"}, "decision": "allowed"}
 
@@ -795,3 +798,73 @@ def test_processes_share_one_file(tmp_path: Path) -> None:
     assert [p.exitcode for p in procs] == [0] * 4
     results = [out.get(timeout=10) for _ in procs]
     check_spend(path, budget, results)
+
+
+# --- finished runs written in one go (open_settled) -----------------------------------------------
+
+
+@pytest.mark.parametrize(("entries", "error", "match"), [
+    ([("a", 5.0, 1.0, AUDIT), ("a", 5.0, 1.0, AUDIT)], ValueError, "repeats"),
+    ([("new", 5.0, 1.0, AUDIT), ("run", 5.0, 1.0, AUDIT)], ValueError, "'run' already has an account"),
+    ([("new", 5.0, 1.0, AUDIT), (7, 5.0, 1.0, AUDIT)], TypeError, "key is a str"),
+    ([("new", 5.0, 1.0, AUDIT), ("b", 5.0, math.nan, AUDIT)], ValueError, "amount must be"),
+    ([("new", 5.0, 1.0, AUDIT), ("b", -1.0, 0.0, AUDIT)], ValueError, "amount must be"),
+    ([("new", 5.0, 1.0, AUDIT), ("b", 5.0, 5.000000001, AUDIT)], InsufficientBudget, "reserve needs"),
+])
+def test_settled_accounts_refuse_a_bad_entry_and_write_nothing(ledger: Ledger, entries: list, error: type,
+                                                               match: str) -> None:
+    before = ledger_state(ledger)
+    with pytest.raises(error, match=match):
+        ledger.open_settled(entries)
+    assert ledger_state(ledger) == before
+    ledger.open_settled([("new", 5.0, 5.0, AUDIT)])  # the ledger is still usable, and a spend of the whole budget fits
+    assert ledger.balance("new").available_usd == 0.0 and ledger.books().ok
+
+
+_AMOUNT = st.one_of(st.just(0.0), st.floats(0.0, 20.0), st.integers(0, 20_000_000_000).map(lambda n: n / NANO))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.parametrize("where", ["memory", "file"])
+@given(before=st.lists(st.tuples(st.floats(0.0, 5.0), st.booleans()), max_size=6),
+       entries=st.lists(st.tuples(_AMOUNT, _AMOUNT, st.sampled_from([{"tool": "episode", "decision": "allowed", "seed": 3},
+                                                                      {"tool": "episodes", "episodes": [{"steps": 1}]}])),
+                        max_size=8),
+       pending=st.booleans())
+def test_settled_accounts_in_one_go_equal_the_calls_one_by_one(tmp_path_factory: pytest.TempPathFactory, where: str,
+                                                                before: list[tuple[float, bool]],
+                                                                entries: list[tuple[float, float, dict[str, Any]]],
+                                                                pending: bool) -> None:
+    """``open_settled`` gives, entry for entry, the audit rows (hashes included, at one wall time), accounts and
+    reservation ids of ``open_account`` + ``reserve``/``settle`` (or ``record`` for no spend) one by one, after any
+    history (holds left open, settled ones, audit rows not yet flushed); a spend over its budget writes nothing."""
+    from unittest import mock
+
+    from rsigym_env.platform import ledger as ledger_module
+
+    folder = tmp_path_factory.mktemp("ledgers")
+    items = [(f"ep-{i}", budget, spend, audit) for i, (budget, spend, audit) in enumerate(entries)]
+    states = []
+    with mock.patch.object(ledger_module, "time", mock.Mock(time=lambda: 1_800_000_000.25)):
+        for bulk in (True, False):
+            with Ledger(None if where == "memory" else folder / f"{bulk}.db") as ledger:
+                ledger.open_account("run", 30.0)
+                for usd, settle in before:  # history: holds settled or left open, some before a flush
+                    hold = ledger.reserve("run", usd, audit={"tool": "t"})
+                    if settle:
+                        ledger.settle(hold, usd / 2, audit={"tool": "t"})
+                if not pending:
+                    ledger.books()  # an in-memory ledger writes its mirror and queue back here
+                over = any(_nano_up(spend) > round(budget * NANO) for _, budget, spend, _ in items if spend)
+                if bulk and over:
+                    kept = ledger_state(ledger)
+                    with pytest.raises(InsufficientBudget):
+                        ledger.open_settled(items)
+                    assert ledger_state(ledger) == kept  # nothing written
+                    return
+                (ledger.open_settled if bulk else partial(open_settled_one_by_one, ledger))(items)
+                after = ledger.reserve("run", 0.0)  # the next reservation id
+                states.append((ledger_state(ledger), after, ledger.books().ok))
+    assert states[0] == states[1] and states[0][2]
+    if where == "file":
+        assert verify_audit(folder / "True.db").ok

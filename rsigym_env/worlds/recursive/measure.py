@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -41,14 +42,18 @@ from typing import TYPE_CHECKING, Any
 from ...catalog import BENCHMARKS
 from ...scoring import rsi_index
 from ...services import CallFunding
+from ...splits import OfficialSplit, load_secret
 from .ports import Researchers, researchers
 
 if TYPE_CHECKING:
     from .world import RecursiveOptions
 
 ALL_BENCHMARKS = list(BENCHMARKS)
-DEV_SEED_BASE = 1_000_000  # dev task seeds start here; official ones at official_first_seed (0): never overlap
-TEST_SEED_FLOOR = 2_000_000  # dev seeds stay below this (DEV_SEED_BASE + 9,999 x 100 + 99); test seeds start here
+DEV_SEED_BASE = 1_000_000  # dev task seeds start here; public official ones at official_first_seed (0): never overlap
+TEST_SEED_FLOOR = 2_000_000  # dev seeds stay below this (DEV_SEED_BASE + 9,999 x 100 + 99); public test seeds start here
+HELD_OUT_SEED_BASE = 1 << 32  # secret validation seeds lie in [2^32, 2^32 + 2^40), secret test seeds in the next 2^40
+HELD_OUT_SPAN = 1 << 40
+HELD_OUT_SPLITS = ("official", "test")
 MAX_K = 8
 CACHE_MAX = 50_000
 
@@ -75,6 +80,18 @@ class Measurement:
     def spend_usd(self) -> float:
         return sum(float(r.spend_usd or 0.0) for r in self.records if r.ok)
 
+    def task_ids(self) -> list[str]:
+        """The tasks as ids: ``aime/seed-1000300`` on dev (train seeds are the improver's to see), and by
+        position on the held-out splits (``aime/task-0``: a validation or test seed is never named).
+
+        >>> Measurement("official", [("aime", 9), ("gpqa", 9), ("aime", 4)], 1, [], 0.0).task_ids()
+        ['aime/task-0', 'gpqa/task-0', 'aime/task-1']
+        """
+        if self.split not in HELD_OUT_SPLITS:
+            return [f"{b}/seed-{seed}" for b, seed in self.tasks]
+        order: dict[int, int] = {}
+        return [f"{b}/task-{order.setdefault(seed, len(order))}" for b, seed in self.tasks]
+
     def task_values(self) -> list[float]:
         """Each task's gain averaged over its ``k`` attempts (a failed episode gains 0), in task order:
         what paired comparisons of two specs on the same split pair up."""
@@ -97,18 +114,48 @@ class Measurement:
         return max([float(r.elapsed_h or 0.0) for r in self.records if r.ok] or [0.0])
 
 
+def held_out_seeds(split: str, n: int, secret: str | None = None) -> list[int]:
+    """The first ``n`` seeds of the held-out ``split`` (``official`` = validation, or ``test``) drawn from
+    the platform's split secret (:func:`~rsigym_env.splits.load_secret` unless ``secret`` is given): keyed
+    hashes, so an agent that has this package and runs the sim cannot tell which seeds they are. The same
+    secret gives the same seeds (every candidate is compared on the same tasks); validation and test lie
+    in disjoint ranges above every dev seed.
+
+    >>> a = held_out_seeds("official", 3, secret="s1")
+    >>> a == held_out_seeds("official", 3, secret="s1"), a == held_out_seeds("official", 3, secret="s2")
+    (True, False)
+    >>> all(HELD_OUT_SEED_BASE <= s < HELD_OUT_SEED_BASE + HELD_OUT_SPAN for s in a)
+    True
+    """
+    if split not in HELD_OUT_SPLITS:
+        raise ValueError(f"held-out splits are {HELD_OUT_SPLITS}, not {split!r}")
+    key = OfficialSplit("secret", secret if secret is not None else load_secret()).key(f"recursive-world:{split}")
+    base = HELD_OUT_SEED_BASE + HELD_OUT_SPLITS.index(split) * HELD_OUT_SPAN
+    seeds: list[int] = []
+    i = 0
+    while len(seeds) < n:
+        seed = base + int.from_bytes(hmac.new(key, str(i).encode(), hashlib.sha256).digest()[:8], "big") % HELD_OUT_SPAN
+        if seed not in seeds:
+            seeds.append(seed)
+        i += 1
+    return seeds
+
+
 def split_tasks(opts: RecursiveOptions, split: str, world_seed: int = 0, n_tasks: int | None = None) -> list[tuple[str, int]]:
     """(benchmark, seed) tasks of a split, seed-major (so the first n tasks cover the benchmarks evenly).
+    Dev seeds come from the episode's seed; validation (``official``) and test seeds from the split secret
+    (:func:`held_out_seeds`), or from ``official_first_seed`` / ``test_first_seed`` when
+    ``official_split="public"``.
 
     >>> from rsigym_env.worlds.recursive.world import RecursiveOptions
     >>> split_tasks(RecursiveOptions(dev_benchmarks=["aime", "skillsbench"]), "dev", world_seed=3)
     [('aime', 1000300), ('skillsbench', 1000300), ('aime', 1000301), ('skillsbench', 1000301)]
+    >>> split_tasks(RecursiveOptions(official_benchmarks=["aime"], official_seeds=2, official_split="public"), "official")
+    [('aime', 0), ('aime', 1)]
     """
-    if split == "official":
-        seeds = [opts.official_first_seed + i for i in range(opts.official_seeds)]
-        benches = opts.official_benchmarks
-    elif split == "test":
-        seeds = [opts.test_first_seed + i for i in range(opts.test_seeds)]
+    if split in HELD_OUT_SPLITS:
+        n, first = (opts.official_seeds, opts.official_first_seed) if split == "official" else (opts.test_seeds, opts.test_first_seed)
+        seeds = held_out_seeds(split, n) if opts.official_split == "secret" else [first + i for i in range(n)]
         benches = opts.official_benchmarks
     else:
         seeds = [DEV_SEED_BASE + (world_seed % 10_000) * 100 + i for i in range(min(opts.dev_seeds, 100))]

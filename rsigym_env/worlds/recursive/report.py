@@ -23,6 +23,14 @@ def _ci(c: dict[str, Any] | None) -> str:
     return f"{c['mean']:+.4f}{interval} (n={c['n']})"
 
 
+
+def _held_out_source(options: dict[str, Any]) -> str:
+    """Where a report's validation and test seeds came from, in words."""
+    if options.get("official_split", "secret") == "secret":
+        return "validation and test seeds drawn from the platform's split secret (unknown to the improver)"
+    return (f"public validation seeds from {options['official_first_seed']:,} and test seeds from "
+            f"{options['test_first_seed']:,}")
+
 def markdown(result: dict[str, Any], command: str | None = None) -> str:
     """The recursion result as Markdown: the command, a row per (seed, round), imp@k, transfer, the summary."""
     cfg, s = result["config"], result["summary"]
@@ -33,9 +41,9 @@ def markdown(result: dict[str, Any], command: str | None = None) -> str:
     lines += [f"Scenario `{cfg['scenario']}`, mode `{cfg['mode']}`, {cfg['rounds']} rounds × seeds {cfg['seeds']}; "
               f"improver {cfg['improver']}, original target {cfg['target']}. Splits: **train** = {o['dev_seeds']} new "
               f"seed(s) per benchmark each round on {', '.join(o['dev_benchmarks'])} (what the improver sees, per "
-              f"episode); **validation** = {o['official_seeds']} fixed seeds per benchmark × avg@{cfg['official_k']} "
+              f"episode); **validation** = {o['official_seeds']} seeds per benchmark, the same for every candidate, × avg@{cfg['official_k']} "
               "(selection and acceptance; the improver sees only its episode's reward); **test** = "
-              f"{o['test_seeds']} seeds per benchmark from {o['test_first_seed']:,} (reported only). "
+              f"{o['test_seeds']} seeds per benchmark (reported only), {_held_out_source(o)}. "
               f"Index = test RSI-Index ({o['track']} track, ${o['budget_usd']:g} per episode). Archives: {', '.join('`' + a + '`' for a in cfg.get('archives', []))}.",
               "",
               "| seed | round | rule | parent | submitted | accepted / screened / novel / candidates | chain test index before → after | gain | dev evals | spend |",

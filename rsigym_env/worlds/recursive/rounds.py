@@ -127,11 +127,21 @@ def _improver_rule(improver: Any) -> str | None:
     return rule if isinstance(rule, str) and rule in RULES else None
 
 
+def _improver_int(improver: Any, key: str, low: int, high: float = float("inf")) -> int | None:
+    """``IMPROVER[key]`` of an improver program if it is an int in ``low..high``, else None.
+
+    >>> class Imp: code = {"improver.py": "IMPROVER = {'self_runs': 3, 'validate_top': True}"}
+    >>> _improver_int(Imp, "self_runs", 1, 4), _improver_int(Imp, "self_runs", 1, 2), _improver_int(Imp, "validate_top", 0)
+    (3, None, None)
+    """
+    n = _improver_setting(improver, key)
+    return n if isinstance(n, int) and not isinstance(n, bool) and low <= n <= high else None
+
+
 def _improver_validate_top(improver: Any) -> int | None:
     """How many of its fully evaluated candidates an improver program asks ``recurse`` to validate
     (``IMPROVER["validate_top"]``, an int in 0..MAX_VALIDATE_TOP; None otherwise)."""
-    n = _improver_setting(improver, "validate_top")
-    return n if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_VALIDATE_TOP else None
+    return _improver_int(improver, "validate_top", 0, MAX_VALIDATE_TOP)
 
 
 def _lineage_note(files: dict[str, str]) -> str:
@@ -408,10 +418,8 @@ def _judge_self_edits(ctx: "_Context", chain: "_Chain", archive: Any, imp: Any, 
     edited procedure. One row per edit."""
     from ...archive import novelty
 
-    runs = _improver_setting(imp, "self_runs")
-    runs = runs if isinstance(runs, int) and not isinstance(runs, bool) and 1 <= runs <= MAX_SELF_RUNS else 2
-    cap = _improver_setting(imp, "self_candidates")
-    cap = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 0 else 0
+    runs = _improver_int(imp, "self_runs", 1, MAX_SELF_RUNS) or 2
+    cap = _improver_int(imp, "self_candidates", 0) or 0
     rows: list[dict[str, Any]] = []
     before = parent.to_files()
     for text in edits[:MAX_SELF_EDITS]:
@@ -470,8 +478,8 @@ def _judge_self_edits(ctx: "_Context", chain: "_Chain", archive: Any, imp: Any, 
 
 
 def task_ids(m: Measurement) -> list[str]:
-    """The measurement's tasks as ids (``aime/seed-1000300``): what behaviour comparisons match on."""
-    return [f"{b}/seed-{seed}" for b, seed in m.tasks]
+    """The measurement's tasks as ids (:meth:`Measurement.task_ids`): what behaviour comparisons match on."""
+    return m.task_ids()
 
 
 class _Chain:

@@ -8,8 +8,11 @@ with ``not_supported``. :mod:`rsigym_env.worlds` builds it for ``world: recursiv
 :class:`RecursiveOptions` (the scenario's ``world_options``), as it builds the other worlds.
 
 * **dev** = ``dev_seeds`` seeds per dev benchmark, chosen from the outer episode's seed (different
-  seeds in every round); **official** = ``official_seeds`` fixed held-out seeds (0, 1, ...) per official
-  benchmark, never shown to the improver. Dev and official seeds never overlap.
+  seeds in every round); **official** (validation) = ``official_seeds`` held-out seeds per official
+  benchmark, the same for every candidate, drawn from the platform's split secret (``official_split``;
+  :func:`~.measure.held_out_seeds`) so that no improver, not even one with this package and the sim,
+  can tell which seeds they are; they are never shown, and results name them by position
+  (``official/aime/task-0``). Dev, validation and test seeds never overlap.
 * **score** = the target's RSI-Index on that split (mean over benchmarks of the mean gain), floored at
   0 to fit an evaluation score (any researcher can reach 0 by submitting the initial system); the raw
   per-episode gains are the per-task rewards. The outer reward is the normalized gain of that index.
@@ -32,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ...errors import ActionError
 from ...services import Billed, EvalRequest, EvalResult, Job, Quote, call_funding, resolved
+from ...splits import SplitMode
 from ..lifecycle import WorldLifecycle
 from ..sim.clock import SimClock
 from .measure import ALL_BENCHMARKS, DEV_SEED_BASE, MAX_K, TEST_SEED_FLOOR, Measurement, failure, measure, split_tasks
@@ -53,18 +57,31 @@ class RecursiveOptions(BaseModel):
     dev_benchmarks: list[str] = Field(default_factory=lambda: list(ALL_BENCHMARKS))
     official_benchmarks: list[str] = Field(default_factory=lambda: list(ALL_BENCHMARKS))
     dev_seeds: int = Field(2, ge=1, description="Dev tasks per benchmark (seeds drawn from the outer seed).")
-    official_seeds: int = Field(8, ge=1, description="Held-out tasks per benchmark: seeds official_first_seed...")
-    official_first_seed: int = Field(0, ge=0)
-    test_seeds: int = Field(8, ge=1, description="Test tasks per benchmark (seeds test_first_seed...): no episode of this "
-                                                 "world ever runs them; only `rsigym recurse` reports them.")
-    test_first_seed: int = Field(2_000_000, ge=0)  # dev seeds lie in [1,000,000, 2,000,000)
+    official_split: SplitMode = Field("secret", description="Where the validation (official) and test seeds come "
+                                      "from: 'secret' = keyed by the platform's split secret (an agent with this package "
+                                      "cannot compute them); 'public' = official_first_seed... and test_first_seed... "
+                                      "(the same everywhere, for examples; not held out from such an agent).")
+    official_seeds: int = Field(8, ge=1, description="Held-out (validation) tasks per benchmark.")
+    official_first_seed: int = Field(0, ge=0, description="The first validation seed when official_split='public'.")
+    test_seeds: int = Field(8, ge=1, description="Test tasks per benchmark: no episode of this world ever runs them; "
+                                                 "only `rsigym recurse` reports them.")
+    test_first_seed: int = Field(2_000_000, ge=0, description="The first test seed when official_split='public' "
+                                                              "(dev seeds lie in [1,000,000, 2,000,000)).")
     transfer_benchmarks: list[str] = Field(default_factory=list,
                                            description="Held out of dev and official: reported as transfer by `rsigym recurse`.")
     ray: bool = Field(False, description="Run the measuring episodes as Ray tasks.")
 
     @model_validator(mode="after")
     def _disjoint_splits(self) -> "RecursiveOptions":
-        """Train (dev), validation (official) and test seeds never overlap, whatever the episode seed."""
+        """Train (dev), validation (official) and test seeds never overlap, whatever the episode seed; the
+        public split's first seeds are refused with a secret split (they would be silently unused)."""
+        if self.official_split == "secret":
+            given = [name for name in ("official_first_seed", "test_first_seed")
+                     if getattr(self, name) != type(self).model_fields[name].default]
+            if given:
+                raise ValueError(f"{' and '.join(given)} apply to official_split='public' only: with the secret "
+                                 "split, validation and test seeds are drawn from the platform's split secret")
+            return self  # held_out_seeds: disjoint ranges above every dev seed
         ranges = {"dev": (DEV_SEED_BASE, TEST_SEED_FLOOR),
                   "official": (self.official_first_seed, self.official_first_seed + self.official_seeds),
                   "test": (self.test_first_seed, self.test_first_seed + self.test_seeds)}
@@ -136,7 +153,7 @@ class RecursiveEvaluation:
                     modes[f] = modes.get(f, 0) + 1
         w.measurements[(spec.id, req.split, req.n_tasks)] = m
         value = EvalResult(split=req.split, checkpoint="base", harness_version=req.harness_version, k=k,
-                           score=min(1.0, max(0.0, m.index)), task_ids=[f"{req.split}/{b}/seed-{s}" for b, s in m.tasks],
+                           score=min(1.0, max(0.0, m.index)), task_ids=[f"{req.split}/{t}" for t in m.task_ids()],
                            rewards=rewards, failures=failures, failure_modes=modes, tokens=0, sandbox_seconds=0.0)
         cost = m.billed_usd if m.billed_usd is not None else m.spend_usd
         return Billed[EvalResult](value=value, cost_usd=cost, seconds=m.hours * 3600.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import gymnasium as gym
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from rsigym_env.agents import AgentRegistry, AgentSpec, build_researcher, builtin_spec, dump_toml
 from rsigym_env.cli import main
 from rsigym_env.episode import run_episode
+from rsigym_env.home import state_dir
 from rsigym_env.errors import InsufficientBudget
 from rsigym_env.platform import Balance, Ledger, Platform, verify_audit
 from rsigym_env.run import ResearchRun
@@ -127,6 +129,20 @@ def test_improver_mode_makes_the_improved_researcher_the_next_improver():
     assert second["improver"] == first["improved"] == second["target"]
 
 
+def assert_no_file_names_a_held_out_seed(roots) -> None:
+    """An improver that runs as the user reads whatever a run wrote (report, archive): none of it may name a
+    validation or test seed, or an inner episode's seed made from one."""
+    from rsigym_env.worlds.recursive.measure import MAX_K, held_out_seeds
+
+    seeds = set(held_out_seeds("official", 64)) | set(held_out_seeds("test", 64))
+    seeds |= {s * MAX_K + j for s in set(seeds) for j in range(MAX_K)}
+    files = [p for root in roots for p in root.rglob("*") if p.is_file()]
+    assert files
+    for path in files:
+        named = {int(n) for n in re.findall(rb"\d{9,}", path.read_bytes())} & seeds
+        assert not named, f"{path} names held-out seeds {sorted(named)[:3]}"
+
+
 def test_cli_recurse(tmp_path, capsys):
     path = tmp_path / "s.yaml"
     path.write_text("extends: " + str(list_scenarios()["recursive-scripted-small"]) +
@@ -140,6 +156,7 @@ def test_cli_recurse(tmp_path, capsys):
     assert "diversity: " in report and "distinct code forms" in report                # the archive's diversity
     data["transfer"]["test"]["gain"] = {"mean": 0.03, "se": 0.0, "n": 3, "low": 0.03, "high": 0.03}  # chains alike
     assert "zero width" in markdown(data)
+    assert_no_file_names_a_held_out_seed([tmp_path / "o"] + [state_dir("archives") / a for a in data["config"]["archives"]])
     assert main(["recurse", "--scenario", "sim-joint-aime-500"]) == 2
     capsys.readouterr()
     assert main(["agents", "list", "--json"]) == 0
@@ -273,7 +290,31 @@ def test_train_validation_and_test_seeds_never_overlap():
         assert not ({s for _, s in split_tasks(opts, "dev", world_seed=w)} & (test | official))
     assert not (test & official)
     with pytest.raises(ValueError, match="overlap"):
-        RecursiveOptions(test_first_seed=1_500_000)
+        RecursiveOptions(official_split="public", test_first_seed=1_500_000)
+    with pytest.raises(ValueError, match="apply to official_split='public' only"):
+        RecursiveOptions(test_first_seed=3_000_000)  # would be silently unused with the secret split
+
+
+def test_validation_and_test_seeds_are_keyed_by_the_split_secret_not_public_numbers(monkeypatch):
+    """An improver with this package cannot compute a candidate's validation or test score: the seeds
+    are keyed hashes of the platform's split secret, change with it, and never are the public ones."""
+    from rsigym_env.splits import SECRET_ENV
+    from rsigym_env.worlds.recursive.measure import HELD_OUT_SEED_BASE, held_out_seeds
+
+    opts = tiny_options()
+    public = RecursiveOptions.model_validate({**opts.model_dump(exclude={"official_first_seed", "test_first_seed"}),
+                                              "official_split": "public"})
+    mine = {split: split_tasks(opts, split) for split in ("official", "test")}
+    for split, tasks in mine.items():
+        assert {s for _, s in tasks}.isdisjoint(s for _, s in split_tasks(public, split))
+        assert min(s for _, s in tasks) >= HELD_OUT_SEED_BASE
+        assert [s for _, s in tasks][::len(opts.official_benchmarks)] == held_out_seeds(split, len(tasks) // len(opts.official_benchmarks))
+    assert split_tasks(opts, "official") == mine["official"]  # the same secret: the same tasks for every candidate
+    monkeypatch.setenv(SECRET_ENV, "another-platform-secret")
+    for split, tasks in mine.items():
+        assert {s for _, s in split_tasks(opts, split)}.isdisjoint(s for _, s in tasks)
+    measured = measure(builtin_spec("scripted"), opts, "official", k=1)
+    assert all(re.fullmatch(r"[\w.-]+/task-\d+", t) for t in measured.task_ids())
 
 
 def test_rounds_archive_every_candidate_and_accept_only_paired_validation_gains(tmp_path):
