@@ -291,9 +291,13 @@ def test_a_request_waiting_for_a_prompt_goes_when_it_is_prefilled_not_when_it_is
     service, pool, _ = setup
     local = service.create_sampling_client(base_model=BASE).result()
     pooled = pool.client(base_model=BASE, tokenizer=local.get_tokenizer())
-    warm = [pooled.sample(types.ModelInput.from_ints([5, 6, 7]), 1, types.SamplingParams(max_tokens=2, seed=i))
-            for i in range(4)]  # both worker processes up before the clock matters
-    [f.result(60) for f in warm]
+    for _ in range(20):  # both worker processes up before the clock matters
+        warm = [pooled.sample(types.ModelInput.from_ints([5, 6, 7]), 1, types.SamplingParams(max_tokens=40, seed=i))
+                for i in range(4)]
+        [f.result(60) for f in warm]
+        if all(w.proc is not None and w.proc.poll() is None for w in pool._threads):
+            break
+    assert len(pool._threads) == 2 and all(w.proc.poll() is None for w in pool._threads)
     prompt = types.ModelInput.from_ints(local.get_tokenizer().encode("Say epsilon, then zeta, then eta. " * 3))
     assert len(prompt.to_ints()) > 64  # several blocks
     long, short = (types.SamplingParams(max_tokens=m, temperature=1.0, seed=9, stop=[]) for m in (400, 1))
