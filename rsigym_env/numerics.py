@@ -168,15 +168,17 @@ def canary_digest() -> str:
 
     The inputs are exact rationals rounded once (no random generator), so only the BLAS's summation order
     and NumPy's vector code can change the bytes. The products run on one BLAS thread, as the local model's
-    do (OpenBLAS's sums depend on its thread count too)."""
+    do (OpenBLAS's sums depend on its thread count too), and BLAS is left on one thread, as the model leaves
+    it: restoring an earlier count (a ``threadpool_limits`` block) could change the thread count under
+    another thread's running model computation, and with it that computation's bits."""
     import hashlib
 
     import numpy as np
-    from threadpoolctl import threadpool_limits
+    from threadpoolctl import ThreadpoolController
 
     digest = hashlib.sha256()
-    with threadpool_limits(limits=1, user_api="blas"):
-        products = [_canary_product(np, m, k, n) for m, k, n in _CANARY_SHAPES]
+    ThreadpoolController().limit(limits=1, user_api="blas")  # process-wide, never restored (see above)
+    products = [_canary_product(np, m, k, n) for m, k, n in _CANARY_SHAPES]
     for product in products:
         digest.update(product.tobytes())
     x = (np.arange(20_000, dtype=np.int64) * 7919 + 13) % 65521 / 65521.0 * 40.0 - 20.0

@@ -75,6 +75,17 @@ def test_this_machine_computes_the_pinned_arithmetic():
     assert other != numerics.CANONICAL_DIGEST
 
 
+def test_the_canary_leaves_blas_on_one_thread_and_never_restores_a_count_under_running_model_work():
+    """The local model computes on one BLAS thread and leaves it there; a canary that restored the count it
+    found (two threads, before any model work) could do so while another thread's model computation runs,
+    changing that computation's bits (a training determinism test failed once in CI that way)."""
+    got = run("import json, rsigym_env; from threadpoolctl import ThreadpoolController; "
+              "from rsigym_env.numerics import canary_digest; c = ThreadpoolController(); "
+              "c.limit(limits=2, user_api='blas'); canary_digest(); "
+              "print(json.dumps([p.num_threads for p in ThreadpoolController().select(user_api='blas').lib_controllers]))")
+    assert got and set(got) == {1}
+
+
 @pytest.mark.skipif(not AVX2, reason="nothing is pinned on a CPU without AVX2 and FMA")
 def test_a_large_float64_product_under_the_pin_does_not_crash():
     """OpenBLAS 0.3.34's pinned Haswell DGEMM overran its panel buffer on Zen 4/5 hosts (a segfault from K ~300)."""
