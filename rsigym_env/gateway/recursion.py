@@ -46,7 +46,6 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -154,16 +153,18 @@ def confined(argv: Sequence[str], hidden: Sequence[str] = (), read_only: Sequenc
     session's MCP config, kept in a hidden directory). Without a usable bubblewrap, ``argv`` as it is and
     a loud warning.
 
-    >>> confined(["true"], hidden=["/nonexistent-x"])[-2:] if bwrap_usable() else ["--", "true"]
+    >>> from rsigym_env.worlds.local.sandbox.isolation import bwrap_available
+    >>> confined(["true"], hidden=["/nonexistent-x"])[-2:] if bwrap_available() else ["--", "true"]
     ['--', 'true']
     """
-    if not bwrap_usable():
+    from ..worlds.local.sandbox.isolation import bwrap_available, bwrap_path
+
+    if not bwrap_available():
         warnings.warn("bubblewrap is not usable here: the improver command runs unconfined, as this user, and can "
                       "read $RSIGYM_HOME (the split secret) and change this package; install bubblewrap, or run "
                       "the agent as another user", RuntimeWarning, stacklevel=2)
         return list(argv)
-    out = [shutil.which("bwrap") or "/usr/bin/bwrap", "--dev-bind", "/", "/", "--unshare-pid", "--proc", "/proc",
-           "--die-with-parent"]
+    out = [bwrap_path() or "bwrap", "--dev-bind", "/", "/", "--unshare-pid", "--proc", "/proc", "--die-with-parent"]
     for path in read_only:
         if os.path.exists(path):
             out += ["--ro-bind", path, path]
@@ -174,13 +175,6 @@ def confined(argv: Sequence[str], hidden: Sequence[str] = (), read_only: Sequenc
         if os.path.exists(path):
             out += ["--ro-bind", path, path]
     return [*out, "--", *argv]
-
-
-def bwrap_usable() -> bool:
-    """Whether bubblewrap runs here (the sandboxes' own check)."""
-    from ..worlds.local.sandbox.isolation import bwrap_available
-
-    return bwrap_available()
 
 
 def command_agent(command: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, confine: bool = True) -> Agent:

@@ -32,6 +32,7 @@ at all; episodes are made and run by the :class:`~.ports.Researchers` it is hand
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import hmac
 import json
@@ -129,7 +130,13 @@ def held_out_seeds(split: str, n: int, secret: str | None = None) -> list[int]:
     """
     if split not in HELD_OUT_SPLITS:
         raise ValueError(f"held-out splits are {HELD_OUT_SPLITS}, not {split!r}")
-    key = OfficialSplit("secret", secret if secret is not None else load_secret()).key(f"recursive-world:{split}")
+    return list(_keyed_seeds(secret if secret is not None else load_secret(), split, n))
+
+
+@functools.lru_cache(maxsize=64)
+def _keyed_seeds(secret: str, split: str, n: int) -> tuple[int, ...]:
+    """:func:`held_out_seeds` for a given secret (computed once: every measurement asks for them)."""
+    key = OfficialSplit("secret", secret).key(f"recursive-world:{split}")
     base = HELD_OUT_SEED_BASE + HELD_OUT_SPLITS.index(split) * HELD_OUT_SPAN
     seeds: list[int] = []
     i = 0
@@ -138,7 +145,7 @@ def held_out_seeds(split: str, n: int, secret: str | None = None) -> list[int]:
         if seed not in seeds:
             seeds.append(seed)
         i += 1
-    return seeds
+    return tuple(seeds)
 
 
 def split_tasks(opts: RecursiveOptions, split: str, world_seed: int = 0, n_tasks: int | None = None) -> list[tuple[str, int]]:

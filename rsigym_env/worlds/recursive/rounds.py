@@ -477,11 +477,6 @@ def _judge_self_edits(ctx: "_Context", chain: "_Chain", archive: Any, imp: Any, 
     return rows
 
 
-def task_ids(m: Measurement) -> list[str]:
-    """The measurement's tasks as ids (:meth:`Measurement.task_ids`): what behaviour comparisons match on."""
-    return m.task_ids()
-
-
 class _Chain:
     """One chain's clade in the archive, and the measurements it needs (validation and test, cached)."""
 
@@ -495,7 +490,7 @@ class _Chain:
     def measured(self, spec: Any, split: str) -> Measurement:
         m = measure(spec, self.opts, split, self.k, using=self.using)
         self.archive.record(spec.id, "validation" if split == "official" else split, m.task_values(), cost_usd=0.0,
-                            tasks=task_ids(m))
+                            tasks=m.task_ids())
         return m
 
 
@@ -570,11 +565,11 @@ def _run_chain(ctx: _Context, archive: Any, seed: int, root: Any, fixed_improver
                 continue
             # the improver may ask that equal train results do not make a duplicate (IMPROVER["behaviour_novelty"])
             behaviour = m.task_values() if m is not None and _improver_setting(imp, "behaviour_novelty") is not False else None
-            reason = novelty(archive, spec.to_files(), behaviour, tasks=task_ids(m) if m is not None else None)
+            reason = novelty(archive, spec.to_files(), behaviour, tasks=m.task_ids() if m is not None else None)
             archive.add(spec.to_files(), spec.id, parent=parent.id, generation=generation, chain=seed,
                         produced_by={"by": imp.id, "round": r, "operator": note})
             if m is not None:
-                archive.record(spec.id, "train", m.task_values(), tasks=task_ids(m),
+                archive.record(spec.id, "train", m.task_values(), tasks=m.task_ids(),
                                cost_usd=float(m.billed_usd if m.billed_usd is not None else m.spend_usd))
             if reason is not None:
                 archive.set_status(spec.id, "duplicate", note=reason)

@@ -354,7 +354,7 @@ def test_bwrap_options_travel_through_a_descriptor_the_sandbox_cannot_read(app: 
                      "ls /proc/1/fd 2>/dev/null || echo DENIED", workdir=app, env={"GREETING": "hi"})
     fds, cmdline, denied = r.stdout.split("\n")[:3], r.stdout.split("\n")[3], r.stdout.split("\n")[4]
     assert fds == ["0", "1", "2"]  # bwrap closed the options' memfd before running the command
-    assert re.match(rf"{isolation._bwrap()} --args \d+ -- prlimit ", cmdline), cmdline
+    assert re.match(rf"{isolation.bwrap_path()} --args \d+ -- prlimit ", cmdline), cmdline
     assert "--setenv" not in cmdline and "GREETING" not in cmdline and str(app) not in cmdline
     assert denied == "DENIED"  # bwrap's init is root's: its descriptors are out of reach
 

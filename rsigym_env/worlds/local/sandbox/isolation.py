@@ -168,7 +168,8 @@ class IsolationUnavailable(RuntimeError):
 # Capabilities of this machine
 
 
-def _bwrap() -> str | None:
+def bwrap_path() -> str | None:
+    """Where bubblewrap is installed (None if it is not)."""
     return shutil.which("bwrap") or (("/usr/bin/bwrap") if os.access("/usr/bin/bwrap", os.X_OK) else None)
 
 
@@ -183,7 +184,7 @@ def _bwrap_works() -> tuple[bool, str]:
     check = _BWRAP_CHECK
     if check["ok"] or (check["ok"] is False and time.monotonic() - check["at"] < BWRAP_RECHECK_S):
         return bool(check["ok"]), check["why"]
-    path = _bwrap()
+    path = bwrap_path()
     ok, why = True, ""
     if path is None:
         ok, why = False, "bwrap not found"
@@ -475,7 +476,7 @@ def isolated_argv(command: str | Sequence[str], *, workdir: Path, cwd: str = APP
     (True, True, ['/bin/sh', '-c', 'ls'])
     """
     user = sandbox_uid(Path(workdir).resolve()) if uid is None else uid
-    return [_bwrap() or "bwrap", *_bwrap_options(workdir=workdir, cwd=cwd, mounts=mounts, env=env, network=network,
+    return [bwrap_path() or "bwrap", *_bwrap_options(workdir=workdir, cwd=cwd, mounts=mounts, env=env, network=network,
                                                  limits=limits, uid=user),
             "--", *_inner_argv(command, limits, user)]
 
@@ -627,7 +628,7 @@ def _prepare(command: str | Sequence[str], workdir: Path, cwd: str, mounts: Sequ
                                  uid=user, identity=identity)
         inner = _inner_argv(command, limits, user)
         fd = _args_fd(options)
-        return _Prepared([_bwrap() or "bwrap", "--args", str(fd), "--", *inner], None, {}, True, (fd,))
+        return _Prepared([bwrap_path() or "bwrap", "--args", str(fd), "--", *inner], None, {}, True, (fd,))
     if require_isolation:
         raise IsolationUnavailable(f"{why}. {INSTALL_HINT}")
     log.warning("!!! sandbox NOT isolated (%s): running %r directly on the host with rlimits only. %s",
