@@ -104,8 +104,9 @@ def _sample(root: str, bases: dict[str, str], model_path: str | None, base_model
         carrier = _Carrier(identity, tokens, given, early)  # this request's prefill blocks, in and out
         response = client.sample_scoped(types.ModelInput.from_ints(tokens), num_samples, types.SamplingParams(**params),
                                         scope, prefill_cache=carrier).result()
-        new = [] if carrier.handed else carrier.new_blocks()
-        for end, block in carrier.new_blocks():
+        computed = carrier.new_blocks()
+        new = [] if carrier.handed else computed  # handed early: already sent
+        for end, block in computed:
             if keep and end in keep:
                 _HELD[keep[end]] = block
         return "ok", response, new
