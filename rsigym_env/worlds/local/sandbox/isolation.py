@@ -55,6 +55,7 @@ split or trial names in them), or put them under a group.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ctypes
 import dataclasses
@@ -682,6 +683,30 @@ class _Launch:
             self.write_fd = -1
 
 
+_LAUNCHER: dict[int, concurrent.futures.ThreadPoolExecutor] = {}   # by process id (a forked child makes its own)
+_LAUNCHER_LOCK = threading.Lock()
+
+
+def _launcher_after_fork() -> None:
+    global _LAUNCHER_LOCK
+    _LAUNCHER_LOCK = threading.Lock()  # another thread may have held it when this process was forked
+
+
+os.register_at_fork(after_in_child=_launcher_after_fork)
+
+
+def _launcher() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads that release the sandboxes asyncio callers start (:meth:`_Launch.release` blocks on
+    the cgroup join), apart from a loop's default executor so that they never queue behind other work."""
+    pid = os.getpid()
+    with _LAUNCHER_LOCK:
+        if pid not in _LAUNCHER:
+            _LAUNCHER.clear()
+            _LAUNCHER[pid] = concurrent.futures.ThreadPoolExecutor(max_workers=4,
+                                                                   thread_name_prefix="rsigym-sandbox-launch")
+        return _LAUNCHER[pid]
+
+
 @dataclass
 class _Prepared:
     argv: list[str]
@@ -986,7 +1011,17 @@ class IsolatedProcess:
             prep.close()
         if ticket is not None:
             group._attach(ticket, proc.pid)  # type: ignore[union-attr]
-        failed = prep.release(proc.pid)
+        failed = None
+        if prep.launch is not None:
+            # a cgroup v1 join waits for an RCU grace period (~9 ms here): not on the caller's event loop
+            release = asyncio.get_running_loop().run_in_executor(_launcher(), prep.release, proc.pid)
+            try:
+                failed = await asyncio.shield(release)
+            except BaseException:
+                _kill(proc.pid)
+                if ticket is not None:
+                    group._release(ticket)  # type: ignore[union-attr]
+                raise
         self = cls(proc, limits, prep.isolated, on_output, group, ticket)
         self._failed = failed
         if isinstance(stdin, (bytes, bytearray)):
