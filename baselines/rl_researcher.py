@@ -78,7 +78,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from rsigym_env.catalog import TRACKS
 from rsigym_env.catalog import DEFECTS, FAILURE_MODES
@@ -859,14 +859,14 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.time()
         # one BLAS thread, here and in the rollout workers forked from here: the products are small, and
         # OpenBLAS's second thread spins between them (on 2 shared cores: 674 s -> 269 s of wall time, 413 ->
-        # 176 s of CPU; bench/README.md, "The vector sim, round 2")
-        limits = threadpool_limits(limits=1, user_api="blas")
+        # 176 s of CPU; bench/README.md, "The vector sim, round 2"). Set, never restored: restoring a count
+        # can change it under a computation still running on another thread (rsigym_env.numerics.canary_digest).
+        ThreadpoolController().limit(limits=1, user_api="blas")
         try:
             trainer.run()
             final = trainer.evaluate(seeds=args.final_eval_seeds)
         finally:
             trainer.close()
-            limits.restore_original_limits()
         wall = time.time() - t0
         out = args.out or str(default_policy_path())
         trainer.save(out, {"wall_s": round(wall, 1), "cpu_count": os.cpu_count(),

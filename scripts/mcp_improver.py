@@ -17,7 +17,10 @@ validation score of its submission as one number):
         --improver-command "python scripts/mcp_improver.py --memory /tmp/improver-memory.json"
 
 The memory file is ``--memory``, else ``$RSIGYM_IMPROVER_MEMORY``, else ``mcp-improver-memory.json`` in the
-working directory (not under ``$RSIGYM_HOME``: ``rsigym recurse`` hides that from an improver command). Every MCP call is
+working directory (not under ``$RSIGYM_HOME``: ``rsigym recurse`` hides that from an improver command), **one per
+chain**: in chain 3 (``$RSIGYM_IMPROVER_CHAIN``, set by ``rsigym recurse``) ``mem.json`` is read and written as
+``mem.chain-3.json``, so what one chain learned never steers another (the chains of a run must stay independent
+for its between-chain intervals to mean anything). Every MCP call is
 bounded (``--call-timeout``, default 50 s, under a client's usual 60 s); a refused call ends the script
 with a clear message and exit status 2 (``rsigym recurse`` then stops: the session did not submit).
 """
@@ -178,6 +181,19 @@ def default_memory() -> Path:
     """``$RSIGYM_IMPROVER_MEMORY``, else ``mcp-improver-memory.json`` in the working directory (an improver
     command cannot see ``$RSIGYM_HOME``)."""
     return Path(os.environ.get("RSIGYM_IMPROVER_MEMORY") or "mcp-improver-memory.json")
+
+
+def chain_memory(path: Path, chain: str | None) -> Path:
+    """The memory file of ``chain`` (``$RSIGYM_IMPROVER_CHAIN``): one per chain, beside ``path``.
+
+    >>> chain_memory(Path("runs/mem.json"), "3"), chain_memory(Path("mem.json"), None), chain_memory(Path("m"), "0")
+    (PosixPath('runs/mem.chain-3.json'), PosixPath('mem.json'), PosixPath('m.chain-0'))
+    """
+    if not chain:
+        return path
+    if not re.fullmatch(r"-?[0-9]+", chain):
+        raise ValueError(f"RSIGYM_IMPROVER_CHAIN must be a chain number, not {chain!r}")
+    return path.with_name(f"{path.stem}.chain-{chain}{path.suffix}")
 
 
 # ------------------------------------------------------------------------------------------------ MCP
@@ -357,8 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default=os.environ.get("RSIGYM_MCP_URL"), help="MCP URL (default $RSIGYM_MCP_URL)")
     parser.add_argument("--key", default=os.environ.get("RSIGYM_RUN_KEY"), help="run key (default $RSIGYM_RUN_KEY)")
-    parser.add_argument("--memory", type=Path, default=None, help="the JSON memory file kept across rounds "
-                        "(default $RSIGYM_IMPROVER_MEMORY or ./mcp-improver-memory.json)")
+    parser.add_argument("--memory", type=Path, default=None, help="the JSON memory file kept across rounds, one per "
+                        "chain: X.json is X.chain-N.json in chain N (default $RSIGYM_IMPROVER_MEMORY or "
+                        "./mcp-improver-memory.json)")
     parser.add_argument("--max-edits", type=int, default=3, help="single-gene edits evaluated per round (3)")
     parser.add_argument("--call-timeout", type=float, default=50.0, help="seconds any MCP call may take (50)")
     args = parser.parse_args(argv)
@@ -369,7 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.call_timeout <= 600:
         parser.error("--call-timeout must be in (0, 600] seconds")
     try:
-        asyncio.run(run(args.url, args.key, args.memory or default_memory(), args.max_edits, args.call_timeout))
+        memory = chain_memory(args.memory or default_memory(), os.environ.get("RSIGYM_IMPROVER_CHAIN"))
+        print(f"[mcp_improver] memory {memory} (round {os.environ.get('RSIGYM_IMPROVER_ROUND', '?')})", flush=True)
+        asyncio.run(run(args.url, args.key, memory, args.max_edits, args.call_timeout))
     except (Refused, ValueError, KeyError) as exc:
         print(f"mcp_improver: {exc}", file=sys.stderr)
         return 2

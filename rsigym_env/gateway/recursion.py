@@ -20,7 +20,8 @@ its own run key; never the episode's seed, a held-out task or a test score.
 ``command_agent(command)`` makes an agent of a shell command (``rsigym recurse --improver-command``): it
 runs once per episode with ``RSIGYM_MCP_URL``, ``RSIGYM_REST_URL``, ``RSIGYM_RUN_KEY`` and
 ``RSIGYM_MCP_CONFIG`` (a JSON MCP client config naming the server with its key, the ``mcpServers`` shape
-Claude Code's ``--mcp-config`` reads) in its environment.
+Claude Code's ``--mcp-config`` reads) in its environment, and where the episode stands in the run:
+``RSIGYM_IMPROVER_CHAIN`` (the chain's seed) and ``RSIGYM_IMPROVER_ROUND``.
 
 >>> import httpx
 >>> def submit_at_once(mcp_url: str, key: str) -> None:      # an agent over REST that changes nothing
@@ -53,7 +54,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..scenario import Scenario
 from .auth import new_admin_token
@@ -66,6 +67,10 @@ Agent = Callable[[str, str], Any]
 DEFAULT_TIMEOUT_S = 3600.0
 HELD_OUT_ENV = (SECRET_ENV, NONCE_ENV)
 """Variables an improver command never inherits: the held-out split's secret and an episode draw's nonce."""
+CONTEXT_ENV = {"chain": "RSIGYM_IMPROVER_CHAIN", "round": "RSIGYM_IMPROVER_ROUND"}
+"""The variables that tell an improver command where its episode stands in the run: an improver that keeps
+memory keeps it per chain, so that chains stay independent (``rsigym recurse``'s between-chain intervals assume
+it). Never inherited: only the current episode's values are set."""
 LABEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -89,10 +94,12 @@ class Session:
     key: str                 # this episode's run key (it opens this run only)
     timeout_s: float         # the session is closed if it has not ended by then
     mcp_config: str = ""     # a JSON MCP client config file for this session (mode 0600), see command_agent
+    context: dict[str, Any] = field(default_factory=dict)  # where the episode stands: {"chain": 0, "round": 1}
 
     def announce(self) -> str:
         """What ``rsigym recurse --serve`` prints for a person or an agent to connect."""
-        return (f"improver session {self.n} (run {self.run_id}): MCP {self.mcp_url}  REST {self.rest_url}  "
+        where = "".join(f"{k} {v}, " for k, v in self.context.items())
+        return (f"improver session {self.n} ({where}run {self.run_id}): MCP {self.mcp_url}  REST {self.rest_url}  "
                 f"run key {self.key}  (bearer; MCP client config {self.mcp_config}); ends at submit, "
                 f"closed after {self.timeout_s:g} s")
 
@@ -195,10 +202,12 @@ def command_agent(command: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, confine
     if not command.strip():
         raise ValueError("the improver command is empty")
 
-    def run(mcp_url: str, key: str, mcp_config: str = "", hidden: Sequence[str] = ()) -> None:
-        env = {**{k: v for k, v in os.environ.items() if k not in HELD_OUT_ENV},
+    def run(mcp_url: str, key: str, mcp_config: str = "", hidden: Sequence[str] = (),
+            context: Mapping[str, Any] | None = None) -> None:
+        env = {**{k: v for k, v in os.environ.items() if k not in HELD_OUT_ENV and k not in CONTEXT_ENV.values()},
                "RSIGYM_MCP_URL": mcp_url, "RSIGYM_REST_URL": mcp_url.removesuffix("/mcp") + "/v1",
-               "RSIGYM_RUN_KEY": key, "RSIGYM_MCP_CONFIG": mcp_config}
+               "RSIGYM_RUN_KEY": key, "RSIGYM_MCP_CONFIG": mcp_config,
+               **{CONTEXT_ENV[k]: str(v) for k, v in (context or {}).items() if k in CONTEXT_ENV}}
         argv = ["/bin/sh", "-c", command]
         if confine:
             home, read_only = protected_paths()
@@ -308,7 +317,7 @@ class AgentImprover:
         if getattr(self.agent, "wants_config", False):  # a command: told what to hide (the sessions' books)
             assert self.service is not None
             out = self.agent(session.mcp_url, session.key, mcp_config=session.mcp_config,
-                             hidden=[str(self.service.state_dir)])
+                             hidden=[str(self.service.state_dir)], context=session.context)
         else:
             out = self.agent(session.mcp_url, session.key)
         if inspect.isawaitable(out):
@@ -317,8 +326,9 @@ class AgentImprover:
 
             asyncio.run(wait_for())
 
-    def play(self, scenario: Scenario, seed: int) -> ServedEpisode:
-        """Open the episode as a session, let the agent drive it and wait (bounded) until it ends."""
+    def play(self, scenario: Scenario, seed: int, context: Mapping[str, Any] | None = None) -> ServedEpisode:
+        """Open the episode as a session, let the agent drive it and wait (bounded) until it ends.
+        ``context`` (e.g. ``{"chain": 0, "round": 2}``) is told to the agent (:attr:`Session.context`)."""
         self.start()
         service = self.service
         assert service is not None
@@ -329,7 +339,8 @@ class AgentImprover:
         fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(mcp_client_config(mcp_url, key), f, indent=1)
-        session = Session(len(self.sessions) + 1, run_id, self.url, mcp_url, rest_url, key, self.timeout_s, str(config))
+        session = Session(len(self.sessions) + 1, run_id, self.url, mcp_url, rest_url, key, self.timeout_s, str(config),
+                          dict(context or {}))
         record: dict[str, Any] = {"run_id": run_id, "state": "active", "reward": None, "seconds": None, "error": None}
         self.sessions.append(record)
         if self.on_session is not None:

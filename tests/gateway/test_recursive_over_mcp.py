@@ -852,6 +852,23 @@ def test_an_improver_command_never_inherits_the_held_out_split_secret_or_nonce(m
     assert "pinned-secret-xyz" not in seen and "pinned-nonce-xyz" not in seen
 
 
+def test_an_improver_command_is_told_its_chain_and_round_and_nothing_stale(monkeypatch, tmp_path):
+    """A command learns where its episode stands (chain, round) to keep its memory per chain; a value left in
+    the parent's environment (a command started from inside another run) never passes for the current one."""
+    from rsigym_env.gateway.recursion import command_agent
+
+    monkeypatch.setenv("RSIGYM_IMPROVER_CHAIN", "99")
+    monkeypatch.setenv("RSIGYM_IMPROVER_MEMORY", "mine.json")  # the agent's own setting: kept
+    dump = tmp_path / "env.txt"
+    agent = command_agent(f"env > {dump}")
+    agent("http://127.0.0.1:1/mcp", "rsr_k", mcp_config="/dev/null", context={"chain": 4, "round": 2})
+    seen = [line for line in dump.read_text().splitlines() if line.startswith("RSIGYM_IMPROVER_")]
+    assert sorted(seen) == ["RSIGYM_IMPROVER_CHAIN=4", "RSIGYM_IMPROVER_MEMORY=mine.json", "RSIGYM_IMPROVER_ROUND=2"]
+    agent("http://127.0.0.1:1/mcp", "rsr_k", mcp_config="/dev/null")
+    seen = [line for line in dump.read_text().splitlines() if line.startswith("RSIGYM_IMPROVER_")]
+    assert seen == ["RSIGYM_IMPROVER_MEMORY=mine.json"]
+
+
 @needs_sandbox
 def test_an_improver_command_cannot_read_the_secret_or_the_books_see_other_processes_or_change_the_package(
         monkeypatch, tmp_path):
@@ -920,7 +937,8 @@ def test_cli_recurse_with_the_reference_mcp_improver_script(served, tmp_path, mo
     data = json.loads((tmp_path / "o" / "recursion.json").read_text())
     rows = data["rows"]
     assert [(r["round"], r["improver"]) for r in rows] == [(1, "agent:command"), (2, "agent:command")]
-    remembered = json.loads(memory.read_text())
+    assert not memory.exists()  # one memory per chain: this run's one chain is chain 0
+    remembered = json.loads((tmp_path / "memory.chain-0.json").read_text())
     assert len(remembered["rounds"]) == 2
     tried = [(t["gene"], json.dumps(t["from"]), json.dumps(t["value"])) for t in remembered["tried"]]
     assert len(tried) == sum(r["dev_evaluations"] - 1 for r in rows) >= 2  # the parent and >= 1 edit per round

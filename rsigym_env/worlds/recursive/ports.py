@@ -74,9 +74,11 @@ class EpisodePlayer(Protocol):
 
     id: str
 
-    def play(self, scenario: Any, seed: int) -> OuterEpisode:
+    def play(self, scenario: Any, seed: int, context: dict[str, Any] | None = None) -> OuterEpisode:
         """Play one outer episode of ``scenario`` (whose target is the round's parent) with outer seed
-        ``seed`` to its end (submit, or out of steps or money); raise if it does not end (e.g. a timeout)."""
+        ``seed`` to its end (submit, or out of steps or money); raise if it does not end (e.g. a timeout).
+        ``context`` says where the episode stands in the run (``{"chain": <chain seed>, "round": r}``), so that
+        a player that keeps memory can keep it per chain (chains must stay independent)."""
 
 
 def is_player(improver: Any) -> bool:

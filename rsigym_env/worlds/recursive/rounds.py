@@ -286,13 +286,17 @@ def play_here(scenario: Scenario, improver: Any, seed: int, using: Researchers) 
 
 
 def improve_once(scenario: Scenario, opts: RecursiveOptions, improver: Any, target: Any, seed: int,
-                 using: Researchers) -> Outcome:
+                 using: Researchers, context: dict[str, Any] | None = None) -> Outcome:
     """One outer episode of the recursive world: ``improver`` improves ``target`` (outer seed ``seed``).
     A researcher spec plays it here (:func:`play_here`); an :class:`~.ports.EpisodePlayer` (an outside
-    agent) plays it itself. Either way what it left in the episode's world becomes the :class:`Outcome`."""
+    agent) plays it itself, told ``context`` (where the episode stands: chain and round). Either way what it
+    left in the episode's world becomes the :class:`Outcome`."""
     scen = scenario.model_copy(update={"world_options": opts.model_copy(update={
         "target_spec": target.model_dump(mode="json")}).model_dump(mode="json")})
-    played = improver.play(scen, seed) if is_player(improver) else play_here(scen, improver, seed, using)
+    if is_player(improver):
+        played = improver.play(scen, seed, context=context) if context is not None else improver.play(scen, seed)
+    else:
+        played = play_here(scen, improver, seed, using)
     try:
         env, info = played.env, played.info
         run = env.unwrapped.run
@@ -545,7 +549,7 @@ def _run_chain(ctx: _Context, archive: Any, seed: int, root: Any, fixed_improver
         parent = chain.specs[parent_node.id]
         imp = fixed_improver or parent
         say(f"seed {seed} round {r}: {rule} selected {parent.id}; improving")
-        out = improve_once(ctx.scenario, opts, imp, parent, outer_seed(r), using)
+        out = improve_once(ctx.scenario, opts, imp, parent, outer_seed(r), using, context={"chain": seed, "round": r})
         # archive every fully evaluated candidate (and the submitted one), then screen on validation
         generation = (parent_node.generation or 0) + 1
         fresh: list[tuple[Any, Measurement | None]] = []

@@ -516,6 +516,36 @@ print("ok")
     assert proc.stdout.strip() == "ok"
 
 
+def test_every_loaded_blas_library_is_put_on_the_models_thread_count(monkeypatch):
+    # A process can hold two OpenBLAS copies (NumPy's and SciPy's); this venv has one, so the second is a
+    # stand-in with threadpoolctl's interface. A library the first check would not look at still counts.
+    class Pool:
+        def __init__(self, n):
+            self.num_threads = n
+
+    class Controller:
+        def __init__(self):
+            self.lib_controllers = [Pool(1), Pool(2)]
+            self.limited = []
+
+        def select(self, user_api):
+            assert user_api == "blas"
+            return self
+
+        def limit(self, limits, user_api):
+            self.limited.append(limits)
+            for pool in self.lib_controllers:
+                pool.num_threads = limits
+
+    controller = Controller()
+    monkeypatch.setattr(M, "_blas_controller", lambda: controller)
+    assert M.blas_threads() == 2 and not M._blas_on(1)
+    M._use_model_threads()
+    assert controller.limited == [M._THREADS] and M.blas_threads() == M._THREADS
+    M._use_model_threads()  # already there: left alone
+    assert controller.limited == [M._THREADS]
+
+
 def test_results_do_not_depend_on_concurrent_computations():
     """Threads computing at once (small and large batches) give bitwise the results of computing
     alone: nothing changes the BLAS thread count under a running computation."""

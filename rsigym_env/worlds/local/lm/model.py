@@ -67,9 +67,15 @@ def _blas_controller() -> ThreadpoolController:
 
 
 def blas_threads() -> int | None:
-    """The BLAS library's current thread count (None where threadpoolctl finds no BLAS)."""
+    """The BLAS thread count of this process: the largest over every BLAS library loaded (a process can
+    hold two OpenBLAS copies, e.g. NumPy's and SciPy's); None where threadpoolctl finds no BLAS."""
     pools = _blas_controller().select(user_api="blas").lib_controllers
-    return int(pools[0].num_threads) if pools else None
+    return max(int(pool.num_threads) for pool in pools) if pools else None
+
+
+def _blas_on(n: int) -> bool:
+    """Whether every loaded BLAS library runs on ``n`` threads (True where there is none)."""
+    return all(int(pool.num_threads) == n for pool in _blas_controller().select(user_api="blas").lib_controllers)
 
 
 def set_blas_threads(n: int) -> None:
@@ -91,7 +97,7 @@ def _use_model_threads() -> None:
     """Before model work: put BLAS on the model's thread count. It is left there (not restored), so
     no thread ever changes it under another's running computation, and every result is a function
     of the inputs alone."""
-    if blas_threads() not in (None, _THREADS):
+    if not _blas_on(_THREADS):
         with _LOCK:
             _blas_controller().limit(limits=_THREADS, user_api="blas")
 
