@@ -9,7 +9,8 @@ host's ``/tmp`` nor any run directory. With ``network=False`` the sandbox has it
 namespace holding only a loopback device. It has its own PID namespace, runs in a new session and
 dies with its parent; on a wall-clock timeout the whole sandbox is killed.
 
-Limits (:class:`Limits`) are resource limits set inside the sandbox just before the command runs:
+Limits (:class:`Limits`) are resource limits of the command's processes (set by ``prlimit`` inside the
+sandbox just before the command runs; as root, by us on bubblewrap before it makes the sandbox, :class:`_Launch`):
 ``RLIMIT_AS`` (memory), ``RLIMIT_CPU`` (CPU seconds per process; SIGXCPU, then SIGKILL a second
 later), ``RLIMIT_NPROC`` (processes), ``RLIMIT_FSIZE`` (largest file written), no core dumps;
 output is read up to ``output_bytes`` per stream and the rest discarded (``truncated``). The
@@ -35,7 +36,7 @@ size- and inode-bounded tmpfs, else a loud warning and a watchdog). Pass it as `
 it stops is reported as ``limit="memory"``, ``"processes"`` or ``"disk"``.
 
 bubblewrap's options (host paths, mounts, environment) reach it through ``--args FD`` (a memfd), so
-``/proc/*/cmdline`` inside shows only ``bwrap --args N -- prlimit ... setpriv ... <command>``. The
+``/proc/*/cmdline`` inside shows only ``bwrap --args N -- [prlimit ...] [setpriv ...] <command>``. The
 sandbox's ``/proc/self/mountinfo`` still shows, for each bind mount, its source path relative to the
 source file system: below a group's tmpfs only the group's own subdirectory names, but for a bind of
 an ordinary host directory its host path. Callers must keep such host paths opaque (no evaluation,
@@ -54,10 +55,12 @@ split or trial names in them), or put them under a group.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ctypes
 import dataclasses
 import errno
+import fcntl
 import hashlib
 import json
 import logging
@@ -65,6 +68,7 @@ import math
 import os
 import posixpath
 import re
+import resource
 import secrets
 import selectors
 import shutil
@@ -536,25 +540,50 @@ def _bwrap_options(*, workdir: Path, cwd: str, mounts: Sequence[Mount], env: Map
     return argv
 
 
-def _inner_argv(command: str | Sequence[str], limits: Limits, uid: int) -> list[str]:
-    """What bubblewrap runs inside: the rlimits, the drop to ``uid`` (as root), then the command."""
-    argv = _rlimits(limits)
+def _inner_argv(command: str | Sequence[str], limits: Limits, uid: int, rlimits: bool = True) -> list[str]:
+    """What bubblewrap runs inside: the rlimits (unless ``rlimits=False``: the parent set them on
+    bubblewrap already, :class:`_Launch`), the drop to ``uid`` (as root), then the command."""
+    argv = _rlimits(limits) if rlimits else []
     if _as_root():
         argv += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
                  "--bounding-set=-all", "--no-new-privs", "--"]
     return argv + _shell(command)
 
 
-def _args_fd(options: Sequence[str]) -> int:
-    """A memfd holding ``options`` NUL-separated, at offset 0, for ``bwrap --args FD``.
+def _args_data(options: Sequence[str]) -> bytes:
+    """``options`` NUL-separated, as ``bwrap --args FD`` reads them.
 
     A NUL inside an option would split it into several and let a caller-supplied value (an
     environment variable, a path) inject bubblewrap options: it is refused.
+
+    >>> _args_data(["--chdir", "/app"])
+    b'--chdir\\x00/app\\x00'
     """
     for value in options:
         if "\0" in value:
             raise ValueError("a NUL byte is not allowed in a sandbox path, working directory or environment variable")
-    data = b"".join(os.fsencode(v) + b"\0" for v in options)
+    return b"".join(os.fsencode(v) + b"\0" for v in options)
+
+
+def _args_pipe(data: bytes) -> tuple[int, int] | None:
+    """(read end, write end) of a pipe that holds all of ``data`` at once (so that one ``write`` hands
+    it over whole), or None if a pipe cannot be made that large here."""
+    r, w = os.pipe()
+    try:
+        if len(data) > 65536:
+            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, len(data))
+        if fcntl.fcntl(w, fcntl.F_GETPIPE_SZ) >= len(data):
+            return r, w
+    except OSError:
+        pass
+    os.close(r)
+    os.close(w)
+    return None
+
+
+def _args_fd(options: Sequence[str]) -> int:
+    """A memfd holding ``options`` NUL-separated (:func:`_args_data`), at offset 0, for ``bwrap --args FD``."""
+    data = _args_data(options)
     try:
         fd = os.memfd_create("bwrap-args", os.MFD_CLOEXEC)
     except (AttributeError, OSError):  # no memfd: an unlinked temporary file does the same
@@ -587,6 +616,97 @@ def _unisolated_cwd(workdir: Path, cwd: str) -> str:
 # Running
 
 
+_RLIMIT_CODES = (("as", resource.RLIMIT_AS), ("cpu", resource.RLIMIT_CPU), ("nproc", resource.RLIMIT_NPROC),
+                 ("fsize", resource.RLIMIT_FSIZE), ("core", resource.RLIMIT_CORE))
+JOIN_FAILED = "[sandbox] cannot join the sandbox group"
+
+
+def _rlimit_values(limits: Limits) -> list[tuple[int, tuple[int, int]]]:
+    """``(resource, (soft, hard))`` of :func:`_rlimits`' values, for ``resource.prlimit``.
+
+    >>> dict(_rlimit_values(Limits(cpu_s=5)))[resource.RLIMIT_CPU]
+    (5, 6)
+    """
+    values = {}
+    for option in _rlimits(limits)[1:-1]:
+        name, _, pair = option[2:].partition("=")
+        soft, hard = pair.split(":")
+        values[name] = (int(soft), int(hard))
+    return [(code, values[name]) for name, code in _RLIMIT_CODES]
+
+
+@dataclass
+class _Launch:
+    """What the parent does to a started bubblewrap before it may go on (the in-process launch): the
+    bubblewrap options reach it through a pipe (``--args FD``) that we write only once bubblewrap is in
+    the group's cgroup (``procs_files``) and under the command's rlimits (``limits``, as root), so
+    bubblewrap blocks reading them, before it has parsed an option or made a namespace, and every
+    process of the sandbox starts inside both, as with the ``sh`` join and ``prlimit`` it replaces
+    (two ``execve`` fewer a command). Were the parent to die first, bubblewrap would read no option
+    and find nothing to run in its empty root."""
+
+    write_fd: int
+    data: bytes
+    procs_files: tuple[str, ...] = ()
+    limits: Limits | None = None
+
+    def release(self, pid: int) -> str | None:
+        """Put ``pid`` (the started bubblewrap) in the cgroup and under the rlimits, then hand it its
+        options; on failure kill it unreleased and say why (``None``: released)."""
+        why = None
+        try:
+            for procs in self.procs_files:
+                try:
+                    _write_text(Path(procs), str(pid))
+                except OSError:
+                    why = JOIN_FAILED
+                    raise
+            if self.limits is not None:
+                for code, pair in _rlimit_values(self.limits):
+                    resource.prlimit(pid, code, pair)
+            view = memoryview(self.data)
+            while view:
+                view = view[os.write(self.write_fd, view):]
+        except BaseException as exc:
+            _kill(pid)
+            if not isinstance(exc, Exception):
+                raise
+            return why or f"[sandbox] cannot start the sandbox: {type(exc).__name__}"
+        finally:
+            self.close()
+        return None
+
+    def close(self) -> None:
+        if self.write_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.write_fd)
+            self.write_fd = -1
+
+
+_LAUNCHER: dict[int, concurrent.futures.ThreadPoolExecutor] = {}   # by process id (a forked child makes its own)
+_LAUNCHER_LOCK = threading.Lock()
+
+
+def _launcher_after_fork() -> None:
+    global _LAUNCHER_LOCK
+    _LAUNCHER_LOCK = threading.Lock()  # another thread may have held it when this process was forked
+
+
+os.register_at_fork(after_in_child=_launcher_after_fork)
+
+
+def _launcher() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads that release the sandboxes asyncio callers start (:meth:`_Launch.release` blocks on
+    the cgroup join), apart from a loop's default executor so that they never queue behind other work."""
+    pid = os.getpid()
+    with _LAUNCHER_LOCK:
+        if pid not in _LAUNCHER:
+            _LAUNCHER.clear()
+            _LAUNCHER[pid] = concurrent.futures.ThreadPoolExecutor(max_workers=4,
+                                                                   thread_name_prefix="rsigym-sandbox-launch")
+        return _LAUNCHER[pid]
+
+
 @dataclass
 class _Prepared:
     argv: list[str]
@@ -594,6 +714,18 @@ class _Prepared:
     env: dict[str, str] | None
     isolated: bool
     pass_fds: tuple[int, ...] = ()
+    launch: _Launch | None = None
+
+    def spawn_argv(self, group: "SandboxGroup | None") -> list[str]:
+        """The command line to start: with the ``sh`` join in front when the group has a cgroup and
+        the parent does not put bubblewrap in it itself."""
+        if group is None or (self.launch is not None and self.isolated):
+            return self.argv
+        return group._join_argv(self.argv)
+
+    def release(self, pid: int) -> str | None:
+        """After the start: let the child go (see :class:`_Launch`); why it could not (it is killed)."""
+        return self.launch.release(pid) if self.launch is not None else None
 
     def close(self) -> None:
         """Close our copies of the descriptors handed to the child (call once it is started)."""
@@ -604,10 +736,19 @@ class _Prepared:
                 pass
         self.pass_fds = ()
 
+    def abandon(self) -> None:
+        """The child was not started: close everything."""
+        self.close()
+        if self.launch is not None:
+            self.launch.close()
+
 
 def _prepare(command: str | Sequence[str], workdir: Path, cwd: str, mounts: Sequence[Mount],
              env: Mapping[str, str] | None, network: bool, limits: Limits, require_isolation: bool,
-             uid: int | None, group: "SandboxGroup | None" = None) -> _Prepared:
+             uid: int | None, group: "SandboxGroup | None" = None, launch: bool = False) -> _Prepared:
+    """Check, claim and build what starts ``command``. ``launch``: the caller lets the started child go
+    with :meth:`_Prepared.release` (the in-process launch, :class:`_Launch`; else the ``sh`` join of
+    :meth:`SandboxGroup._join_argv` and ``prlimit`` inside do its work)."""
     workdir = Path(workdir)
     if not workdir.is_dir():
         raise FileNotFoundError(f"sandbox directory does not exist: {workdir}")
@@ -626,6 +767,18 @@ def _prepare(command: str | Sequence[str], workdir: Path, cwd: str, mounts: Sequ
         identity = group._identity if group is not None and user == group.uid else None
         options = _bwrap_options(workdir=workdir, cwd=cwd, mounts=mounts, env=env, network=network, limits=limits,
                                  uid=user, identity=identity)
+        root = _as_root()
+        cgroup = group._state.cgroup if group is not None else None
+        if launch and (root or cgroup is not None) and "spawn" not in _fallbacks():
+            data = _args_data(options)
+            pipe = _args_pipe(data)
+            if pipe is not None:
+                r, w = pipe
+                how = _Launch(w, data, tuple(cgroup.procs_files) if cgroup is not None else (),
+                              limits if root else None)
+                inner = _inner_argv(command, limits, user, rlimits=not root)
+                return _Prepared([bwrap_path() or "bwrap", "--args", str(r), "--", *inner], None, {}, True, (r,),
+                                 how)
         inner = _inner_argv(command, limits, user)
         fd = _args_fd(options)
         return _Prepared([bwrap_path() or "bwrap", "--args", str(fd), "--", *inner], None, {}, True, (fd,))
@@ -702,16 +855,17 @@ def run_isolated(command: str | Sequence[str], *, workdir: Path, cwd: str = APP,
     returns ``isolated=False``. With ``group``, the command also counts towards the group's limits
     (``workdir`` and writable mounts must be under ``group.root``; the uid is ``group.uid``).
     """
-    prep = _prepare(command, workdir, cwd, mounts, env, network, limits, require_isolation, uid, group)
+    prep = _prepare(command, workdir, cwd, mounts, env, network, limits, require_isolation, uid, group, launch=True)
     start = time.monotonic()
     try:
         ticket = group._admit() if group is not None else None
         try:
-            proc = subprocess.Popen(group._join_argv(prep.argv) if group is not None else prep.argv,
+            proc = subprocess.Popen(prep.spawn_argv(group),
                                     cwd=prep.cwd, env=prep.env, start_new_session=True, pass_fds=prep.pass_fds,
                                     stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except BaseException:
+            prep.abandon()
             if ticket is not None:
                 group._release(ticket)  # type: ignore[union-attr]
             raise
@@ -719,6 +873,7 @@ def run_isolated(command: str | Sequence[str], *, workdir: Path, cwd: str = APP,
         prep.close()
     if ticket is not None:
         group._attach(ticket, proc.pid)  # type: ignore[union-attr]
+    failed = prep.release(proc.pid)
     events: _GroupEvents | None = None
     bufs: dict[int, bytearray] = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}  # type: ignore[union-attr]
     truncated = killed = False
@@ -780,7 +935,10 @@ def run_isolated(command: str | Sequence[str], *, workdir: Path, cwd: str = APP,
             events = group._release(ticket)  # type: ignore[union-attr]
     duration = time.monotonic() - start
     out, err = (bytes(b) for b in bufs.values())
-    return _result(out, err, _returncode(code), duration, killed, truncated, limits, prep.isolated, events)
+    code = _returncode(code)
+    if failed:  # as the sh join reported it: the command never ran
+        out, err, code = b"", f"{failed}\n".encode(), 125
+    return _result(out, err, code, duration, killed, truncated, limits, prep.isolated, events)
 
 
 OutputCallback = Callable[[str, bytes], None]
@@ -820,6 +978,7 @@ class IsolatedProcess:
         self._killed_wall = False
         self._truncated = False
         self._result: ExecResult | None = None
+        self._failed: str | None = None   # why the launch could not let it go (it was killed unstarted)
         self._bufs = {"stdout": bytearray(), "stderr": bytearray()}
         self._readers = [asyncio.ensure_future(self._read(proc.stdout, "stdout")),  # type: ignore[arg-type]
                          asyncio.ensure_future(self._read(proc.stderr, "stderr"))]  # type: ignore[arg-type]
@@ -833,16 +992,18 @@ class IsolatedProcess:
                     uid: int | None = None, on_output: OutputCallback | None = None,
                     group: "SandboxGroup | None" = None) -> "IsolatedProcess":
         """Launch ``command`` (raises :class:`IsolationUnavailable` like :func:`run_isolated`)."""
-        prep = _prepare(command, workdir, cwd, mounts, env, network, limits, require_isolation, uid, group)
+        prep = _prepare(command, workdir, cwd, mounts, env, network, limits, require_isolation, uid, group,
+                        launch=True)
         try:
             ticket = group._admit() if group is not None else None
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    *(group._join_argv(prep.argv) if group is not None else prep.argv), cwd=prep.cwd, env=prep.env,
+                    *prep.spawn_argv(group), cwd=prep.cwd, env=prep.env,
                     start_new_session=True, pass_fds=prep.pass_fds,
                     stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
             except BaseException:
+                prep.abandon()
                 if ticket is not None:
                     group._release(ticket)  # type: ignore[union-attr]
                 raise
@@ -850,7 +1011,19 @@ class IsolatedProcess:
             prep.close()
         if ticket is not None:
             group._attach(ticket, proc.pid)  # type: ignore[union-attr]
+        failed = None
+        if prep.launch is not None:
+            # a cgroup v1 join waits for an RCU grace period (~9 ms here): not on the caller's event loop
+            release = asyncio.get_running_loop().run_in_executor(_launcher(), prep.release, proc.pid)
+            try:
+                failed = await asyncio.shield(release)
+            except BaseException:
+                _kill(proc.pid)
+                if ticket is not None:
+                    group._release(ticket)  # type: ignore[union-attr]
+                raise
         self = cls(proc, limits, prep.isolated, on_output, group, ticket)
+        self._failed = failed
         if isinstance(stdin, (bytes, bytearray)):
             await self.write(bytes(stdin))
             await self.close_stdin()
@@ -930,9 +1103,11 @@ class IsolatedProcess:
             self._timer.cancel()
             if self._ticket is not None:
                 events = self._group._release(self._ticket)  # type: ignore[union-attr]
-        self._result = _result(bytes(self._bufs["stdout"]), bytes(self._bufs["stderr"]), _returncode(code),
-                               time.monotonic() - self.started, self._killed_wall, self._truncated, self.limits,
-                               self.isolated, events)
+        out, err, code = bytes(self._bufs["stdout"]), bytes(self._bufs["stderr"]), _returncode(code)
+        if self._failed:  # as the sh join reported it: the command never ran
+            out, err, code = b"", f"{self._failed}\n".encode(), 125
+        self._result = _result(out, err, code, time.monotonic() - self.started, self._killed_wall, self._truncated,
+                               self.limits, self.isolated, events)
         return self._result
 
     async def wait(self) -> ExecResult:
@@ -970,7 +1145,8 @@ async def run_isolated_async(command: str | Sequence[str], *, workdir: Path, cwd
 
 GroupMode = Literal["cgroup2", "cgroup1", "rlimits"]
 DiskMode = Literal["tmpfs", "watchdog"]
-# Pretend cgroups and/or mounting are unavailable: "cgroups", "mount" or "all" (comma-separated).
+# Pretend cgroups, mounting and/or the in-process launch are unavailable: "cgroups", "mount", "spawn" or "all"
+# (comma-separated).
 FALLBACK_ENV = "RSIGYM_SANDBOX_FALLBACK"
 _CGROUP_PARENT = "rsigym"
 _IDENTITY_DIR = ".rsigym-etc"   # in a group's root: the sandbox user's passwd and group files
@@ -1511,9 +1687,10 @@ def _reap_once() -> None:
 
 
 def _fallbacks() -> set[str]:
-    """What :data:`FALLBACK_ENV` tells a group to do without (``cgroups``, ``mount``)."""
+    """What :data:`FALLBACK_ENV` tells the sandboxes to do without (``cgroups``, ``mount``, ``spawn``: the
+    in-process launch of :class:`_Launch`, so the ``sh`` join and ``prlimit`` run as separate programs)."""
     words = {w.strip().lower() for w in os.environ.get(FALLBACK_ENV, "").split(",") if w.strip()}
-    return {"cgroups", "mount"} if words & {"1", "all", "true", "yes"} else words
+    return {"cgroups", "mount", "spawn"} if words & {"1", "all", "true", "yes"} else words
 
 
 class _GroupState:
