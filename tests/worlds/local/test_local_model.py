@@ -444,6 +444,70 @@ def test_stop_tokens_stop_strings_and_length(sampler_model):
         m.generate([PROMPTS[0]], 5, stop_strings=["x"])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_one_row_layernorm_is_the_general_one_bit_for_bit(dtype, monkeypatch):
+    """A decoding step's layernorms take the one-row path (scalars for the row's statistics): it must
+    give the general path's bits, and ``layernorm_forward``'s, for any row, scale and offset."""
+    rng = np.random.default_rng(11)
+    rows = []
+    for _ in range(3000):
+        n = int(rng.choice([2, 3, 31, 256, 1024]))
+        scale = 10.0 ** rng.uniform(-6, 5)
+        x = rng.standard_normal((1, n)) * scale + rng.standard_normal() * scale * rng.uniform(0, 50)
+        rows.append((x.astype(dtype), rng.standard_normal(n).astype(dtype), rng.standard_normal(n).astype(dtype),
+                     float(rng.choice([1e-5, 1e-7, 0.5]))))
+    rows.append((np.full((1, 8), 3.0, dtype), np.ones(8, dtype), np.zeros(8, dtype), 1e-5))  # zero variance
+    fast = [M.layernorm_inference(x, g, b, eps) for x, g, b, eps in rows]
+    monkeypatch.setattr(M, "ROW_PATHS", False)
+    for (x, g, b, eps), y in zip(rows, fast):
+        assert y.dtype == dtype and y.tobytes() == M.layernorm_inference(x, g, b, eps).tobytes()
+        assert y.tobytes() == M.layernorm_forward(x, g, b, eps)[0].tobytes()
+
+
+def test_one_row_decoding_is_the_general_loop_bit_for_bit(sampler_model, monkeypatch):
+    """One sequence (every request of the local world) decodes through the one-row paths
+    (``M.ROW_PATHS``): the same tokens, log-probabilities (exactly) and stop reasons as the general
+    batched loop and ``_sample``'s general draw give one row, under every sampling option."""
+    tb = lambda t: bytes([97 + t % 7])  # noqa: E731  (small alphabet: stop strings do hit)
+    base = M.Transformer(*M.merge_lora(sampler_model.config, sampler_model.params, sampler_model.lora,
+                                       sampler_model.lora_config))
+    cases = []
+    rng = np.random.default_rng(5)
+    for i in range(40):
+        prompt = rng.integers(0, 272, int(rng.integers(1, 30))).tolist()
+        kw = dict(temperature=[1.0, 0.7, 0.0, 1.6][i % 4], seed=i, token_bytes=tb)
+        kw |= [{}, dict(top_p=0.8), dict(top_k=5), dict(stop_tokens=[int(rng.integers(0, 272))]),
+               dict(stop_strings=["ab", "cc"]), dict(use_cache=False), dict(stop_strings=["aaa"], stop_tokens=[3])][i % 7]
+        limit = int(rng.integers(1, 18)) if i % 3 else None
+        cases.append((base.astype(np.float64) if i % 10 == 9 else base, prompt, limit, kw))
+    fast = [m.generate([prompt], limit, **kw) for m, prompt, limit, kw in cases]
+    monkeypatch.setattr(M, "ROW_PATHS", False)
+    general = [m.generate([prompt], limit, **kw) for m, prompt, limit, kw in cases]
+    assert {g[0][0].stop_reason for g in fast} == {"stop", "length"}
+    for a, b in zip(fast, general):
+        assert (a[0][0].tokens, a[0][0].logprobs, a[0][0].stop_reason) == (b[0][0].tokens, b[0][0].logprobs, b[0][0].stop_reason)
+
+
+def test_one_row_draw_is_the_general_draw():
+    """``_sample``'s one-row draw (no top-k/top-p) takes the same number from the generator and picks
+    the same token as the general count over the cumulative sum, at the edges too."""
+    opts = M.SamplingOptions(temperature=0.9)
+    rng = np.random.default_rng(2)
+    logits = [rng.standard_normal((1, 50)) * 6 for _ in range(400)]
+    logits += [np.array([[0.0, -np.inf, -np.inf, 5.0, -np.inf]]), np.array([[-np.inf] * 4 + [1.0]])]
+    fast_rng, general_rng = np.random.default_rng(9), np.random.default_rng(9)
+    fast = [M._sample(lg, opts, fast_rng) for lg in logits]
+    M_rows = M.ROW_PATHS
+    try:
+        M.ROW_PATHS = False
+        general = [M._sample(lg, opts, general_rng) for lg in logits]
+    finally:
+        M.ROW_PATHS = M_rows
+    for (t1, l1), (t2, l2) in zip(fast, general):
+        assert t1.tolist() == t2.tolist() and l1.tobytes() == l2.tobytes()
+    assert fast_rng.random() == general_rng.random()  # the same number of draws taken
+
+
 def test_sampling_arguments_are_validated(sampler_model):
     m = sampler_model
     with pytest.raises(M.ContextOverflowError):
@@ -603,6 +667,8 @@ def test_shipped_base_samples_are_pinned(kwargs, expected):
 @pytest.mark.parametrize("kwargs, expected", [
     (dict(temperature=0.7, num_samples=2), "41b7500540adaf98"),  # with OpenBLAS 0.3.33 (numerics.py)
     (dict(temperature=0.0), "4e8da140f2b75a32"),
+    # one sequence decodes through the one-row paths (M.ROW_PATHS): pinned from the code before them
+    (dict(temperature=0.7), "fc12de6a9ffb826a"),
 ])
 def test_shipped_base_single_prompt_samples_are_pinned(kwargs, expected):
     """A single prompt (what every request of the local world is) is prefilled in blocks (result

@@ -287,8 +287,11 @@ def layernorm_inference(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float 
     """``layernorm_forward``'s output, bit for bit, with fewer temporaries and calls (no cache kept).
 
     ``x.mean`` is ``add.reduce`` then a division by the count (exact either way: one correctly
-    rounded division), and ``np.einsum`` without ``optimize`` is its C core, called directly.
+    rounded division), and ``np.einsum`` without ``optimize`` is its C core, called directly. One row
+    (a decoding step) takes :func:`_layernorm_row`, the same operations with fewer calls.
     """
+    if x.shape[0] == 1 and x.dtype.type in _ROW_TYPES and ROW_PATHS:
+        return _layernorm_row(x, g, b, eps)
     n = x.shape[-1]
     mu = np.add.reduce(x, -1, keepdims=True)
     mu /= n
@@ -299,6 +302,31 @@ def layernorm_inference(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float 
     np.sqrt(var, out=var)
     np.true_divide(1.0, var, out=var)
     xc *= var
+    xc *= g
+    xc += b
+    return xc
+
+
+_ROW_TYPES = (np.float32, np.float64)
+
+
+def _layernorm_row(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    """:func:`layernorm_inference` of a (1, n) float32 or float64 ``x``, bit for bit, in 6 array calls
+    instead of 11: the row's mean, variance and reciprocal deviation are NumPy scalars of ``x``'s type
+    (each the same correctly rounded IEEE operation as on a (1, 1) array), the square root is
+    ``math.sqrt`` in float64 rounded to the type (exact for float64; for float32 a float64 square root
+    rounded to float32 is the correctly rounded float32 one, as 53 >= 2·24 + 2).
+
+    >>> x = np.array([[1.0, 2.0, 4.0]], np.float32)
+    >>> g, b = np.ones(3, np.float32), np.zeros(3, np.float32)
+    >>> bool((_layernorm_row(x, g, b, 1e-5) == layernorm_forward(x, g, b)[0]).all())
+    True
+    """
+    ty = x.dtype.type
+    n = ty(x.shape[-1])
+    xc = x - np.add.reduce(x, -1, keepdims=True)[0, 0] / n
+    var = _c_einsum("ij,ij->i", xc, xc)[0] / n + ty(eps)
+    xc *= ty(1.0) / ty(math.sqrt(var))
     xc *= g
     xc += b
     return xc
@@ -413,10 +441,10 @@ def causal_mask(t: int, dtype: Any) -> np.ndarray:
 
 
 def softmax_(s: np.ndarray) -> np.ndarray:
-    """In-place softmax over the last axis."""
-    s -= s.max(-1, keepdims=True)
+    """In-place softmax over the last axis (``max`` and ``sum`` are these ufunc reductions, called directly)."""
+    s -= np.maximum.reduce(s, -1, keepdims=True)
     np.exp(s, out=s)
-    s *= 1.0 / s.sum(-1, keepdims=True)
+    s *= 1.0 / np.add.reduce(s, -1, keepdims=True)
     return s
 
 
@@ -458,8 +486,8 @@ def attention_backward(dout: np.ndarray, cache: tuple) -> np.ndarray:
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
-    z = logits - logits.max(-1, keepdims=True)
-    z -= np.log(np.exp(z).sum(-1, keepdims=True))
+    z = logits - np.maximum.reduce(logits, -1, keepdims=True)
+    z -= np.log(np.add.reduce(np.exp(z), -1, keepdims=True))
     return z
 
 
@@ -498,6 +526,12 @@ class _Cache:
     v: list[np.ndarray]
     length: int = 0
 
+
+ROW_PATHS = True
+"""Take the one-row paths of a decoding step (:func:`_layernorm_row`, :meth:`Transformer._decode_row`,
+:func:`_sample`'s): the same floats, tokens and draws as the general code, in fewer NumPy calls (a
+decoding step of one sequence is ~50 small calls a layer, each ~1 µs of overhead). False runs the
+general code on one row too (the tests compare the two)."""
 
 PREFILL_BLOCK = 32
 """A single prompt is prefilled in blocks of this many tokens (:func:`prefill_ends`): block ``b`` runs
@@ -904,7 +938,11 @@ class Transformer:
         count = np.zeros(rows, np.int64)
         tails = [b""] * rows
         longest = max((len(s) for s in stops), default=0)
-        for step in range(int(budget.max())):
+        if rows == 1 and ROW_PATHS:  # one sequence (the local world's usual request): the loop below in scalars
+            count[0], reason[0] = self._decode_row(model, logits, opts, rng, seq, out_logp, positions, cache if use_cache else None,
+                                                   decode_bias, bias_for, layers, lmax, int(budget[0]), is_stop, stops,
+                                                   token_bytes, longest)
+        for step in range(0 if rows == 1 and ROW_PATHS else int(budget.max())):
             tok, lp = _sample(logits.astype(np.float64), opts, rng)
             slot = lmax + step
             tok = np.where(done, 0, tok)
@@ -935,15 +973,51 @@ class Transformer:
         return [results[j * num_samples:(j + 1) * num_samples] for j in range(len(prompts))]
 
 
+    @staticmethod
+    def _decode_row(model: "Transformer", logits: np.ndarray, opts: SamplingOptions, rng: np.random.Generator,
+                    seq: np.ndarray, out_logp: np.ndarray, positions: np.ndarray, cache: _Cache | None,
+                    decode_bias: np.ndarray, bias_for: Callable[[int, int], np.ndarray],
+                    layers: list[tuple[np.ndarray, ...]], lmax: int, budget: int, is_stop: np.ndarray,
+                    stops: list[bytes], token_bytes: Callable[[int], bytes] | None, longest: int) -> tuple[int, str]:
+        """:meth:`generate`'s decoding loop for one row, with Python scalars for its bookkeeping: the same
+        tokens, log-probabilities, stop and draws from ``rng``. Fills ``seq`` and ``out_logp`` from slot
+        ``lmax``; returns (tokens sampled, stop reason)."""
+        tail = b""
+        for step in range(budget):
+            tok, lp = _sample(logits.astype(np.float64), opts, rng)
+            t, slot = int(tok[0]), lmax + step
+            seq[0, slot], out_logp[0, slot] = t, lp[0]
+            if is_stop[t]:
+                return step + 1, "stop"
+            if stops:
+                tail = (tail + token_bytes(t))[-(longest + 64):]  # type: ignore[misc]
+                if any(s in tail for s in stops):
+                    return step + 1, "stop"
+            if step + 1 >= budget:
+                break
+            if cache is not None:
+                logits = model._infer(seq[:, slot:slot + 1], positions[:, slot:slot + 1], cache,
+                                      decode_bias[..., :slot + 1], layers)
+            else:
+                logits = model._infer(seq[:, :slot + 1], positions[:, :slot + 1], model._new_cache(1, slot + 1),
+                                      bias_for(0, slot + 1), layers)
+        return budget, "length"
+
+
 def _sample(logits: np.ndarray, opts: SamplingOptions, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """One token per row from (rows, V) float64 logits → (tokens, their log-probabilities)."""
     rows, v = logits.shape
     if opts.temperature == 0.0:
         tok = logits.argmax(-1)
         return tok, log_softmax(logits)[np.arange(rows), tok]
-    logp = log_softmax(logits / opts.temperature)
+    logp = log_softmax(logits if opts.temperature == 1.0 else logits / opts.temperature)  # x / 1 is x
     probs = np.exp(logp)
     truncate = 0 < opts.top_k < v or opts.top_p < 1.0
+    if rows == 1 and not truncate and ROW_PATHS:  # a decoding step of one sequence: the same draw in fewer calls
+        cum = np.add.accumulate(probs[0])  # what cumsum computes
+        # the count of cum <= u (cum never decreases: a sum of numbers >= 0), as below
+        k = min(int(np.count_nonzero(cum <= rng.random(1)[0] * cum[-1])), v - 1)
+        return np.array([k]), logp[0, k:k + 1]
     if truncate:
         keep = np.ones_like(logp, dtype=bool)
         if 0 < opts.top_k < v:
