@@ -5,7 +5,8 @@
 (the improver improving the selected parent) as a run of a :class:`~.service.SessionService` of its own,
 served on loopback over MCP (``<url>/mcp``) and REST (``<url>/v1``) with a fresh run key per episode.
 Per episode it calls ``agent(mcp_url, run_key)`` in a thread of its own (a plain function, or an ``async``
-one: it runs on an event loop of its own), or with no ``agent`` only announces the session
+one: it runs on an event loop of its own; one that takes a ``context`` keyword is also told where the episode
+stands, ``{"chain": <chain seed>, "round": r}``), or with no ``agent`` only announces the session
 (``on_session``: ``rsigym recurse --serve`` prints it for a person or an external agent), then waits,
 bounded by ``timeout_s``, until the episode ends (``submit``, or out of steps or money). A session that
 does not end in time is closed (its running jobs settled) and :class:`ImproverTimeout` raised; an agent
@@ -72,6 +73,19 @@ CONTEXT_ENV = {"chain": "RSIGYM_IMPROVER_CHAIN", "round": "RSIGYM_IMPROVER_ROUND
 memory keeps it per chain, so that chains stay independent (``rsigym recurse``'s between-chain intervals assume
 it). Never inherited: only the current episode's values are set."""
 LABEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _accepts(function: Callable[..., Any], name: str) -> bool:
+    """Whether ``function`` takes a keyword argument ``name`` (by name or through ``**kwargs``).
+
+    >>> _accepts(lambda url, key, context=None: None, "context"), _accepts(lambda url, key: None, "context")
+    (True, False)
+    """
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name and p.kind != p.POSITIONAL_ONLY or p.kind == p.VAR_KEYWORD for p in parameters)
 
 
 class ImproverTimeout(TimeoutError):
@@ -318,6 +332,8 @@ class AgentImprover:
             assert self.service is not None
             out = self.agent(session.mcp_url, session.key, mcp_config=session.mcp_config,
                              hidden=[str(self.service.state_dir)], context=session.context)
+        elif _accepts(self.agent, "context"):  # a function that keeps memory can keep it per chain
+            out = self.agent(session.mcp_url, session.key, context=session.context)
         else:
             out = self.agent(session.mcp_url, session.key)
         if inspect.isawaitable(out):

@@ -696,7 +696,8 @@ def test_recurse_with_an_mcp_client_as_the_improver_by_hand(tmp_path):
     episodes: list[dict[str, Any]] = []
     ideas = list(IDEAS)
 
-    async def agent(mcp_url: str, key: str) -> None:
+    async def agent(mcp_url: str, key: str, context: dict[str, Any]) -> None:  # told its chain and round
+        contexts.append(context)
         async with mcp_client(mcp_url.removesuffix("/mcp"), key, seen) as client:
             async def call(tool: str, args: dict[str, Any]) -> Any:
                 result = await seen.call(client, tool, args)
@@ -738,9 +739,11 @@ def test_recurse_with_an_mcp_client_as_the_improver_by_hand(tmp_path):
                              "reward": done.structured_content["reward"]})
 
     started = time.monotonic()
+    contexts: list[dict[str, Any]] = []
     result, audits, books = recurse_with(agent, tmp_path, "mcp-by-hand")
     rows, nodes, archive = assert_rounds_judged(result, audits, books, "mcp-by-hand", tmp_path)
     assert len(episodes) == ROUNDS
+    assert contexts == [{"chain": CHAIN, "round": r} for r in range(1, ROUNDS + 1)]
     first = episodes[0]
     assert first["scores"][first["best"]] > first["scores"][first["initial"]], first  # an edit wins on dev
     for row, episode in zip(rows, episodes):
