@@ -457,11 +457,14 @@ def per_code(values: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     """
     size = len(values)
     out = np.zeros((size, 2, 2, 2, 2, 2))
-    for j, axis in enumerate(axes):  # one in-place add on the half of the codes that have the bit
-        index: list[slice | int] = [slice(None)] * 6
-        index[axis] = 1
-        out[tuple(index)] += values[:, j].reshape(size, 1, 1, 1, 1)
+    for j, index in enumerate(_HALVES[axes]):  # one in-place add on the half of the codes that have the bit
+        out[index] += values[:, j].reshape(size, 1, 1, 1, 1)
     return out.reshape(size, CODES)
+
+
+_HALVES = {axes: tuple(tuple(1 if a == axis else slice(None) for a in range(6)) for axis in axes)
+           for axes in (CODE_AXES, INTERFERENCE_AXES)}
+"""Per axes tuple of :func:`per_code`, the index of each defect's half of the (N, 2, 2, 2, 2, 2) codes."""
 
 
 @dataclass(frozen=True)
@@ -498,8 +501,9 @@ def exposure(table: TaskTable, half: np.ndarray, variant: np.ndarray, present: n
     cell = code + CODES * np.arange(len(half))[:, None]
     counts = np.concatenate([active[:, :1], present[:, 1:] & active[:, 1:]], axis=1)
     trip = np.where(counts, severity, 0.0)
-    passing = np.exp(per_code(np.where(counts, np.log1p(-severity), 0.0), CODE_AXES))
-    return Exposure(code, cell, passing, per_code(trip, CODE_AXES), trip)
+    size = len(half)  # both tables in one per_code pass (its rows are independent)
+    both = per_code(np.concatenate([np.where(counts, np.log1p(-severity), 0.0), trip]), CODE_AXES)
+    return Exposure(code, cell, np.exp(both[:size]), both[size:], trip)
 
 
 def _minimal_ceiling(table: TaskTable, present: np.ndarray, severity: np.ndarray, half: np.ndarray) -> np.ndarray:
