@@ -1217,9 +1217,10 @@ class MenuArrayEnv(VectorEnv):
             return
         s = self.scenario
         # the limits over all N rows (as cheap as over a few: the cost is per NumPy call), then the callers'
+        # (integers: left < min is spent + reserved > budget - min; on bools, a > b is a & ~b)
         limits = [self.steps >= s.max_steps, self.refusals >= s.refusal_limit, self.clock >= self.time_limit_s,
-                  ~self.running & (self.budget_n - self.spent_n - self.reserved_n < self._min_n)]
-        ending = (limits[0] | limits[1] | limits[2] | limits[3])[rows] & ~self.done[rows]
+                  (self.spent_n + self.reserved_n > self.budget_n - self._min_n) > self.running]
+        ending = (limits[0] | limits[1] | limits[2] | limits[3])[rows] > self.done[rows]
         if ending.any():
             ends = rows[ending]
             reason = np.select([c[ends] for c in limits], ["step limit", "refusal limit", "time limit",
