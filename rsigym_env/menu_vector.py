@@ -144,7 +144,7 @@ from .scoring import normalized_gain
 from .tools import GenerateData, Train, parse_action
 from .worlds.sim.batch import HarnessArrays, SimBatch
 from .worlds.sim.benchmarks import TEACHER_DUPLICATES
-from .worlds.sim.draws import benchmark_key, binomial, norm_ppf, stream_keys, uniforms
+from .worlds.sim.draws import benchmark_key, binomial, norm_ppf, streams_keys, uniforms
 from .worlds.sim.model import (DEDUPE_RECALL, DUPLICATE_WEIGHT, FILTER_FALSE_PASS, FILTER_RECALL, GENERATE_DRAWS,
                                INTENSITY_SCALE, TRAIN_NOISE, TrainSettings, calibrate_skill, truncated_mean_tokens)
 from .worlds.sim.world import TRANSFORM_SECONDS_PER_EXAMPLE, TRANSFORM_STARTUP_S
@@ -1332,7 +1332,7 @@ class MenuArrayEnv(VectorEnv):
         self.ds_n[rows] = 0
         seeds_u = self.batch.seeds[rows]
         key = benchmark_key(self.scenario.benchmark)
-        self.data_keys[rows], self.train_keys[rows] = stream_keys(seeds_u, key, "data"), stream_keys(seeds_u, key, "train")
+        self.data_keys[rows], self.train_keys[rows] = streams_keys(seeds_u, key, ("data", "train"))
         shift = self.batch.worlds.teacher_shift[rows][:, self._shift_column]
         self.teacher_acc[rows] = 1.0 / (1.0 + np.exp(-(self._acc_logit + shift)))  # SimWorld.teacher_accuracy
         self.ckpt_skill[rows] = self.ckpt_memory[rows] = np.nan

@@ -72,11 +72,22 @@ def seed_array(seeds: object) -> np.ndarray:
 
 def stream_keys(seeds: np.ndarray, benchmark: int, stream: str) -> np.ndarray:
     """(N,) uint64: the key of ``stream`` in each world ``(seed, benchmark)``."""
-    index = STREAMS.index(stream)
+    return streams_keys(seeds, benchmark, (stream,))[0]
+
+
+def streams_keys(seeds: np.ndarray, benchmark: int, streams: tuple[str, ...]) -> np.ndarray:
+    """(len(streams), N) uint64: :func:`stream_keys` of each stream, the world's part mixed once.
+
+    >>> seeds = np.array([0, 5], dtype=np.uint64)
+    >>> both = streams_keys(seeds, 7, ("data", "train"))
+    >>> bool((both[1] == stream_keys(seeds, 7, "train")).all()), both.shape
+    (True, (2, 2))
+    """
+    index = np.array([STREAMS.index(stream) + 1 for stream in streams], dtype=np.uint64)
     with np.errstate(over="ignore"):
         z = mix64(seeds.astype(np.uint64) + _GAMMA)
         z = mix64(z ^ np.uint64(benchmark) * _M1 + _GAMMA)
-        return mix64(z + np.uint64(index + 1) * _GAMMA)
+        return mix64(z + index[:, None] * _GAMMA)
 
 
 def uniforms(keys: np.ndarray, counters: np.ndarray, size: int) -> np.ndarray:
