@@ -231,7 +231,8 @@ def round_digits(x: np.ndarray, digits: int) -> np.ndarray:
     scale = 10.0 ** digits
     y = x * scale
     out = np.rint(y) / scale
-    near_half = np.abs(np.abs(y - np.trunc(y)) - 0.5) <= 4 * np.spacing(np.abs(y))  # the product's rounding
+    size = np.abs(y)  # |y| - trunc(|y|) is |y - trunc(y)| exactly (both subtractions are exact)
+    near_half = np.abs(size - np.trunc(size) - 0.5) <= 4 * np.spacing(size)  # the product's rounding
     if near_half.any():
         out[near_half] = [round(v, digits) for v in x[near_half].tolist()]
     return out
