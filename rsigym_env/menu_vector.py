@@ -734,6 +734,7 @@ class MenuArrayEnv(VectorEnv):
             mean = domain.teacher_accuracy.get(teacher, 0.5)
             logit.append(math.log(mean / (1.0 - mean)))
             shift.append(ranked.index(teacher) if teacher in ranked else 0)
+        self._gen_barred = self._gen_error != ""  # per teacher: generate_data refused
         self._price_in, self._price_out = np.array(price_in), np.array(price_out)
         self._acc_logit, self._shift_column = np.array(logit), np.array(shift, np.intp)
         self._dup_rate = np.array([TEACHER_DUPLICATES.get(t, 0.0) for t in TEACHERS])
@@ -807,7 +808,7 @@ class MenuArrayEnv(VectorEnv):
         """``SimWorld.teacher_skill`` of each row's teacher where it is not known yet, in one ``calibrate_skill``
         call (its rows stop on their own, as ``teacher_skills``): the skill at which the teacher solves the
         world's tasks (official, then dev) as often as its accuracy on the world says."""
-        missing = np.isnan(self.teacher_skill[rows, teacher]) & (self._gen_error[teacher] == "")
+        missing = np.isnan(self.teacher_skill[rows, teacher]) > self._gen_barred[teacher]  # a & ~b
         if missing.any():
             r, t = rows[missing], teacher[missing]
             self.teacher_skill[r, t] = calibrate_skill(self._both_halves[self.batch.worlds.half[r]], 1.0,
@@ -854,9 +855,9 @@ class MenuArrayEnv(VectorEnv):
         the input tokens, refused for money, and the refusal message's two amounts as the adapter reads them:
         needed, available)."""
         self._call(rows)
-        code = self._gen_error[teacher]
-        barred = code != ""
+        barred = self._gen_barred[teacher]
         if barred.any():
+            code = self._gen_error[teacher]
             for value in set(code[barred].tolist()):
                 self._refuse(rows[code == value], value)
         domain = self.batch.model.domain
@@ -864,7 +865,7 @@ class MenuArrayEnv(VectorEnv):
         hold = nano_up((input_tokens * self._price_in[teacher] + (n * _MAX_TOKENS) * self._price_out[teacher]) * PER_M)
         left = self.budget_n - self.spent_n[rows] - self.reserved_n[rows]
         fits = hold <= left
-        short = ~barred & ~fits
+        short = ~(barred | fits)
         needs, available = np.zeros(rows.size), np.zeros(rows.size)
         if short.any():  # both amounts in one pass
             both = round_digits(np.concatenate([hold[short], left[short]]) / NANO, 4)
