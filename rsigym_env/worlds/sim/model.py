@@ -450,21 +450,17 @@ INTERFERENCE_AXES = (5, 4, 3, 2, 1)
 def per_code(values: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     """(N, 32): for every code, the sum of ``values`` (N, 5) over the defects it has, added in ``DEFECTS``
     order (``axes``: :data:`CODE_AXES` or :data:`INTERFERENCE_AXES`); element-wise, so a row's sums never
-    depend on the other rows.
+    depend on the other rows. The table doubles once per defect (contiguous passes; the same sums, in the
+    same order, as adding each defect's value to the half of the codes that have it).
 
     >>> per_code(np.array([[1.0, 2.0, 4.0, 8.0, 16.0]]), CODE_AXES)[0, [0, 1, 16, 31]].tolist()
     [0.0, 2.0, 1.0, 31.0]
     """
     size = len(values)
-    out = np.zeros((size, 2, 2, 2, 2, 2))
-    for j, index in enumerate(_HALVES[axes]):  # one in-place add on the half of the codes that have the bit
-        out[index] += values[:, j].reshape(size, 1, 1, 1, 1)
+    out = np.zeros((size, 1, 1, 1, 1, 1))
+    for j, axis in enumerate(axes):  # the codes without the bit, then the same plus the defect's value
+        out = np.concatenate([out, out + values[:, j].reshape(size, 1, 1, 1, 1, 1)], axis=axis)
     return out.reshape(size, CODES)
-
-
-_HALVES = {axes: tuple(tuple(1 if a == axis else slice(None) for a in range(6)) for axis in axes)
-           for axes in (CODE_AXES, INTERFERENCE_AXES)}
-"""Per axes tuple of :func:`per_code`, the index of each defect's half of the (N, 2, 2, 2, 2, 2) codes."""
 
 
 @dataclass(frozen=True)
