@@ -144,7 +144,7 @@ from .scoring import normalized_gain
 from .tools import GenerateData, Train, parse_action
 from .worlds.sim.batch import HarnessArrays, SimBatch
 from .worlds.sim.benchmarks import TEACHER_DUPLICATES
-from .worlds.sim.draws import benchmark_key, binomial, norm_ppf, stream_keys, uniforms
+from .worlds.sim.draws import benchmark_key, binomial, norm_ppf, streams_keys, uniforms
 from .worlds.sim.model import (DEDUPE_RECALL, DUPLICATE_WEIGHT, FILTER_FALSE_PASS, FILTER_RECALL, GENERATE_DRAWS,
                                INTENSITY_SCALE, TRAIN_NOISE, TrainSettings, calibrate_skill, truncated_mean_tokens)
 from .worlds.sim.world import TRANSFORM_SECONDS_PER_EXAMPLE, TRANSFORM_STARTUP_S
@@ -231,7 +231,8 @@ def round_digits(x: np.ndarray, digits: int) -> np.ndarray:
     scale = 10.0 ** digits
     y = x * scale
     out = np.rint(y) / scale
-    near_half = np.abs(np.abs(y - np.trunc(y)) - 0.5) <= 4 * np.spacing(np.abs(y))  # the product's rounding
+    size = np.abs(y)  # |y| - trunc(|y|) is |y - trunc(y)| exactly (both subtractions are exact)
+    near_half = np.abs(size - np.trunc(size) - 0.5) <= 4 * np.spacing(size)  # the product's rounding
     if near_half.any():
         out[near_half] = [round(v, digits) for v in x[near_half].tolist()]
     return out
@@ -614,27 +615,28 @@ class MenuArrayEnv(VectorEnv):
         self._call(rows)
         lr = np.array([_ARG[a] for a in actions.tolist()])
         go = np.ones(rows.size, bool)
-        settings = np.empty(rows.size, object)
+        terms = np.zeros((rows.size, 4))  # per row, its tool's (epochs, intensity, learnable, ramp)
         for value in set(lr.tolist()):
             at = lr == value
             tool = self._train_tool(value)
             if isinstance(tool, ActionError):
                 self._refuse(rows[at], tool.code)
                 go[at] = False
-            settings[at] = tool
+            else:
+                terms[at] = self._train_terms[value]
         unknown = go & (self.train_set[rows] < 0)
         self._refuse(rows[unknown], "unknown_ref")
         go &= ~unknown
-        rows_go, tools = rows[go], settings[go]
+        rows_go, terms = rows[go], terms[go]
         if rows_go.size:
             data = self.train_set[rows_go]
-            epochs = np.array([t.num_epochs for t in tools.tolist()], np.int64)
+            epochs = terms[:, 0].astype(np.int64)
             tokens = self.ds_tokens[rows_go, data] * epochs
             usd = tokens * self.prices.model_price.train * PER_M
             hold = nano_up(usd)
             fits = hold <= self.budget_n - self.spent_n[rows_go] - self.reserved_n[rows_go]
             self._refuse(rows_go[~fits], "insufficient_budget")
-            rows_go, tools, data, tokens, usd, hold = (a[fits] for a in (rows_go, tools, data, tokens, usd, hold))
+            rows_go, terms, data, tokens, usd, hold = (a[fits] for a in (rows_go, terms, data, tokens, usd, hold))
         if rows_go.size:
             self.reserved_n[rows_go] += hold
             self._ran(rows_go)
@@ -643,7 +645,7 @@ class MenuArrayEnv(VectorEnv):
             self.running[rows_go], self.job_train[rows_go] = True, True
             self.job_start[rows_go], self.job_ready[rows_go] = self.clock[rows_go], self.clock[rows_go] + seconds
             self.job_usd[rows_go] = usd
-            self.job_skill[rows_go] = self._trained_skill(rows_go, data, tools)
+            self.job_skill[rows_go] = self._trained_skill(rows_go, data, terms)
             self.job_memory[rows_go] = 0.0  # synthetic data only: no dev prompts to remember
             self.job_ds[rows_go] = data
             self.trainings[rows_go] += 1
@@ -654,22 +656,21 @@ class MenuArrayEnv(VectorEnv):
             self._wait(waiting)
             waiting = waiting[~self.done[waiting] & self.running[waiting]]
 
-    def _trained_skill(self, rows: np.ndarray, data: np.ndarray, tools: np.ndarray) -> np.ndarray:
+    def _trained_skill(self, rows: np.ndarray, data: np.ndarray, terms: np.ndarray) -> np.ndarray:
         """``SimTrain.start``'s checkpoint skill: ``train_model`` from base (no exposure, intensity or memory
         yet, so none of its lineage terms) on the dataset's counts, toward the world's distillation target,
-        with the normal of the world's next ``train`` draw. The ``math`` calls stay ``math`` (as there)."""
+        with the normal of the world's next ``train`` draw. The ``math`` calls stay ``math`` (as there);
+        ``terms``: each row's tool terms (:meth:`_train_tool`)."""
         u = uniforms(self.train_keys[rows], self.train_counter[rows], 1)[:, 0]
         self.train_counter[rows] += 1
         z = norm_ppf(u)
         w, domain = self.batch.worlds, self.batch.model.domain
         n, correct = self.ds_n[rows, data], self.ds_correct[rows, data]
         effective = n - (1.0 - DUPLICATE_WEIGHT) * self.ds_dup[rows, data]
-        settings = [TrainSettings.of(t) for t in tools.tolist()]
-        intensity = np.array([s.intensity for s in settings])
-        learnable = np.array([s.learnable for s in settings])
+        intensity, learnable, ramp = terms[:, 1], terms[:, 2], terms[:, 3]
         scale = domain.examples_scale
         enough = np.array([1.0 - math.exp(-e / scale) for e in effective.tolist()])
-        step = learnable * enough * np.array([1.0 - math.exp(-i / INTENSITY_SCALE) for i in intensity.tolist()])
+        step = learnable * enough * ramp
         excess = np.maximum(0.0, intensity - w.threshold[rows])
         damage = np.minimum(6.0, w.damage_scale[rows] * np.array([e ** 0.25 for e in excess.tolist()]))
         base = w.base_skill[rows]
@@ -733,6 +734,7 @@ class MenuArrayEnv(VectorEnv):
             mean = domain.teacher_accuracy.get(teacher, 0.5)
             logit.append(math.log(mean / (1.0 - mean)))
             shift.append(ranked.index(teacher) if teacher in ranked else 0)
+        self._gen_barred = self._gen_error != ""  # per teacher: generate_data refused
         self._price_in, self._price_out = np.array(price_in), np.array(price_out)
         self._acc_logit, self._shift_column = np.array(logit), np.array(shift, np.intp)
         self._dup_rate = np.array([TEACHER_DUPLICATES.get(t, 0.0) for t in TEACHERS])
@@ -749,9 +751,12 @@ class MenuArrayEnv(VectorEnv):
         table = self.batch.table.difficulty  # a teacher's calibration runs on official then dev tasks
         self._both_halves = np.stack([np.concatenate([table[0], table[1]]), np.concatenate([table[1], table[0]])])
         self._train_tools: dict[float, Any] = {}
+        self._train_terms: dict[float, tuple[float, float, float, float]] = {}
 
     def _train_tool(self, lr: float) -> Any:
-        """The authorized ``train`` tool of the menu's entry for ``lr`` (on any dataset), or its refusal."""
+        """The authorized ``train`` tool of the menu's entry for ``lr`` (on any dataset), or its refusal; its
+        terms (epochs, ``TrainSettings`` intensity and learnable, ``1 - exp(-intensity / INTENSITY_SCALE)``)
+        in ``_train_terms[lr]``, the same ``math`` as ``_trained_skill`` did per row."""
         if lr not in self._train_tools:
             args: dict[str, Any] = {"dataset": MISSING}
             if lr != DEFAULT_LR:
@@ -763,6 +768,10 @@ class MenuArrayEnv(VectorEnv):
             except ActionError as err:
                 tool = err
             self._train_tools[lr] = tool
+            if not isinstance(tool, ActionError):
+                settings = TrainSettings.of(tool)
+                self._train_terms[lr] = (settings.num_epochs, settings.intensity, settings.learnable,
+                                         1.0 - math.exp(-settings.intensity / INTENSITY_SCALE))
         return self._train_tools[lr]
 
     def _raws(self, rows: np.ndarray) -> np.ndarray:
@@ -799,7 +808,7 @@ class MenuArrayEnv(VectorEnv):
         """``SimWorld.teacher_skill`` of each row's teacher where it is not known yet, in one ``calibrate_skill``
         call (its rows stop on their own, as ``teacher_skills``): the skill at which the teacher solves the
         world's tasks (official, then dev) as often as its accuracy on the world says."""
-        missing = np.isnan(self.teacher_skill[rows, teacher]) & (self._gen_error[teacher] == "")
+        missing = np.isnan(self.teacher_skill[rows, teacher]) > self._gen_barred[teacher]  # a & ~b
         if missing.any():
             r, t = rows[missing], teacher[missing]
             self.teacher_skill[r, t] = calibrate_skill(self._both_halves[self.batch.worlds.half[r]], 1.0,
@@ -826,16 +835,17 @@ class MenuArrayEnv(VectorEnv):
         fitted = np.zeros(rows.size, bool)
         run = np.flatnonzero(go)
         sizes, holds, tokens = n[run], hold[run], input_tokens[run]
+        refused = run[:0]
         if again.size:
             go2, hold2, tokens2, *_ = self._ask_generate(rows[again], teacher[again], fit[again])
-            self._after_call(rows[again[~go2]])
+            refused = again[~go2]  # their limits with the others' below: no row's call reads another row
             fitted[again[go2]] = True
             run = np.concatenate([run, again[go2]])
             sizes = np.concatenate([sizes, fit[again[go2]]])
             holds, tokens = np.concatenate([holds, hold2[go2]]), np.concatenate([tokens, tokens2[go2]])
         if run.size:
             self._draw_generations(rows[run], teacher[run], sizes, tokens, holds)
-            self._after_call(rows[run])
+        self._after_call(rows[np.concatenate([refused, run])] if refused.size else rows[run])
         return fitted
 
     def _ask_generate(self, rows: np.ndarray, teacher: np.ndarray, n: np.ndarray
@@ -845,9 +855,9 @@ class MenuArrayEnv(VectorEnv):
         the input tokens, refused for money, and the refusal message's two amounts as the adapter reads them:
         needed, available)."""
         self._call(rows)
-        code = self._gen_error[teacher]
-        barred = code != ""
+        barred = self._gen_barred[teacher]
         if barred.any():
+            code = self._gen_error[teacher]
             for value in set(code[barred].tolist()):
                 self._refuse(rows[code == value], value)
         domain = self.batch.model.domain
@@ -855,11 +865,11 @@ class MenuArrayEnv(VectorEnv):
         hold = nano_up((input_tokens * self._price_in[teacher] + (n * _MAX_TOKENS) * self._price_out[teacher]) * PER_M)
         left = self.budget_n - self.spent_n[rows] - self.reserved_n[rows]
         fits = hold <= left
-        short = ~barred & ~fits
+        short = ~(barred | fits)
         needs, available = np.zeros(rows.size), np.zeros(rows.size)
-        if short.any():
-            needs[short] = round_digits(hold[short] / NANO, 4)
-            available[short] = round_digits(left[short] / NANO, 4)
+        if short.any():  # both amounts in one pass
+            both = round_digits(np.concatenate([hold[short], left[short]]) / NANO, 4)
+            needs[short], available[short] = both[:both.size // 2], both[both.size // 2:]
             self._refuse(rows[short], "insufficient_budget")
         return fits & ~barred, hold, input_tokens, short, needs, available
 
@@ -1209,9 +1219,10 @@ class MenuArrayEnv(VectorEnv):
             return
         s = self.scenario
         # the limits over all N rows (as cheap as over a few: the cost is per NumPy call), then the callers'
+        # (integers: left < min is spent + reserved > budget - min; on bools, a > b is a & ~b)
         limits = [self.steps >= s.max_steps, self.refusals >= s.refusal_limit, self.clock >= self.time_limit_s,
-                  ~self.running & (self.budget_n - self.spent_n - self.reserved_n < self._min_n)]
-        ending = (limits[0] | limits[1] | limits[2] | limits[3])[rows] & ~self.done[rows]
+                  (self.spent_n + self.reserved_n > self.budget_n - self._min_n) > self.running]
+        ending = (limits[0] | limits[1] | limits[2] | limits[3])[rows] > self.done[rows]
         if ending.any():
             ends = rows[ending]
             reason = np.select([c[ends] for c in limits], ["step limit", "refusal limit", "time limit",
@@ -1323,7 +1334,7 @@ class MenuArrayEnv(VectorEnv):
         self.ds_n[rows] = 0
         seeds_u = self.batch.seeds[rows]
         key = benchmark_key(self.scenario.benchmark)
-        self.data_keys[rows], self.train_keys[rows] = stream_keys(seeds_u, key, "data"), stream_keys(seeds_u, key, "train")
+        self.data_keys[rows], self.train_keys[rows] = streams_keys(seeds_u, key, ("data", "train"))
         shift = self.batch.worlds.teacher_shift[rows][:, self._shift_column]
         self.teacher_acc[rows] = 1.0 / (1.0 + np.exp(-(self._acc_logit + shift)))  # SimWorld.teacher_accuracy
         self.ckpt_skill[rows] = self.ckpt_memory[rows] = np.nan

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .draws import benchmark_key, seed_array, stream_keys, uniforms
+from .draws import benchmark_key, seed_array, stream_keys, streams_keys, uniforms
 from .model import (
     EVAL_DRAWS,
     MAX_ATTEMPTS,
@@ -187,8 +187,7 @@ class SimBatch:
             getattr(self.worlds, name)[rows] = getattr(drawn, name)
         self.seeds[rows] = seeds
         key = benchmark_key(self.model.benchmark.id)
-        self.eval_keys[rows] = stream_keys(seeds, key, "eval")
-        self.official_keys[rows] = stream_keys(seeds, key, "official")
+        self.eval_keys[rows], self.official_keys[rows] = streams_keys(seeds, key, ("eval", "official"))
         self.eval_counters[rows] = 0
 
     def world(self, row: int) -> SimWorld:

@@ -72,11 +72,22 @@ def seed_array(seeds: object) -> np.ndarray:
 
 def stream_keys(seeds: np.ndarray, benchmark: int, stream: str) -> np.ndarray:
     """(N,) uint64: the key of ``stream`` in each world ``(seed, benchmark)``."""
-    index = STREAMS.index(stream)
+    return streams_keys(seeds, benchmark, (stream,))[0]
+
+
+def streams_keys(seeds: np.ndarray, benchmark: int, streams: tuple[str, ...]) -> np.ndarray:
+    """(len(streams), N) uint64: :func:`stream_keys` of each stream, the world's part mixed once.
+
+    >>> seeds = np.array([0, 5], dtype=np.uint64)
+    >>> both = streams_keys(seeds, 7, ("data", "train"))
+    >>> bool((both[1] == stream_keys(seeds, 7, "train")).all()), both.shape
+    (True, (2, 2))
+    """
+    index = np.array([STREAMS.index(stream) + 1 for stream in streams], dtype=np.uint64)
     with np.errstate(over="ignore"):
         z = mix64(seeds.astype(np.uint64) + _GAMMA)
         z = mix64(z ^ np.uint64(benchmark) * _M1 + _GAMMA)
-        return mix64(z + np.uint64(index + 1) * _GAMMA)
+        return mix64(z + index[:, None] * _GAMMA)
 
 
 def uniforms(keys: np.ndarray, counters: np.ndarray, size: int) -> np.ndarray:
@@ -105,16 +116,6 @@ def _steps(size: int) -> np.ndarray:
 
 
 # Wichura's AS241 (PPND16) as Python's statistics.NormalDist.inv_cdf computes it, element-wise.
-def _poly(x: np.ndarray, coefficients: tuple[float, ...]) -> np.ndarray:
-    """Horner's rule, highest coefficient first."""
-    out = x * coefficients[0]  # = full_like(x, c0) * x: the same products, one call fewer
-    out += coefficients[1]
-    for c in coefficients[2:]:
-        out *= x
-        out += c
-    return out
-
-
 _A = (2.5090809287301226727e+3, 3.3430575583588128105e+4, 6.7265770927008700853e+4, 4.5921953931549871457e+4,
       1.3731693765509461125e+4, 1.9715909503065514427e+3, 1.3314166789178437745e+2, 3.3871328727963666080e+0)
 _B = (5.2264952788528545610e+3, 2.8729085735721942674e+4, 3.9307895800092710610e+4, 2.1213794301586595867e+4,
@@ -129,22 +130,43 @@ _F = (2.04426310338993978564e-15, 1.42151175831644588870e-7, 1.84631831751005468
       1.48753612908506148525e-2, 1.36929880922735805310e-1, 5.99832206555887937690e-1, 1.0)
 
 
+def _poly_pair(x: np.ndarray, pair: np.ndarray) -> np.ndarray:
+    """Two polynomials at ``x`` by Horner's rule in one pass (``pair``: (k, 2, 1), the coefficients of both,
+    highest first): (2, len(x)), each element's products and sums the same floats as one at a time.
+
+    >>> _poly_pair(np.array([2.0, 3.0]), np.array([[1.0, 2.0], [0.0, 1.0]])[:, :, None]).tolist()
+    [[2.0, 3.0], [5.0, 7.0]]
+    """
+    out = x * pair[0]  # = full_like(x, c0) * x: the same products, one call fewer
+    out += pair[1]
+    for c in pair[2:]:
+        out *= x
+        out += c
+    return out
+
+
+_AB, _CD, _EF = (np.array(pair).T[:, :, None] for pair in ((_A, _B), (_C, _D), (_E, _F)))
+
+
 def norm_ppf(p: np.ndarray) -> np.ndarray:
     """The standard normal quantile of each ``p`` in (0, 1) (AS241, as ``NormalDist().inv_cdf``)."""
     shape = np.shape(p)
     p = np.asarray(p, dtype=np.float64).reshape(-1)
     q = p - 0.5
     r = 0.180625 - q * q
-    out = q * _poly(r, _A) / _poly(r, _B)  # the central branch, right for |q| <= 0.425
+    top, bottom = _poly_pair(r, _AB)
+    out = q * top / bottom  # the central branch, right for |q| <= 0.425
     tails = np.abs(q) > 0.425
     if tails.any():  # each element is computed as alone: the branches only pick which formula
         pt, qt = p[tails], q[tails]
         rt = np.sqrt(-np.log(np.where(qt > 0.0, 1.0 - pt, pt)))
         near = rt - 1.6
-        x = _poly(near, _C) / _poly(near, _D)
+        top, bottom = _poly_pair(near, _CD)
+        x = top / bottom
         if (rt > 5.0).any():  # p below ~1e-11: rare
             far = rt - 5.0
-            x = np.where(rt <= 5.0, x, _poly(far, _E) / _poly(far, _F))
+            top, bottom = _poly_pair(far, _EF)
+            x = np.where(rt <= 5.0, x, top / bottom)
         out[tails] = np.where(qt < 0.0, -x, x)
     return out.reshape(shape)
 

@@ -450,17 +450,16 @@ INTERFERENCE_AXES = (5, 4, 3, 2, 1)
 def per_code(values: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
     """(N, 32): for every code, the sum of ``values`` (N, 5) over the defects it has, added in ``DEFECTS``
     order (``axes``: :data:`CODE_AXES` or :data:`INTERFERENCE_AXES`); element-wise, so a row's sums never
-    depend on the other rows.
+    depend on the other rows. The table doubles once per defect (contiguous passes; the same sums, in the
+    same order, as adding each defect's value to the half of the codes that have it).
 
     >>> per_code(np.array([[1.0, 2.0, 4.0, 8.0, 16.0]]), CODE_AXES)[0, [0, 1, 16, 31]].tolist()
     [0.0, 2.0, 1.0, 31.0]
     """
     size = len(values)
-    out = np.zeros((size, 2, 2, 2, 2, 2))
-    for j, axis in enumerate(axes):  # one in-place add on the half of the codes that have the bit
-        index: list[slice | int] = [slice(None)] * 6
-        index[axis] = 1
-        out[tuple(index)] += values[:, j].reshape(size, 1, 1, 1, 1)
+    out = np.zeros((size, 1, 1, 1, 1, 1))
+    for j, axis in enumerate(axes):  # the codes without the bit, then the same plus the defect's value
+        out = np.concatenate([out, out + values[:, j].reshape(size, 1, 1, 1, 1, 1)], axis=axis)
     return out.reshape(size, CODES)
 
 
@@ -498,8 +497,9 @@ def exposure(table: TaskTable, half: np.ndarray, variant: np.ndarray, present: n
     cell = code + CODES * np.arange(len(half))[:, None]
     counts = np.concatenate([active[:, :1], present[:, 1:] & active[:, 1:]], axis=1)
     trip = np.where(counts, severity, 0.0)
-    passing = np.exp(per_code(np.where(counts, np.log1p(-severity), 0.0), CODE_AXES))
-    return Exposure(code, cell, passing, per_code(trip, CODE_AXES), trip)
+    size = len(half)  # both tables in one per_code pass (its rows are independent)
+    both = per_code(np.concatenate([np.where(counts, np.log1p(-severity), 0.0), trip]), CODE_AXES)
+    return Exposure(code, cell, np.exp(both[:size]), both[size:], trip)
 
 
 def _minimal_ceiling(table: TaskTable, present: np.ndarray, severity: np.ndarray, half: np.ndarray) -> np.ndarray:
@@ -551,12 +551,14 @@ def calibrate_worlds(benchmark_id: str, half: np.ndarray, factor: np.ndarray, ta
 
 def calibrate_skill(difficulty: np.ndarray, factor: np.ndarray, target: float | np.ndarray) -> np.ndarray:
     """The skill ``s`` with ``mean(sigmoid(s - d) * factor) == target`` (safeguarded Newton), per row
-    of ``difficulty`` (..., n); each row stops on its own, so a row's result does not depend on the others.
+    of ``difficulty`` (..., n); each row stops on its own, so a row's result does not depend on the others
+    (the live rows' arrays are kept packed and cut only when some row stops: the same floats, fewer calls).
 
     >>> float(calibrate_skill(np.zeros(4), np.ones(4), 0.5))
     0.0
     """
     difficulty = np.asarray(difficulty, dtype=float)
+    unit = np.ndim(factor) == 0 and float(factor) == 1.0  # q * 1.0 is q: those products are left out
     factor = np.broadcast_to(np.asarray(factor, dtype=float), difficulty.shape)
     shape, n = difficulty.shape[:-1], difficulty.shape[-1]
     d, f = difficulty.reshape(-1, n), factor.reshape(-1, n)
@@ -565,23 +567,29 @@ def calibrate_skill(difficulty: np.ndarray, factor: np.ndarray, target: float | 
     if not ((0.0 < goal) & (goal < ceiling)).all():
         raise ValueError(f"target {goal.tolist()} is not reachable (ceiling {ceiling.round(4).tolist()})")
     rows = len(goal)
-    low, high, s = np.full(rows, -60.0), np.full(rows, 60.0), np.zeros(rows)
+    s = np.zeros(rows)
     live = np.arange(rows)
+    low, high, sl = np.full(rows, -60.0), np.full(rows, 60.0), s.copy()
     for _ in range(200):
-        q = 1.0 / (1.0 + np.exp(-(s[live, None] - d[live])))
-        gap = np.add.reduce(q * f[live], axis=-1) / n - goal[live]
+        q = 1.0 / (1.0 + np.exp(-(sl[:, None] - d)))
+        gap = np.add.reduce(q if unit else q * f, axis=-1) / n - goal
         going = np.abs(gap) >= 1e-13
-        live, q, gap = live[going], q[going], gap[going]
-        if not live.size:
-            break
+        if not going.all():
+            s[live] = sl
+            live, d, goal, q, gap = live[going], d[going], goal[going], q[going], gap[going]
+            sl, low, high = sl[going], low[going], high[going]
+            f = f if unit else f[going]
+            if not live.size:
+                break
         above = gap > 0
-        high[live] = np.where(above, s[live], high[live])
-        low[live] = np.where(above, low[live], s[live])
-        slope = np.add.reduce(q * (1.0 - q) * f[live], axis=-1) / n
+        high = np.where(above, sl, high)
+        low = np.where(above, low, sl)
+        slope = np.add.reduce(q * (1.0 - q) if unit else q * (1.0 - q) * f, axis=-1) / n
         with np.errstate(divide="ignore", invalid="ignore"):
-            step = np.where(slope > 0, s[live] - gap / slope, np.nan)
-        inside = (low[live] < step) & (step < high[live])
-        s[live] = np.where(inside, step, 0.5 * (low[live] + high[live]))
+            step = np.where(slope > 0, sl - gap / slope, np.nan)
+        inside = (low < step) & (step < high)
+        sl = np.where(inside, step, 0.5 * (low + high))
+    s[live] = sl
     return s.reshape(shape)
 
 
