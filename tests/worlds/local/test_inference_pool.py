@@ -227,7 +227,9 @@ def test_a_worker_is_sent_only_the_blocks_it_does_not_hold(setup):
         pooled = small.client(model_path=path, tokenizer=tokenizer)
         order = list(range(len(prompts)))
         random.Random(7).shuffle(order)
-        for wave in (1, 2, 3):
+        # Which worker takes which request is the scheduler's choice: under load one worker may take a whole
+        # wave (everything named, nothing sent). So the waves go on, bounded, until a block was sent too.
+        for wave in range(1, 9):
             if wave == 3:
                 small._threads[0].proc.kill()  # its store is gone: the pool's record of it must go too
                 small._threads[0].proc.wait()
@@ -235,6 +237,9 @@ def test_a_worker_is_sent_only_the_blocks_it_does_not_hold(setup):
                        for i in order}
             assert [exactly(futures[i].result(60)) for i in range(len(prompts))] == plain
             assert all(w.held_bytes <= small.worker_block_bytes for w in small._threads)
+            if wave >= 3 and sum(w.sent for w in small._threads) > 0:
+                break
+            random.Random(wave).shuffle(order)
         assert sum(w.named for w in small._threads) > 0 and sum(w.sent for w in small._threads) > 0
     finally:
         small.close()
