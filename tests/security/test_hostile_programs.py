@@ -22,6 +22,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from proc_helpers import process_tree
 
 import rsigym_env
 from rsigym_env.agents import AgentSpec
@@ -127,21 +128,15 @@ def still_fine(pool: ProgramPool) -> None:
 
 def sandbox_processes() -> list[int]:
     """Processes descending from this one that run a program's runtime (or its bubblewrap)."""
-    parents, cmdlines = {}, {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    found = []
+    for pid in process_tree(os.getpid()) - {os.getpid()}:
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmdlines[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-    mine = {os.getpid()}
-    for _ in range(10):
-        mine |= {pid for pid, ppid in parents.items() if ppid in mine}
-    return [pid for pid in mine if pid != os.getpid() and (b"runtime.py" in cmdlines.get(pid, b"")
-                                                           or b"bwrap" in cmdlines.get(pid, b""))]
+        if b"runtime.py" in cmdline or b"bwrap" in cmdline:
+            found.append(pid)
+    return found
 
 
 def events(researcher: ProgramResearcher) -> set[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from proc_helpers import process_tree
 
 from rsigym_env.worlds.local.sandbox import isolation
 from rsigym_env.worlds.local.sandbox.isolation import (
@@ -49,25 +50,6 @@ def need_cgroup(g: SandboxGroup) -> None:
         pytest.skip("no usable cgroup here")
 
 
-def descendants(pid: int) -> set[int]:
-    """``pid`` and every live process below it (host view)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
-    found, stack = set(), [pid]
-    while stack:
-        p = stack.pop()
-        found.add(p)
-        stack.extend(children.get(p, []))
-    return found
-
-
 def run(command: str, g: SandboxGroup, **kw: object) -> isolation.ExecResult:
     return run_isolated(command, workdir=g.subdir("app"), group=g, **kw)  # type: ignore[arg-type]
 
@@ -98,7 +80,7 @@ def test_every_process_of_a_command_is_in_the_group_from_the_start(group: Sandbo
         while b"up" not in proc._bufs["stdout"] and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         time.sleep(0.2)
-        mine = descendants(proc.pid)
+        mine = process_tree(proc.pid)
         inside = group._state.cgroup.pids()  # type: ignore[union-attr]
         try:
             assert len(mine) >= 6, mine   # bwrap, its sandbox child and init, sh, sleeps, python and its fork

@@ -444,11 +444,21 @@ def _shell(command: str | Sequence[str]) -> list[str]:
     return argv
 
 
+def _rlimit_pairs(limits: Limits) -> list[tuple[str, int, tuple[int, int]]]:
+    """``(prlimit's name, resource, (soft, hard))`` of each limit a command runs under.
+
+    >>> [(name, pair) for name, _, pair in _rlimit_pairs(Limits(cpu_s=5))][1]
+    ('cpu', (5, 6))
+    """
+    mem, fsize = limits.memory_mb << 20, limits.file_mb << 20
+    return [("as", resource.RLIMIT_AS, (mem, mem)), ("cpu", resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1)),
+            ("nproc", resource.RLIMIT_NPROC, (limits.processes, limits.processes)),
+            ("fsize", resource.RLIMIT_FSIZE, (fsize, fsize)), ("core", resource.RLIMIT_CORE, (0, 0))]
+
+
 def _rlimits(limits: Limits) -> list[str]:
-    mem = limits.memory_mb << 20
-    fsize = limits.file_mb << 20
-    return ["prlimit", f"--as={mem}:{mem}", f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}",
-            f"--nproc={limits.processes}:{limits.processes}", f"--fsize={fsize}:{fsize}", "--core=0:0", "--"]
+    """``prlimit``'s command line setting :func:`_rlimit_pairs` (then ``--`` and the command)."""
+    return ["prlimit", *(f"--{name}={soft}:{hard}" for name, _, (soft, hard) in _rlimit_pairs(limits)), "--"]
 
 
 def _target(path: str) -> str:
@@ -616,23 +626,7 @@ def _unisolated_cwd(workdir: Path, cwd: str) -> str:
 # Running
 
 
-_RLIMIT_CODES = (("as", resource.RLIMIT_AS), ("cpu", resource.RLIMIT_CPU), ("nproc", resource.RLIMIT_NPROC),
-                 ("fsize", resource.RLIMIT_FSIZE), ("core", resource.RLIMIT_CORE))
 JOIN_FAILED = "[sandbox] cannot join the sandbox group"
-
-
-def _rlimit_values(limits: Limits) -> list[tuple[int, tuple[int, int]]]:
-    """``(resource, (soft, hard))`` of :func:`_rlimits`' values, for ``resource.prlimit``.
-
-    >>> dict(_rlimit_values(Limits(cpu_s=5)))[resource.RLIMIT_CPU]
-    (5, 6)
-    """
-    values = {}
-    for option in _rlimits(limits)[1:-1]:
-        name, _, pair = option[2:].partition("=")
-        soft, hard = pair.split(":")
-        values[name] = (int(soft), int(hard))
-    return [(code, values[name]) for name, code in _RLIMIT_CODES]
 
 
 @dataclass
@@ -662,7 +656,7 @@ class _Launch:
                     why = JOIN_FAILED
                     raise
             if self.limits is not None:
-                for code, pair in _rlimit_values(self.limits):
+                for _, code, pair in _rlimit_pairs(self.limits):
                     resource.prlimit(pid, code, pair)
             view = memoryview(self.data)
             while view:
