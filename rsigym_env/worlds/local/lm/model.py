@@ -972,7 +972,6 @@ class Transformer:
                               reason[r]) for r in range(rows)]
         return [results[j * num_samples:(j + 1) * num_samples] for j in range(len(prompts))]
 
-
     @staticmethod
     def _decode_row(model: "Transformer", logits: np.ndarray, opts: SamplingOptions, rng: np.random.Generator,
                     seq: np.ndarray, out_logp: np.ndarray, positions: np.ndarray, cache: _Cache | None,
