@@ -956,7 +956,7 @@ def _tree_key(root: Path) -> tuple:
     return (str(root), tuple(sorted(entries)))
 
 
-SCRATCH_ENV = "RSIGYM_EVAL_SCRATCH"  # "disk": official jobs' trial directories never go to RAM (default "auto")
+SCRATCH_ENV = "RSIGYM_EVAL_SCRATCH"  # "ram": official jobs' trial directories on /dev/shm when it has room (default "disk")
 SCRATCH_ROOT = Path("/dev/shm")
 SCRATCH_PREFIX = "rsigym-ev-scratch-"
 # RAM an official trial's directory may take, at most: its three log downloads (8 MiB each, the bubblewrap
@@ -966,15 +966,16 @@ SCRATCH_MARGIN_BYTES = 256 << 20  # left free for everything else on the tmpfs
 
 
 class Scratch:
-    """A private directory on a RAM file system (``/dev/shm``) for official jobs' trial directories, which are
-    deleted when their evaluation ends: creating and deleting a trial's dozen small files there costs a
-    fraction of the kernel time it does on a disk's file system (ext4 here).
+    """With ``$RSIGYM_EVAL_SCRATCH=ram``: a private directory on a RAM file system (``/dev/shm``) for official jobs'
+    trial directories, which are deleted when their evaluation ends (creating and deleting a trial's dozen small
+    files there costs a fraction of the kernel time it does on ext4). Off by default: in a cold swe-bench-verified
+    episode it saved nothing measurable (bench/README.md, round 7), and the trials' files would take RAM.
 
     :meth:`take` gives the directory only if the tmpfs has room for the job's worst case (``SCRATCH_TRIAL_BYTES`` a
     trial, beyond what running evaluations took and a margin), so a trial never runs out of space there that it
-    would have had on disk: otherwise ``None`` (the caller uses the disk), with a warning the first time. Without a
-    tmpfs at ``/dev/shm`` (or with ``$RSIGYM_EVAL_SCRATCH=disk``) it is never used, said once in the log. Directories
-    left by processes that died are removed when the next one is made.
+    would have had on disk: otherwise ``None`` (the caller uses the disk), with a warning the first time; without a
+    tmpfs at ``/dev/shm`` it is never used, said once in the log. Directories left by processes that died are
+    removed when the next one is made.
 
     >>> s = Scratch(root=Path("/nonexistent")); s.take(1 << 20) is None
     True
@@ -986,14 +987,15 @@ class Scratch:
         self._dir: Path | None = None
         self._taken = 0
         self._why_not: str | None = None
-        if os.environ.get(SCRATCH_ENV, "auto").strip().lower() == "disk":
-            self._why_not = f"${SCRATCH_ENV}=disk"
-        elif not _is_tmpfs(self.root):
+        self._wanted = os.environ.get(SCRATCH_ENV, "disk").strip().lower() == "ram"
+        if self._wanted and not _is_tmpfs(self.root):
             self._why_not = f"{self.root} is not a tmpfs here"
 
     def take(self, nbytes: int) -> Path | None:
         """The scratch directory, with ``nbytes`` of its file system set aside (:meth:`give_back` them), or None."""
         with self._lock:
+            if not self._wanted:
+                return None
             if self._why_not is not None:
                 _warn_scratch_once("official trial directories go to the disk: %s", self._why_not)
                 return None

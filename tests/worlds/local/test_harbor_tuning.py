@@ -122,6 +122,9 @@ shm = pytest.mark.skipif(not evaluation._is_tmpfs(evaluation.SCRATCH_ROOT), reas
 @shm
 def test_scratch_sets_room_aside_and_falls_back_to_the_disk_loudly(monkeypatch, caplog):
     monkeypatch.setattr(evaluation, "_scratch_warned", set())
+    monkeypatch.delenv(evaluation.SCRATCH_ENV, raising=False)
+    assert evaluation.Scratch().take(1) is None  # off by default
+    monkeypatch.setenv(evaluation.SCRATCH_ENV, "ram")
     scratch = evaluation.Scratch()
     free = os.statvfs(evaluation.SCRATCH_ROOT)
     room = free.f_bavail * free.f_frsize - evaluation.SCRATCH_MARGIN_BYTES
@@ -136,14 +139,16 @@ def test_scratch_sets_room_aside_and_falls_back_to_the_disk_loudly(monkeypatch, 
     finally:
         scratch.close()
     assert not first.exists()
+    with caplog.at_level(logging.WARNING, logger="rsigym_env.evaluation"):
+        assert evaluation.Scratch(root=Path("/proc")).take(1) is None  # not a tmpfs
+    assert "/proc is not a tmpfs" in caplog.text
     monkeypatch.setenv(evaluation.SCRATCH_ENV, "disk")
     assert evaluation.Scratch().take(1) is None
-    monkeypatch.delenv(evaluation.SCRATCH_ENV)
-    assert evaluation.Scratch(root=Path("/proc")).take(1) is None  # not a tmpfs
 
 
 @shm
-def test_scratch_left_by_a_dead_process_is_removed(tmp_path):
+def test_scratch_left_by_a_dead_process_is_removed(tmp_path, monkeypatch):
+    monkeypatch.setenv(evaluation.SCRATCH_ENV, "ram")
     import subprocess
     import sys
 
@@ -173,7 +178,7 @@ def test_an_official_evaluation_in_ram_scores_as_on_disk_and_leaves_nothing(tmp_
     discard = evaluation.discard_private
     monkeypatch.setattr(evaluation, "discard_private", lambda path: (where.append(path), discard(path)))
     scores, dirs = [], []
-    for mode in ("auto", "disk"):
+    for mode in ("ram", "disk"):
         monkeypatch.setenv(evaluation.SCRATCH_ENV, mode)
         svc = LocalEvalService(model_for=lambda c: SolverModel(0.5), tasks=tasks, run_dir=tmp_path / mode / "evals",
                                prices=DEFAULT_PRICES)  # a private directory of its own
