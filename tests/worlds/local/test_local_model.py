@@ -266,6 +266,67 @@ def test_lora_only_backward_skips_base_and_matches_full(rng):
         assert np.allclose(only[k], both[k], rtol=1e-12, atol=1e-14)
 
 
+def test_attention_on_packed_rows_gradient_blocks_and_causality(rng):
+    """Training's attention (local result version 6): rows of their own lengths packed one after another, queries in
+    blocks against the keys up to the block's end. Its gradient is the exact one (finite differences, float64), it is
+    each row's plain causal attention whatever the block size, and no row sees another or a later position."""
+    lengths, d, h = [7, 1, 4], 8, 2
+    qkv = rng.standard_normal((sum(lengths), 3 * d))
+    r = rng.standard_normal((sum(lengths), d))
+    for block in (1, 3, 64):
+        f = lambda block=block: float(np.sum(M.attention_rows_forward(qkv.copy(), h, lengths, block)[0] * r))  # noqa: E731
+        out, cache = M.attention_rows_forward(qkv.copy(), h, lengths, block)
+        assert directional_check(f, qkv, M.attention_rows_backward(r, cache), rng) < RTOL
+        alone = np.concatenate([M.attention_forward(qkv[None, s:e].copy(), h)[0][0] for s, e in M._segments(lengths)])
+        assert np.abs(out - alone).max() < 1e-12
+    later = qkv.copy()
+    later[6] += 1.0  # the first row's last position
+    moved = M.attention_rows_forward(later, h, lengths)[0]
+    assert np.array_equal(moved[:6], out[:6]) and np.array_equal(moved[7:], out[7:])
+
+
+@pytest.mark.parametrize("lora", [None, M.LoraConfig(rank=3, alpha=6.0)])
+def test_packed_training_is_the_exact_gradient_of_the_real_tokens_loss(rng, lora, monkeypatch):
+    """``lengths``: the model runs on each row's own tokens only (no padding, attention in blocks: local result
+    version 6). The gradient is the exact gradient of the weighted loss over the real positions (finite differences
+    in float64, every parameter), the same function as the padded full computation up to rounding, and what sits in
+    the padding changes no bit."""
+    monkeypatch.setattr(M, "ATTN_BLOCK", 3)  # several blocks a row
+    cfg = small_config(max_seq_len=12)
+    m = perturbed_model(cfg, lora, rng)
+    lengths = [9, 4, 1]
+    tokens, targets = rng.integers(0, cfg.vocab_size, (3, 9)), rng.integers(0, cfg.vocab_size, (3, 9))
+    w = rng.random((3, 9))
+    for row, n in enumerate(lengths):
+        w[row, n:] = 0.0
+    f = lambda: float(-np.sum(m.token_logprobs(tokens, targets, lengths) * w))  # noqa: E731
+    logp, grads = m.loss_and_grad(tokens, targets, -w, train_base=True, train_lora=lora is not None, lengths=lengths)
+    assert set(grads) == set(cfg.shapes()) | (set(m.lora) if m.lora else set())
+    worst = 0.0
+    for name, grad in grads.items():
+        arr = m.lora[name] if m.lora and name in m.lora else m.params[name]
+        m._merged = None
+        worst = max(worst, directional_check(f, arr, grad, rng))
+    assert worst < RTOL
+    real = w > 0
+    dense_logp, dense = m.loss_and_grad(tokens, targets, -w, train_base=True, train_lora=lora is not None)
+    assert np.abs(logp - dense_logp)[real].max() < 1e-12 and not logp[~real].any()
+    assert max(np.abs(grads[k] - dense[k]).max() for k in grads) < 1e-12
+    junk = tokens.copy()
+    junk[w == 0] = rng.integers(0, cfg.vocab_size, int((w == 0).sum()))
+    coef = lambda lp: np.where(real, -w, 1e3)  # noqa: E731  coefficients on padding are ignored too
+    logp2, grads2 = m.loss_and_grad(junk, targets, coef, train_base=True, train_lora=lora is not None, lengths=lengths)
+    assert np.array_equal(logp2[real], logp[real]) and all(np.array_equal(grads2[k], grads[k]) for k in grads)
+
+
+def test_packed_lengths_are_checked(rng):
+    m = perturbed_model(small_config(), None, rng)
+    tokens = rng.integers(0, 23, (2, 5))
+    for bad in ([5], [5, 0], [6, 1], [5, 2, 1]):
+        with pytest.raises(ValueError, match="lengths must be 2 numbers in"):
+            m.token_logprobs(tokens, tokens, bad)
+
+
 def test_lora_targets_follow_the_flags():
     cfg = small_config()
     assert M.lora_targets(cfg, M.LoraConfig(train_attn=False, train_unembed=False)) == [

@@ -485,6 +485,94 @@ def attention_backward(dout: np.ndarray, cache: tuple) -> np.ndarray:
     return dheads.transpose(1, 3, 0, 2, 4).reshape(bsz, t, 3 * h * hd)
 
 
+ATTN_BLOCK = 64
+"""Training's attention on rows of their own lengths (:func:`attention_rows_forward`) runs each row's queries in
+blocks of this many: block ``[a, b)`` meets only the keys ``[0, b)``, so about half the causal T × T work is never
+computed (the keys above the diagonal) and padding none at all."""
+
+
+def _packed_index(lengths: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(row, position) of each token of rows of ``lengths`` packed one after another.
+
+    >>> [a.tolist() for a in _packed_index([2, 1])]
+    [[0, 0, 1], [0, 1, 0]]
+    """
+    return np.repeat(np.arange(len(lengths)), lengths), np.concatenate([np.arange(n) for n in lengths])
+
+
+def _segments(lengths: Sequence[int]) -> list[tuple[int, int]]:
+    """(start, end) of each row in a packed array of rows of ``lengths``.
+
+    >>> _segments([3, 1, 2])
+    [(0, 3), (3, 4), (4, 6)]
+    """
+    ends = np.cumsum(lengths).tolist()
+    return [(e - n, e) for n, e in zip(lengths, ends)]
+
+
+def attention_rows_forward(qkv: np.ndarray, n_heads: int, lengths: Sequence[int],
+                           block: int = ATTN_BLOCK) -> tuple[np.ndarray, tuple]:
+    """Causal multi-head attention on packed rows: ``qkv`` (N, 3d) holds rows of ``lengths`` one after
+    another (N = their sum, no padding) → (N, d). Each row attends within itself, its queries in blocks
+    (:data:`ATTN_BLOCK`) against the keys up to the block's end: the same function as
+    :func:`attention_forward` on each row alone, without the work above the diagonal.
+
+    >>> rng = np.random.default_rng(0)
+    >>> qkv = rng.standard_normal((7, 12))
+    >>> out, _ = attention_rows_forward(qkv, 2, [4, 3], block=2)
+    >>> ref = np.concatenate([attention_forward(qkv[None, :4], 2)[0][0], attention_forward(qkv[None, 4:], 2)[0][0]])
+    >>> bool(np.allclose(out, ref))
+    True
+    """
+    n, three_d = qkv.shape
+    d = three_d // 3
+    hd = d // n_heads
+    out = np.empty((n, d), qkv.dtype)
+    rows = []
+    for s, e in _segments(lengths):
+        length = e - s
+        heads = np.ascontiguousarray(qkv[s:e].reshape(length, 3, n_heads, hd).transpose(1, 2, 0, 3))
+        q, k, v = heads[0], heads[1], heads[2]  # (H, L, hd)
+        q *= 1.0 / math.sqrt(hd)
+        ctx = np.empty((n_heads, length, hd), qkv.dtype)
+        probs = []
+        for a in range(0, length, block):
+            b = min(a + block, length)
+            p = q[:, a:b] @ k[:, :b].transpose(0, 2, 1)  # (H, b - a, b)
+            p[:, :, a:] += causal_mask(b - a, qkv.dtype)
+            softmax_(p)
+            np.matmul(p, v[:, :b], out=ctx[:, a:b])
+            probs.append(p)
+        out[s:e] = ctx.transpose(1, 0, 2).reshape(length, d)
+        rows.append((q, k, v, probs))
+    return out, (tuple(lengths), block, rows)
+
+
+def attention_rows_backward(dout: np.ndarray, cache: tuple) -> np.ndarray:
+    """(N, d) → d qkv (N, 3d) of :func:`attention_rows_forward`."""
+    lengths, block, rows = cache
+    n, d = dout.shape
+    dqkv = np.empty((n, 3 * d), dout.dtype)
+    for (s, e), (q, k, v, probs) in zip(_segments(lengths), rows):
+        h, length, hd = q.shape
+        dctx = np.ascontiguousarray(dout[s:e].reshape(length, h, hd).transpose(1, 0, 2))
+        dheads = np.zeros((3, h, length, hd), dout.dtype)
+        dq, dk, dv = dheads[0], dheads[1], dheads[2]
+        for a, p in zip(range(0, length, block), probs):
+            b = a + p.shape[1]
+            dc = dctx[:, a:b]
+            dv[:, :b] += p.transpose(0, 2, 1) @ dc
+            dp = dc @ v[:, :b].transpose(0, 2, 1)
+            # softmax backward: ds = p * (dp - sum(dp * p))
+            dp -= np.einsum("hij,hij->hi", dp, p)[..., None]
+            dp *= p
+            np.matmul(dp, k[:, :b], out=dq[:, a:b])
+            dk[:, :b] += dp.transpose(0, 2, 1) @ q[:, a:b]
+        dq *= 1.0 / math.sqrt(hd)
+        dqkv[s:e] = dheads.transpose(2, 0, 1, 3).reshape(length, 3 * d)
+    return dqkv
+
+
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     z = logits - np.maximum.reduce(logits, -1, keepdims=True)
     z -= np.log(np.add.reduce(np.exp(z), -1, keepdims=True))
@@ -663,8 +751,16 @@ class Transformer:
         return self.lora[name + ".lora_a"], self.lora[name + ".lora_b"]
 
     # --- training forward / backward --------------------------------------------------------
-    def forward(self, tokens: np.ndarray) -> tuple[np.ndarray, list]:
-        """(B, T) token ids → logits (B, T, V) and the activations the backward pass needs."""
+    def forward(self, tokens: np.ndarray, lengths: Sequence[int] | None = None) -> tuple[np.ndarray, list]:
+        """(B, T) token ids → logits (B, T, V) and the activations the backward pass needs.
+
+        With ``lengths`` (one per row, each in [1, T]), row ``b`` is ``tokens[b, :lengths[b]]`` (the rest is
+        padding) and the model runs on those tokens alone, packed (no work on padding; attention by
+        :func:`attention_rows_forward`): the logits come back packed, (sum of lengths, V), rows one after
+        another. The same function of the real tokens as without ``lengths``, in other float rounding
+        (training's arithmetic since local result version 6; without ``lengths``: the arithmetic the shipped
+        checkpoint was built with, full T × T attention on the whole (B, T) array).
+        """
         tokens = np.asarray(tokens)
         _use_model_threads()
         cfg, p = self.config, self.params
@@ -674,14 +770,26 @@ class Transformer:
         if tokens.size and (tokens.min() < 0 or tokens.max() >= cfg.vocab_size):
             raise ValueError(f"token ids must be in [0, {cfg.vocab_size})")
         s = self.lora_config.scale if self.lora_config else 0.0
-        n, d = bsz * t, cfg.d_model
-        x = (p["wte"][tokens] + p["wpe"][:t]).reshape(n, d)
-        caches: list = [tokens]
+        d = cfg.d_model
+        if lengths is None:
+            n = bsz * t
+            x = (p["wte"][tokens] + p["wpe"][:t]).reshape(n, d)
+            attend = lambda qkv: attention_forward(qkv.reshape(bsz, t, 3 * d), cfg.n_heads)  # noqa: E731
+            caches: list = [tokens]
+        else:
+            lengths = tuple(int(n) for n in lengths)
+            if len(lengths) != bsz or any(not 1 <= n <= t for n in lengths):
+                raise ValueError(f"lengths must be {bsz} numbers in [1, {t}]")
+            rows, pos = _packed_index(lengths)
+            n = pos.size
+            x = p["wte"][tokens[rows, pos]] + p["wpe"][pos]
+            attend = lambda qkv: attention_rows_forward(qkv, cfg.n_heads, lengths, ATTN_BLOCK)  # noqa: E731
+            caches = [(tokens[rows, pos], pos, lengths)]
         for i in range(cfg.n_layers):
             pre = f"layers.{i}."
             h1, ln1 = layernorm_forward(x, p[pre + "ln1.g"], p[pre + "ln1.b"], cfg.ln_eps)
             qkv, xa1 = linear_forward(h1, p[pre + "attn.qkv"], *self._ad(pre + "attn.qkv"), s)
-            ctx, att = attention_forward(qkv.reshape(bsz, t, 3 * d), cfg.n_heads)
+            ctx, att = attend(qkv)
             ctx = ctx.reshape(n, d)
             ao, xa2 = linear_forward(ctx, p[pre + "attn.proj"], *self._ad(pre + "attn.proj"), s)
             x = x + ao
@@ -694,20 +802,28 @@ class Transformer:
         hf, lnf = layernorm_forward(x, p["lnf.g"], p["lnf.b"], cfg.ln_eps)
         logits, xau = linear_forward(hf, unembedding(cfg, p), *self._ad("unembed"), s)
         caches.append((hf, lnf, xau))
-        return logits.reshape(bsz, t, -1), caches
+        return (logits.reshape(bsz, t, -1) if lengths is None else logits), caches
 
     def backward(self, dlogits: np.ndarray, caches: list, *, train_base: bool = False,
                  train_lora: bool = True) -> Params:
-        """Gradients of a loss with d loss / d logits = ``dlogits`` (B, T, V), for the base
-        weights (``train_base``) and/or the adapters (``train_lora``)."""
+        """Gradients of a loss with d loss / d logits = ``dlogits`` (B, T, V; packed (N, V) after a packed
+        :meth:`forward`), for the base weights (``train_base``) and/or the adapters (``train_lora``)."""
         _use_model_threads()
         cfg, p = self.config, self.params
         s = self.lora_config.scale if self.lora_config else 0.0
         lora_on = train_lora and self.lora is not None
         grads: Params = {}
-        tokens = caches[0]
-        bsz, t = tokens.shape
-        n, d = bsz * t, cfg.d_model
+        packed = isinstance(caches[0], tuple)  # (token ids, positions, lengths) of a packed forward
+        d = cfg.d_model
+        if packed:
+            tokens, pos, lengths = caches[0]
+            n = tokens.size
+            attend_back = lambda dctx, att: attention_rows_backward(dctx, att)  # noqa: E731
+        else:
+            tokens = caches[0]
+            bsz, t = tokens.shape
+            n = bsz * t
+            attend_back = lambda dctx, att: attention_backward(dctx.reshape(bsz, t, d), att)  # noqa: E731
         dl = dlogits.reshape(n, -1)
 
         def lin(dy, x, name, xa, w, need_dx=True):
@@ -735,7 +851,7 @@ class Transformer:
             dres, dgm, dbm = layernorm_backward(dh2, ln2, p[pre + "ln2.g"], train_base)
             dx = dx + dres
             dctx = lin(dx, ctx, pre + "attn.proj", xa2, p[pre + "attn.proj"])
-            dqkv = attention_backward(dctx.reshape(bsz, t, d), att).reshape(n, 3 * d)
+            dqkv = attend_back(dctx, att).reshape(n, 3 * d)
             need = train_base or i > 0  # below layer 0 only the (frozen) embeddings remain
             dh1 = lin(dqkv, h1, pre + "attn.qkv", xa1, p[pre + "attn.qkv"], need_dx=need)
             if train_base:
@@ -750,7 +866,10 @@ class Transformer:
             np.add.at(dwte, tokens.reshape(-1), dx)
             grads["wte"] = dwte
             dwpe = np.zeros_like(p["wpe"])
-            dwpe[:t] = dx.reshape(bsz, t, d).sum(0)
+            if packed:
+                np.add.at(dwpe, pos, dx)
+            else:
+                dwpe[:t] = dx.reshape(bsz, t, d).sum(0)
             grads["wpe"] = dwpe
         return grads
 
@@ -758,27 +877,52 @@ class Transformer:
         """Forward pass only: (B, T) → (B, T, V)."""
         return self.forward(np.asarray(tokens))[0]
 
-    def token_logprobs(self, tokens: np.ndarray, targets: np.ndarray) -> np.ndarray:
-        """log p(targets[b, t] | tokens[b, :t+1]) for every position, (B, T)."""
-        logits = self.logits(tokens)
-        bsz, t, v = logits.shape
-        return target_logprobs_and_grad(logits.reshape(-1, v), np.asarray(targets).reshape(-1))[0].reshape(bsz, t)
+    def token_logprobs(self, tokens: np.ndarray, targets: np.ndarray, lengths: Sequence[int] | None = None
+                       ) -> np.ndarray:
+        """log p(targets[b, t] | tokens[b, :t+1]) for every position, (B, T); with ``lengths`` (see
+        :meth:`forward`) only row ``b``'s first ``lengths[b]`` are computed, the rest are 0."""
+        tokens = np.asarray(tokens)
+        logits = self.forward(tokens, lengths)[0]
+        if lengths is None:
+            bsz, t, v = logits.shape
+            return target_logprobs_and_grad(logits.reshape(-1, v), np.asarray(targets).reshape(-1))[0].reshape(bsz, t)
+        rows, pos = _packed_index(lengths)
+        out = np.zeros(tokens.shape, logits.dtype)
+        out[rows, pos] = target_logprobs_and_grad(logits, np.asarray(targets)[rows, pos])[0]
+        return out
 
     def loss_and_grad(self, tokens: np.ndarray, targets: np.ndarray,
                       coef: np.ndarray | Callable[[np.ndarray], np.ndarray], *,
-                      train_base: bool = False, train_lora: bool = True) -> tuple[np.ndarray, Params]:
+                      train_base: bool = False, train_lora: bool = True,
+                      lengths: Sequence[int] | None = None) -> tuple[np.ndarray, Params]:
         """For a loss L with dL/d logprob(target) = ``coef`` (B, T) — cross-entropy: ``-weights`` —
         return (target log-probabilities (B, T), gradients). ``coef`` may be a function of the
-        log-probabilities (B, T) (e.g. importance sampling's ``-advantage · ratio``)."""
-        logits, caches = self.forward(np.asarray(tokens))
-        bsz, t, v = logits.shape
-        flat, tgt = logits.reshape(-1, v), np.asarray(targets).reshape(-1)
+        log-probabilities (B, T) (e.g. importance sampling's ``-advantage · ratio``). With ``lengths``
+        (see :meth:`forward`) the positions past a row's length are padding: not computed, log-probability
+        0, ``coef`` there ignored (the gradient is that of the loss over the real positions)."""
+        tokens = np.asarray(tokens)
+        logits, caches = self.forward(tokens, lengths)
+        bsz, t = tokens.shape
+        v = logits.shape[-1]
+        if lengths is None:
+            flat, tgt = logits.reshape(-1, v), np.asarray(targets).reshape(-1)
+            pick = lambda a: np.asarray(a).reshape(-1)  # noqa: E731
+            unpack = lambda lp: lp.reshape(bsz, t)  # noqa: E731
+        else:
+            rows, pos = _packed_index(lengths)
+            flat, tgt = logits, np.asarray(targets)[rows, pos]
+            pick = lambda a: np.asarray(a)[rows, pos]  # noqa: E731
+
+            def unpack(lp: np.ndarray) -> np.ndarray:
+                out = np.zeros((bsz, t), lp.dtype)
+                out[rows, pos] = lp
+                return out
         if callable(coef):
-            coef = coef(target_logprobs_and_grad(flat, tgt)[0].reshape(bsz, t))
-        logp, dlogits = target_logprobs_and_grad(flat, tgt, np.asarray(coef, dtype=logits.dtype).reshape(-1))
+            coef = coef(unpack(target_logprobs_and_grad(flat, tgt)[0]))
+        logp, dlogits = target_logprobs_and_grad(flat, tgt, pick(np.asarray(coef, dtype=logits.dtype)))
         del logits, flat
         grads = self.backward(dlogits, caches, train_base=train_base, train_lora=train_lora)
-        return logp.reshape(bsz, t), grads
+        return unpack(logp), grads
 
     # --- inference with a KV cache ----------------------------------------------------------
     def _infer(self, tokens: np.ndarray, positions: np.ndarray, cache: _Cache, bias: np.ndarray,
