@@ -283,15 +283,16 @@ def layernorm_forward(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float = 
     return xhat * g + b, (xhat, rstd)
 
 
-def layernorm_inference(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float = 1e-5) -> np.ndarray:
-    """``layernorm_forward``'s output, bit for bit, with fewer temporaries and calls (no cache kept).
+def normalize_inference(x: np.ndarray, eps: float = 1e-5) -> np.ndarray:
+    """A layernorm without its gain and bias (those are folded into the next matrix: :class:`FusedWeights`):
+    ``layernorm_forward``'s normalized ``xhat``, bit for bit, with fewer temporaries and calls (no cache kept).
 
     ``x.mean`` is ``add.reduce`` then a division by the count (exact either way: one correctly
     rounded division), and ``np.einsum`` without ``optimize`` is its C core, called directly. One row
-    (a decoding step) takes :func:`_layernorm_row`, the same operations with fewer calls.
+    (a decoding step) takes :func:`_normalize_row`, the same operations with fewer calls.
     """
     if x.shape[0] == 1 and x.dtype.type in _ROW_TYPES and ROW_PATHS:
-        return _layernorm_row(x, g, b, eps)
+        return _normalize_row(x, eps)
     n = x.shape[-1]
     mu = np.add.reduce(x, -1, keepdims=True)
     mu /= n
@@ -302,24 +303,22 @@ def layernorm_inference(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float 
     np.sqrt(var, out=var)
     np.true_divide(1.0, var, out=var)
     xc *= var
-    xc *= g
-    xc += b
     return xc
 
 
 _ROW_TYPES = (np.float32, np.float64)
 
 
-def _layernorm_row(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
-    """:func:`layernorm_inference` of a (1, n) float32 or float64 ``x``, bit for bit, in 6 array calls
-    instead of 11: the row's mean, variance and reciprocal deviation are NumPy scalars of ``x``'s type
+def _normalize_row(x: np.ndarray, eps: float) -> np.ndarray:
+    """:func:`normalize_inference` of a (1, n) float32 or float64 ``x``, bit for bit, in 4 array calls
+    instead of 9: the row's mean, variance and reciprocal deviation are NumPy scalars of ``x``'s type
     (each the same correctly rounded IEEE operation as on a (1, 1) array), the square root is
     ``math.sqrt`` in float64 rounded to the type (exact for float64; for float32 a float64 square root
     rounded to float32 is the correctly rounded float32 one, as 53 >= 2·24 + 2).
 
     >>> x = np.array([[1.0, 2.0, 4.0]], np.float32)
     >>> g, b = np.ones(3, np.float32), np.zeros(3, np.float32)
-    >>> bool((_layernorm_row(x, g, b, 1e-5) == layernorm_forward(x, g, b)[0]).all())
+    >>> bool((_normalize_row(x, 1e-5) == layernorm_forward(x, g, b)[1][0]).all())
     True
     """
     ty = x.dtype.type
@@ -327,8 +326,6 @@ def _layernorm_row(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> n
     xc = x - np.add.reduce(x, -1, keepdims=True)[0, 0] / n
     var = _c_einsum("ij,ij->i", xc, xc)[0] / n + ty(eps)
     xc *= ty(1.0) / ty(math.sqrt(var))
-    xc *= g
-    xc += b
     return xc
 
 
@@ -372,12 +369,22 @@ def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, tuple]:
     return y, (x, t)
 
 
-def gelu_(x: np.ndarray) -> np.ndarray:
-    """``gelu_forward``'s output, bit for bit, in one new array (no cache kept)."""
-    t = _gelu_tanh(x)
+def gelu_twice_(x: np.ndarray) -> np.ndarray:
+    """2 · GELU(x) (tanh approximation) in one new array: inference folds the ½ into the next matrix
+    (:class:`FusedWeights`; exact, a power of two), and ``C · x · (1 + 0.044715 x²)`` is computed as
+    ``x · (C + 0.044715 C x²)``.
+
+    >>> x = np.linspace(-4, 4, 9)
+    >>> bool(np.allclose(gelu_twice_(x) / 2, gelu_forward(x)[0], rtol=1e-12, atol=1e-15))
+    True
+    """
+    t = x * x
+    t *= 0.044715 * _GELU_C
+    t += _GELU_C
+    t *= x
+    np.tanh(t, out=t)
     t += 1.0
     t *= x
-    t *= 0.5
     return t
 
 
@@ -706,6 +713,47 @@ class SamplingOptions:
             raise ValueError("top_k must be -1 (no limit) or >= 1")
 
 
+@dataclass(frozen=True)
+class FusedWeights:
+    """A model's weights as inference uses them (local result version 6): each layernorm's gain folded into the
+    rows of the matrix after it and its bias into a bias of that product (``(x̂·g + b) W = x̂ (diag(g) W) + b W``),
+    the attention's 1/sqrt(head_dim) into the query columns, GELU's ½ into the MLP's output matrix; folded
+    in float64 and rounded once. ``layers``: per layer (qkv, qkv bias, attn.proj, fc, fc bias, ½·mlp.proj).
+
+    >>> cfg = ModelConfig(vocab_size=11, d_model=8, n_layers=1, n_heads=2, d_ff=16, max_seq_len=8)
+    >>> fw = FusedWeights.of(cfg, init_params(cfg, seed=0))
+    >>> [w.shape for w in fw.layers[0]], fw.unembed.shape
+    ([(8, 24), (24,), (8, 8), (8, 16), (16,), (16, 8)], (8, 11))
+    """
+
+    layers: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+    unembed: np.ndarray
+    unembed_bias: np.ndarray
+
+    @classmethod
+    def of(cls, config: ModelConfig, params: Params) -> "FusedWeights":
+        dtype = params["wte"].dtype
+
+        def fold(g: np.ndarray, b: np.ndarray, w: np.ndarray, cols: np.ndarray | float = 1.0
+                 ) -> tuple[np.ndarray, np.ndarray]:
+            w64 = w.astype(np.float64)
+            folded = g.astype(np.float64)[:, None] * w64 * cols
+            return np.ascontiguousarray(folded, dtype=dtype), ((b.astype(np.float64) @ w64) * cols).astype(dtype)
+
+        d = config.d_model
+        q_cols = np.ones(3 * d)
+        q_cols[:d] = 1.0 / math.sqrt(config.head_dim)
+        layers = []
+        for i in range(config.n_layers):
+            pre = f"layers.{i}."
+            w_qkv, b_qkv = fold(params[pre + "ln1.g"], params[pre + "ln1.b"], params[pre + "attn.qkv"], q_cols)
+            w_fc, b_fc = fold(params[pre + "ln2.g"], params[pre + "ln2.b"], params[pre + "mlp.fc"])
+            layers.append((w_qkv, b_qkv, np.ascontiguousarray(params[pre + "attn.proj"]), w_fc, b_fc,
+                           np.ascontiguousarray(params[pre + "mlp.proj"] * dtype.type(0.5))))
+        unembed, unembed_bias = fold(params["lnf.g"], params["lnf.b"], unembedding(config, params))
+        return cls(layers, unembed, unembed_bias)
+
+
 class Transformer:
     """The model: a config, its parameters, and optionally LoRA adapters.
 
@@ -727,6 +775,7 @@ class Transformer:
         self.lora = lora
         self.lora_config = lora_config
         self._merged: tuple[ModelConfig, Params] | None = None
+        self._fused: FusedWeights | None = None
 
     @property
     def dtype(self) -> np.dtype:
@@ -744,6 +793,12 @@ class Transformer:
         if self._merged is None:
             self._merged = merge_lora(self.config, self.params, self.lora, self.lora_config)
         return Transformer(*self._merged)
+
+    def weights_changed(self) -> None:
+        """Forget what was made from the weights (:meth:`merged`'s, :meth:`fused`'s): call after changing
+        ``params`` or ``lora`` in place."""
+        self._merged = None
+        self._fused = None
 
     def _ad(self, name: str) -> tuple[np.ndarray | None, np.ndarray | None]:
         if self.lora is None or name + ".lora_a" not in self.lora:
@@ -926,36 +981,66 @@ class Transformer:
 
     # --- inference with a KV cache ----------------------------------------------------------
     def _infer(self, tokens: np.ndarray, positions: np.ndarray, cache: _Cache, bias: np.ndarray,
-               layers: list[tuple[np.ndarray, ...]]) -> np.ndarray:
+               fused: "FusedWeights") -> np.ndarray:
         """Run ``tokens`` (B, T) at ``positions`` through the model, appending their keys and values
-        to ``cache``; ``bias`` (B, 1, T, L) masks keys; ``layers`` is ``_layer_weights()``. Returns the
-        last position's logits (B, V). The caller sets the BLAS thread count first (``_use_model_threads``)."""
-        cfg, p = self.config, self.params
+        to ``cache``; ``bias`` (B, 1, T, L) masks keys; ``fused`` is :meth:`fused` (the inference
+        weights). Returns the last position's logits (B, V). The caller sets the BLAS thread count first
+        (``_use_model_threads``)."""
+        cfg, p, eps = self.config, self.params, self.config.ln_eps
         bsz, t = tokens.shape
         d, h, hd = cfg.d_model, cfg.n_heads, cfg.head_dim
         start, end = cache.length, cache.length + t
         x = p["wte"][tokens] + p["wpe"][positions]
         x = x.reshape(bsz * t, d)
-        scale = 1.0 / math.sqrt(hd)
-        for i, (g1, b1, w_qkv, w_proj, g2, b2, w_fc, w_out) in enumerate(layers):
-            hh = layernorm_inference(x, g1, b1, cfg.ln_eps)
-            qkv = (hh @ w_qkv).reshape(bsz, t, 3, h, hd).transpose(2, 0, 3, 1, 4)
+        for i, (w_qkv, b_qkv, w_proj, w_fc, b_fc, w_out) in enumerate(fused.layers):
+            qkv = normalize_inference(x, eps) @ w_qkv
+            qkv += b_qkv
+            qkv = qkv.reshape(bsz, t, 3, h, hd).transpose(2, 0, 3, 1, 4)
             keys, values = cache.k[i], cache.v[i]
             keys[:, :, start:end] = qkv[1]
             values[:, :, start:end] = qkv[2]
-            q = qkv[0] * scale
-            sc = q @ keys[:, :, :end].transpose(0, 1, 3, 2)
+            sc = qkv[0] @ keys[:, :, :end].transpose(0, 1, 3, 2)  # the queries come scaled by 1/sqrt(hd)
             sc += bias
             softmax_(sc)
             ctx = (sc @ values[:, :, :end]).transpose(0, 2, 1, 3).reshape(bsz * t, d)
             x += ctx @ w_proj
-            hh = layernorm_inference(x, g2, b2, cfg.ln_eps)
-            x += gelu_(hh @ w_fc) @ w_out
+            f = normalize_inference(x, eps) @ w_fc
+            f += b_fc
+            x += gelu_twice_(f) @ w_out
         cache.length = end
-        last = x.reshape(bsz, t, d)[:, -1]
-        return layernorm_inference(last, p["lnf.g"], p["lnf.b"], cfg.ln_eps) @ unembedding(cfg, p)
+        logits = normalize_inference(x.reshape(bsz, t, d)[:, -1], eps) @ fused.unembed
+        logits += fused.unembed_bias
+        return logits
 
-    def _prefill_blocks(self, prompt: list[int], cache: _Cache, layers: list[tuple[np.ndarray, ...]],
+    def _step_row(self, token: int, position: int, cache: _Cache, fused: "FusedWeights") -> np.ndarray:
+        """:meth:`_infer` of one token of one sequence with no padding (a decoding step of
+        :meth:`_decode_row`), bit for bit, in fewer NumPy calls: the same matrix products on arrays of the
+        same shapes, without the mask (a single sequence's decoding mask is all zeros: adding it changes no
+        bit) and with views for the reshapes. Returns the logits (1, V)."""
+        eps = self.config.ln_eps
+        h, hd = self.config.n_heads, self.config.head_dim
+        start, end = cache.length, cache.length + 1
+        x = self.params["wte"][token] + self.params["wpe"][position]
+        x = x[None]
+        for i, (w_qkv, b_qkv, w_proj, w_fc, b_fc, w_out) in enumerate(fused.layers):
+            qkv = _normalize_row(x, eps) @ w_qkv
+            qkv += b_qkv
+            qkv = qkv.reshape(3, 1, h, 1, hd)  # (3, B, H, T, hd): what _infer's transpose gives for one token
+            keys, values = cache.k[i], cache.v[i]
+            keys[:, :, start] = qkv[1, :, :, 0]
+            values[:, :, start] = qkv[2, :, :, 0]
+            sc = qkv[0] @ keys[:, :, :end].transpose(0, 1, 3, 2)
+            softmax_(sc)
+            x += (sc @ values[:, :, :end]).reshape(1, -1) @ w_proj
+            f = _normalize_row(x, eps) @ w_fc
+            f += b_fc
+            x += gelu_twice_(f) @ w_out
+        cache.length = end
+        logits = _normalize_row(x, eps) @ fused.unembed
+        logits += fused.unembed_bias
+        return logits
+
+    def _prefill_blocks(self, prompt: list[int], cache: _Cache, layers: "FusedWeights",
                         store: PrefillCache | None, key: Any) -> np.ndarray:
         """Run one prompt into the empty ``cache`` block by block (:func:`prefill_ends`), taking the
         blocks ``store`` holds under ``(key, prompt[:end])`` and putting there the ones it computes.
@@ -981,10 +1066,12 @@ class Transformer:
             start = end
         return logits.copy()
 
-    def _layer_weights(self) -> list[tuple[np.ndarray, ...]]:
-        """Each layer's (ln1.g, ln1.b, attn.qkv, attn.proj, ln2.g, ln2.b, mlp.fc, mlp.proj)."""
-        names = ("ln1.g", "ln1.b", "attn.qkv", "attn.proj", "ln2.g", "ln2.b", "mlp.fc", "mlp.proj")
-        return [tuple(self.params[f"layers.{i}.{n}"] for n in names) for i in range(self.config.n_layers)]
+    def fused(self) -> "FusedWeights":
+        """The inference weights (:class:`FusedWeights`) of this model (adapters merged), made once."""
+        if self._fused is None:
+            merged = self.merged()
+            self._fused = FusedWeights.of(merged.config, merged.params)
+        return self._fused
 
     def _new_cache(self, bsz: int, capacity: int) -> _Cache:
         cfg = self.config
@@ -1053,7 +1140,7 @@ class Transformer:
 
         # a decoding step's query (slot ≥ lmax) sees every non-pad key up to itself: a slice of one mask
         decode_bias = np.where(key_ok, 0.0, neg).astype(model.dtype)[:, None, None, :]
-        layers = model._layer_weights()
+        layers = self.fused()
         _use_model_threads()
 
         # prefill (once per distinct prompt, then copied to its samples); one prompt: in blocks
@@ -1120,7 +1207,7 @@ class Transformer:
     def _decode_row(model: "Transformer", logits: np.ndarray, opts: SamplingOptions, rng: np.random.Generator,
                     seq: np.ndarray, out_logp: np.ndarray, positions: np.ndarray, cache: _Cache | None,
                     decode_bias: np.ndarray, bias_for: Callable[[int, int], np.ndarray],
-                    layers: list[tuple[np.ndarray, ...]], lmax: int, budget: int, is_stop: np.ndarray,
+                    layers: "FusedWeights", lmax: int, budget: int, is_stop: np.ndarray,
                     stops: list[bytes], token_bytes: Callable[[int], bytes] | None, longest: int) -> tuple[int, str]:
         """:meth:`generate`'s decoding loop for one row, with Python scalars for its bookkeeping: the same
         tokens, log-probabilities, stop and draws from ``rng``. Fills ``seq`` and ``out_logp`` from slot
@@ -1139,8 +1226,7 @@ class Transformer:
             if step + 1 >= budget:
                 break
             if cache is not None:
-                logits = model._infer(seq[:, slot:slot + 1], positions[:, slot:slot + 1], cache,
-                                      decode_bias[..., :slot + 1], layers)
+                logits = model._step_row(t, slot, cache, layers)
             else:
                 logits = model._infer(seq[:, :slot + 1], positions[:, :slot + 1], model._new_cache(1, slot + 1),
                                       bias_for(0, slot + 1), layers)

@@ -510,7 +510,7 @@ class LocalTrainingClient:
             grads = {k: self._grads.get(k, np.zeros_like(v)) for k, v in lora.items()}
             stats = self._adam.step(lora, grads, params)
             self._grads = {}
-            self._model._merged = None
+            self._model.weights_changed()
             self._steps += 1
             return types.OptimStepResponse(metrics={"grad_norm:mean": stats["grad_norm"],
                                                     "grad_clip_scale:mean": stats["grad_scale"]})
