@@ -725,6 +725,49 @@ def test_results_do_not_depend_on_concurrent_computations():
         assert np.array_equal(out, alone[0] if shape == big.shape else alone[1])
 
 
+def test_packed_training_and_decoding_do_not_depend_on_concurrent_computations():
+    """Local result version 6's paths under concurrency: packed training (rows of several attention blocks) and
+    sampling (prefill blocks, the fused one-row step), each in threads beside the other, give the bits of
+    computing alone."""
+    import threading
+
+    cfg = M.ModelConfig(d_model=64, n_layers=2, n_heads=2, d_ff=128, max_seq_len=256)
+    lcfg = M.LoraConfig(rank=4)
+    lora = {k: v + 0.01 for k, v in M.init_lora(cfg, lcfg, 0).items()}
+    m = M.Transformer(cfg, M.init_params(cfg, 0), lora, lcfg)
+    rng = np.random.default_rng(3)
+    lengths = [200, 130, 65, 1]
+    tokens, targets = rng.integers(0, 272, (4, 200)), rng.integers(0, 272, (4, 200))
+    coef = -rng.random((4, 200)).astype(np.float32)
+    prompt = rng.integers(0, 272, 70).tolist()
+
+    def train():
+        return m.loss_and_grad(tokens, targets, coef, lengths=lengths)
+
+    def sample():
+        return m.generate([prompt], 40, temperature=1.0, seed=5)[0][0]
+
+    alone = (train(), sample())
+    results: list = []
+
+    def work(kind):
+        for _ in range(2):
+            results.append((kind, train() if kind == "train" else sample()))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in ("train", "sample", "train", "sample")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 8
+    for kind, out in results:
+        if kind == "train":
+            assert np.array_equal(out[0], alone[0][0])
+            assert all(np.array_equal(out[1][k], alone[0][1][k]) for k in alone[0][1])
+        else:
+            assert (out.tokens, out.logprobs) == (alone[1].tokens, alone[1].logprobs)
+
+
 def _shipped_base() -> tuple:
     from rsigym_env.worlds.local.lm.tinker_client import load_base_model
     from rsigym_env.worlds.local.world import BASE_MODEL
