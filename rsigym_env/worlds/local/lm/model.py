@@ -1358,7 +1358,8 @@ def flops_per_token(config: ModelConfig, seq_len: int, mode: Literal["forward", 
     """Matrix-multiply FLOPs per token, counted as this code computes them.
 
     * forward: 2·(weights used in matmuls) + attention 4·T·d per layer (the full T×T score
-      matrix is computed, as here; a causal kernel would need half).
+      matrix is computed, as the padded path does; the packed path, training's since local result version 6,
+      computes about half: :func:`attention_rows_forward`).
     * full (all weights trained): forward + backward, the backward being 2× the forward
       (input and weight gradients), i.e. the usual 6·N + 12·L·T·d.
     * lora: forward + input gradients only (2× forward dense, less the lowest layer's input
