@@ -83,7 +83,7 @@ SETUP_SLACK_S = 30.0          # sandbox seconds a trial may spend outside the ag
 EXPECTED_TRIAL_S = 1.0        # for the quote's duration estimate only
 AGENT_SLACK_S = 5.0           # Harbor's agent limit beyond the harness's own (upload, trajectory conversion)
 CANCEL_WAIT_S = 30.0          # how long a cancelled evaluation may take to stop its sandboxes
-CACHE_VERSION = "5"           # of the evaluation cache: bump when trials would score differently (4: blocked prefills; 5: training in 2 micro-batches at once)
+CACHE_VERSION = "6"           # of the evaluation cache: bump when trials would score differently (4: blocked prefills; 5: training in 2 micro-batches at once; 6: training on the rows' own tokens with causal attention in query blocks, inference on FusedWeights: layernorms folded into the matrices, a fused one-row decoding step)
 _JOB_DIR_MARK = b"@RSIGYM_EVAL_DIR@"  # a cached dev evaluation's own directory, in its files
 
 

@@ -283,15 +283,16 @@ def layernorm_forward(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float = 
     return xhat * g + b, (xhat, rstd)
 
 
-def layernorm_inference(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float = 1e-5) -> np.ndarray:
-    """``layernorm_forward``'s output, bit for bit, with fewer temporaries and calls (no cache kept).
+def normalize_inference(x: np.ndarray, eps: float = 1e-5) -> np.ndarray:
+    """A layernorm without its gain and bias (those are folded into the next matrix: :class:`FusedWeights`):
+    ``layernorm_forward``'s normalized ``xhat``, bit for bit, with fewer temporaries and calls (no cache kept).
 
     ``x.mean`` is ``add.reduce`` then a division by the count (exact either way: one correctly
     rounded division), and ``np.einsum`` without ``optimize`` is its C core, called directly. One row
-    (a decoding step) takes :func:`_layernorm_row`, the same operations with fewer calls.
+    (a decoding step) takes :func:`_normalize_row`, the same operations with fewer calls.
     """
     if x.shape[0] == 1 and x.dtype.type in _ROW_TYPES and ROW_PATHS:
-        return _layernorm_row(x, g, b, eps)
+        return _normalize_row(x, eps)
     n = x.shape[-1]
     mu = np.add.reduce(x, -1, keepdims=True)
     mu /= n
@@ -302,24 +303,22 @@ def layernorm_inference(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float 
     np.sqrt(var, out=var)
     np.true_divide(1.0, var, out=var)
     xc *= var
-    xc *= g
-    xc += b
     return xc
 
 
 _ROW_TYPES = (np.float32, np.float64)
 
 
-def _layernorm_row(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
-    """:func:`layernorm_inference` of a (1, n) float32 or float64 ``x``, bit for bit, in 6 array calls
-    instead of 11: the row's mean, variance and reciprocal deviation are NumPy scalars of ``x``'s type
+def _normalize_row(x: np.ndarray, eps: float) -> np.ndarray:
+    """:func:`normalize_inference` of a (1, n) float32 or float64 ``x``, bit for bit, in 4 array calls
+    instead of 9: the row's mean, variance and reciprocal deviation are NumPy scalars of ``x``'s type
     (each the same correctly rounded IEEE operation as on a (1, 1) array), the square root is
     ``math.sqrt`` in float64 rounded to the type (exact for float64; for float32 a float64 square root
     rounded to float32 is the correctly rounded float32 one, as 53 >= 2·24 + 2).
 
     >>> x = np.array([[1.0, 2.0, 4.0]], np.float32)
     >>> g, b = np.ones(3, np.float32), np.zeros(3, np.float32)
-    >>> bool((_layernorm_row(x, g, b, 1e-5) == layernorm_forward(x, g, b)[0]).all())
+    >>> bool((_normalize_row(x, 1e-5) == layernorm_forward(x, g, b)[1][0]).all())
     True
     """
     ty = x.dtype.type
@@ -327,8 +326,6 @@ def _layernorm_row(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> n
     xc = x - np.add.reduce(x, -1, keepdims=True)[0, 0] / n
     var = _c_einsum("ij,ij->i", xc, xc)[0] / n + ty(eps)
     xc *= ty(1.0) / ty(math.sqrt(var))
-    xc *= g
-    xc += b
     return xc
 
 
@@ -372,12 +369,22 @@ def gelu_forward(x: np.ndarray) -> tuple[np.ndarray, tuple]:
     return y, (x, t)
 
 
-def gelu_(x: np.ndarray) -> np.ndarray:
-    """``gelu_forward``'s output, bit for bit, in one new array (no cache kept)."""
-    t = _gelu_tanh(x)
+def gelu_twice_(x: np.ndarray) -> np.ndarray:
+    """2 · GELU(x) (tanh approximation) in one new array: inference folds the ½ into the next matrix
+    (:class:`FusedWeights`; exact, a power of two), and ``C · x · (1 + 0.044715 x²)`` is computed as
+    ``x · (C + 0.044715 C x²)``.
+
+    >>> x = np.linspace(-4, 4, 9)
+    >>> bool(np.allclose(gelu_twice_(x) / 2, gelu_forward(x)[0], rtol=1e-12, atol=1e-15))
+    True
+    """
+    t = x * x
+    t *= 0.044715 * _GELU_C
+    t += _GELU_C
+    t *= x
+    np.tanh(t, out=t)
     t += 1.0
     t *= x
-    t *= 0.5
     return t
 
 
@@ -483,6 +490,94 @@ def attention_backward(dout: np.ndarray, cache: tuple) -> np.ndarray:
     dheads[0] *= 1.0 / math.sqrt(hd)
     np.matmul(dp.transpose(0, 1, 3, 2), q, out=dheads[1])
     return dheads.transpose(1, 3, 0, 2, 4).reshape(bsz, t, 3 * h * hd)
+
+
+ATTN_BLOCK = 64
+"""Training's attention on rows of their own lengths (:func:`attention_rows_forward`) runs each row's queries in
+blocks of this many: block ``[a, b)`` meets only the keys ``[0, b)``, so about half the causal T × T work is never
+computed (the keys above the diagonal) and padding none at all."""
+
+
+def _packed_index(lengths: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(row, position) of each token of rows of ``lengths`` packed one after another.
+
+    >>> [a.tolist() for a in _packed_index([2, 1])]
+    [[0, 0, 1], [0, 1, 0]]
+    """
+    return np.repeat(np.arange(len(lengths)), lengths), np.concatenate([np.arange(n) for n in lengths])
+
+
+def _segments(lengths: Sequence[int]) -> list[tuple[int, int]]:
+    """(start, end) of each row in a packed array of rows of ``lengths``.
+
+    >>> _segments([3, 1, 2])
+    [(0, 3), (3, 4), (4, 6)]
+    """
+    ends = np.cumsum(lengths).tolist()
+    return [(e - n, e) for n, e in zip(lengths, ends)]
+
+
+def attention_rows_forward(qkv: np.ndarray, n_heads: int, lengths: Sequence[int],
+                           block: int = ATTN_BLOCK) -> tuple[np.ndarray, tuple]:
+    """Causal multi-head attention on packed rows: ``qkv`` (N, 3d) holds rows of ``lengths`` one after
+    another (N = their sum, no padding) → (N, d). Each row attends within itself, its queries in blocks
+    (:data:`ATTN_BLOCK`) against the keys up to the block's end: the same function as
+    :func:`attention_forward` on each row alone, without the work above the diagonal.
+
+    >>> rng = np.random.default_rng(0)
+    >>> qkv = rng.standard_normal((7, 12))
+    >>> out, _ = attention_rows_forward(qkv, 2, [4, 3], block=2)
+    >>> ref = np.concatenate([attention_forward(qkv[None, :4], 2)[0][0], attention_forward(qkv[None, 4:], 2)[0][0]])
+    >>> bool(np.allclose(out, ref))
+    True
+    """
+    n, three_d = qkv.shape
+    d = three_d // 3
+    hd = d // n_heads
+    out = np.empty((n, d), qkv.dtype)
+    rows = []
+    for s, e in _segments(lengths):
+        length = e - s
+        heads = np.ascontiguousarray(qkv[s:e].reshape(length, 3, n_heads, hd).transpose(1, 2, 0, 3))
+        q, k, v = heads[0], heads[1], heads[2]  # (H, L, hd)
+        q *= 1.0 / math.sqrt(hd)
+        ctx = np.empty((n_heads, length, hd), qkv.dtype)
+        probs = []
+        for a in range(0, length, block):
+            b = min(a + block, length)
+            p = q[:, a:b] @ k[:, :b].transpose(0, 2, 1)  # (H, b - a, b)
+            p[:, :, a:] += causal_mask(b - a, qkv.dtype)
+            softmax_(p)
+            np.matmul(p, v[:, :b], out=ctx[:, a:b])
+            probs.append(p)
+        out[s:e] = ctx.transpose(1, 0, 2).reshape(length, d)
+        rows.append((q, k, v, probs))
+    return out, (tuple(lengths), block, rows)
+
+
+def attention_rows_backward(dout: np.ndarray, cache: tuple) -> np.ndarray:
+    """(N, d) → d qkv (N, 3d) of :func:`attention_rows_forward`."""
+    lengths, block, rows = cache
+    n, d = dout.shape
+    dqkv = np.empty((n, 3 * d), dout.dtype)
+    for (s, e), (q, k, v, probs) in zip(_segments(lengths), rows):
+        h, length, hd = q.shape
+        dctx = np.ascontiguousarray(dout[s:e].reshape(length, h, hd).transpose(1, 0, 2))
+        dheads = np.zeros((3, h, length, hd), dout.dtype)
+        dq, dk, dv = dheads[0], dheads[1], dheads[2]
+        for a, p in zip(range(0, length, block), probs):
+            b = a + p.shape[1]
+            dc = dctx[:, a:b]
+            dv[:, :b] += p.transpose(0, 2, 1) @ dc
+            dp = dc @ v[:, :b].transpose(0, 2, 1)
+            # softmax backward: ds = p * (dp - sum(dp * p))
+            dp -= np.einsum("hij,hij->hi", dp, p)[..., None]
+            dp *= p
+            np.matmul(dp, k[:, :b], out=dq[:, a:b])
+            dk[:, :b] += dp.transpose(0, 2, 1) @ q[:, a:b]
+        dq *= 1.0 / math.sqrt(hd)
+        dqkv[s:e] = dheads.transpose(2, 0, 1, 3).reshape(length, 3 * d)
+    return dqkv
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -618,6 +713,47 @@ class SamplingOptions:
             raise ValueError("top_k must be -1 (no limit) or >= 1")
 
 
+@dataclass(frozen=True)
+class FusedWeights:
+    """A model's weights as inference uses them (local result version 6): each layernorm's gain folded into the
+    rows of the matrix after it and its bias into a bias of that product (``(x̂·g + b) W = x̂ (diag(g) W) + b W``),
+    the attention's 1/sqrt(head_dim) into the query columns, GELU's ½ into the MLP's output matrix; folded
+    in float64 and rounded once. ``layers``: per layer (qkv, qkv bias, attn.proj, fc, fc bias, ½·mlp.proj).
+
+    >>> cfg = ModelConfig(vocab_size=11, d_model=8, n_layers=1, n_heads=2, d_ff=16, max_seq_len=8)
+    >>> fw = FusedWeights.of(cfg, init_params(cfg, seed=0))
+    >>> [w.shape for w in fw.layers[0]], fw.unembed.shape
+    ([(8, 24), (24,), (8, 8), (8, 16), (16,), (16, 8)], (8, 11))
+    """
+
+    layers: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+    unembed: np.ndarray
+    unembed_bias: np.ndarray
+
+    @classmethod
+    def of(cls, config: ModelConfig, params: Params) -> "FusedWeights":
+        dtype = params["wte"].dtype
+
+        def fold(g: np.ndarray, b: np.ndarray, w: np.ndarray, cols: np.ndarray | float = 1.0
+                 ) -> tuple[np.ndarray, np.ndarray]:
+            w64 = w.astype(np.float64)
+            folded = g.astype(np.float64)[:, None] * w64 * cols
+            return np.ascontiguousarray(folded, dtype=dtype), ((b.astype(np.float64) @ w64) * cols).astype(dtype)
+
+        d = config.d_model
+        q_cols = np.ones(3 * d)
+        q_cols[:d] = 1.0 / math.sqrt(config.head_dim)
+        layers = []
+        for i in range(config.n_layers):
+            pre = f"layers.{i}."
+            w_qkv, b_qkv = fold(params[pre + "ln1.g"], params[pre + "ln1.b"], params[pre + "attn.qkv"], q_cols)
+            w_fc, b_fc = fold(params[pre + "ln2.g"], params[pre + "ln2.b"], params[pre + "mlp.fc"])
+            layers.append((w_qkv, b_qkv, np.ascontiguousarray(params[pre + "attn.proj"]), w_fc, b_fc,
+                           np.ascontiguousarray(params[pre + "mlp.proj"] * dtype.type(0.5))))
+        unembed, unembed_bias = fold(params["lnf.g"], params["lnf.b"], unembedding(config, params))
+        return cls(layers, unembed, unembed_bias)
+
+
 class Transformer:
     """The model: a config, its parameters, and optionally LoRA adapters.
 
@@ -639,6 +775,7 @@ class Transformer:
         self.lora = lora
         self.lora_config = lora_config
         self._merged: tuple[ModelConfig, Params] | None = None
+        self._fused: FusedWeights | None = None
 
     @property
     def dtype(self) -> np.dtype:
@@ -657,14 +794,28 @@ class Transformer:
             self._merged = merge_lora(self.config, self.params, self.lora, self.lora_config)
         return Transformer(*self._merged)
 
+    def weights_changed(self) -> None:
+        """Forget what was made from the weights (:meth:`merged`'s, :meth:`fused`'s): call after changing
+        ``params`` or ``lora`` in place."""
+        self._merged = None
+        self._fused = None
+
     def _ad(self, name: str) -> tuple[np.ndarray | None, np.ndarray | None]:
         if self.lora is None or name + ".lora_a" not in self.lora:
             return None, None
         return self.lora[name + ".lora_a"], self.lora[name + ".lora_b"]
 
     # --- training forward / backward --------------------------------------------------------
-    def forward(self, tokens: np.ndarray) -> tuple[np.ndarray, list]:
-        """(B, T) token ids → logits (B, T, V) and the activations the backward pass needs."""
+    def forward(self, tokens: np.ndarray, lengths: Sequence[int] | None = None) -> tuple[np.ndarray, list]:
+        """(B, T) token ids → logits (B, T, V) and the activations the backward pass needs.
+
+        With ``lengths`` (one per row, each in [1, T]), row ``b`` is ``tokens[b, :lengths[b]]`` (the rest is
+        padding) and the model runs on those tokens alone, packed (no work on padding; attention by
+        :func:`attention_rows_forward`): the logits come back packed, (sum of lengths, V), rows one after
+        another. The same function of the real tokens as without ``lengths``, in other float rounding
+        (training's arithmetic since local result version 6; without ``lengths``: the arithmetic the shipped
+        checkpoint was built with, full T × T attention on the whole (B, T) array).
+        """
         tokens = np.asarray(tokens)
         _use_model_threads()
         cfg, p = self.config, self.params
@@ -674,14 +825,26 @@ class Transformer:
         if tokens.size and (tokens.min() < 0 or tokens.max() >= cfg.vocab_size):
             raise ValueError(f"token ids must be in [0, {cfg.vocab_size})")
         s = self.lora_config.scale if self.lora_config else 0.0
-        n, d = bsz * t, cfg.d_model
-        x = (p["wte"][tokens] + p["wpe"][:t]).reshape(n, d)
-        caches: list = [tokens]
+        d = cfg.d_model
+        if lengths is None:
+            n = bsz * t
+            x = (p["wte"][tokens] + p["wpe"][:t]).reshape(n, d)
+            attend = lambda qkv: attention_forward(qkv.reshape(bsz, t, 3 * d), cfg.n_heads)  # noqa: E731
+            caches: list = [tokens]
+        else:
+            lengths = tuple(int(n) for n in lengths)
+            if len(lengths) != bsz or any(not 1 <= n <= t for n in lengths):
+                raise ValueError(f"lengths must be {bsz} numbers in [1, {t}]")
+            rows, pos = _packed_index(lengths)
+            n = pos.size
+            x = p["wte"][tokens[rows, pos]] + p["wpe"][pos]
+            attend = lambda qkv: attention_rows_forward(qkv, cfg.n_heads, lengths, ATTN_BLOCK)  # noqa: E731
+            caches = [(tokens[rows, pos], pos, lengths)]
         for i in range(cfg.n_layers):
             pre = f"layers.{i}."
             h1, ln1 = layernorm_forward(x, p[pre + "ln1.g"], p[pre + "ln1.b"], cfg.ln_eps)
             qkv, xa1 = linear_forward(h1, p[pre + "attn.qkv"], *self._ad(pre + "attn.qkv"), s)
-            ctx, att = attention_forward(qkv.reshape(bsz, t, 3 * d), cfg.n_heads)
+            ctx, att = attend(qkv)
             ctx = ctx.reshape(n, d)
             ao, xa2 = linear_forward(ctx, p[pre + "attn.proj"], *self._ad(pre + "attn.proj"), s)
             x = x + ao
@@ -694,20 +857,28 @@ class Transformer:
         hf, lnf = layernorm_forward(x, p["lnf.g"], p["lnf.b"], cfg.ln_eps)
         logits, xau = linear_forward(hf, unembedding(cfg, p), *self._ad("unembed"), s)
         caches.append((hf, lnf, xau))
-        return logits.reshape(bsz, t, -1), caches
+        return (logits.reshape(bsz, t, -1) if lengths is None else logits), caches
 
     def backward(self, dlogits: np.ndarray, caches: list, *, train_base: bool = False,
                  train_lora: bool = True) -> Params:
-        """Gradients of a loss with d loss / d logits = ``dlogits`` (B, T, V), for the base
-        weights (``train_base``) and/or the adapters (``train_lora``)."""
+        """Gradients of a loss with d loss / d logits = ``dlogits`` (B, T, V; packed (N, V) after a packed
+        :meth:`forward`), for the base weights (``train_base``) and/or the adapters (``train_lora``)."""
         _use_model_threads()
         cfg, p = self.config, self.params
         s = self.lora_config.scale if self.lora_config else 0.0
         lora_on = train_lora and self.lora is not None
         grads: Params = {}
-        tokens = caches[0]
-        bsz, t = tokens.shape
-        n, d = bsz * t, cfg.d_model
+        packed = isinstance(caches[0], tuple)  # (token ids, positions, lengths) of a packed forward
+        d = cfg.d_model
+        if packed:
+            tokens, pos, lengths = caches[0]
+            n = tokens.size
+            attend_back = lambda dctx, att: attention_rows_backward(dctx, att)  # noqa: E731
+        else:
+            tokens = caches[0]
+            bsz, t = tokens.shape
+            n = bsz * t
+            attend_back = lambda dctx, att: attention_backward(dctx.reshape(bsz, t, d), att)  # noqa: E731
         dl = dlogits.reshape(n, -1)
 
         def lin(dy, x, name, xa, w, need_dx=True):
@@ -735,7 +906,7 @@ class Transformer:
             dres, dgm, dbm = layernorm_backward(dh2, ln2, p[pre + "ln2.g"], train_base)
             dx = dx + dres
             dctx = lin(dx, ctx, pre + "attn.proj", xa2, p[pre + "attn.proj"])
-            dqkv = attention_backward(dctx.reshape(bsz, t, d), att).reshape(n, 3 * d)
+            dqkv = attend_back(dctx, att).reshape(n, 3 * d)
             need = train_base or i > 0  # below layer 0 only the (frozen) embeddings remain
             dh1 = lin(dqkv, h1, pre + "attn.qkv", xa1, p[pre + "attn.qkv"], need_dx=need)
             if train_base:
@@ -750,7 +921,10 @@ class Transformer:
             np.add.at(dwte, tokens.reshape(-1), dx)
             grads["wte"] = dwte
             dwpe = np.zeros_like(p["wpe"])
-            dwpe[:t] = dx.reshape(bsz, t, d).sum(0)
+            if packed:
+                np.add.at(dwpe, pos, dx)
+            else:
+                dwpe[:t] = dx.reshape(bsz, t, d).sum(0)
             grads["wpe"] = dwpe
         return grads
 
@@ -758,60 +932,115 @@ class Transformer:
         """Forward pass only: (B, T) → (B, T, V)."""
         return self.forward(np.asarray(tokens))[0]
 
-    def token_logprobs(self, tokens: np.ndarray, targets: np.ndarray) -> np.ndarray:
-        """log p(targets[b, t] | tokens[b, :t+1]) for every position, (B, T)."""
-        logits = self.logits(tokens)
-        bsz, t, v = logits.shape
-        return target_logprobs_and_grad(logits.reshape(-1, v), np.asarray(targets).reshape(-1))[0].reshape(bsz, t)
+    def token_logprobs(self, tokens: np.ndarray, targets: np.ndarray, lengths: Sequence[int] | None = None
+                       ) -> np.ndarray:
+        """log p(targets[b, t] | tokens[b, :t+1]) for every position, (B, T); with ``lengths`` (see
+        :meth:`forward`) only row ``b``'s first ``lengths[b]`` are computed, the rest are 0."""
+        tokens = np.asarray(tokens)
+        logits = self.forward(tokens, lengths)[0]
+        if lengths is None:
+            bsz, t, v = logits.shape
+            return target_logprobs_and_grad(logits.reshape(-1, v), np.asarray(targets).reshape(-1))[0].reshape(bsz, t)
+        rows, pos = _packed_index(lengths)
+        out = np.zeros(tokens.shape, logits.dtype)
+        out[rows, pos] = target_logprobs_and_grad(logits, np.asarray(targets)[rows, pos])[0]
+        return out
 
     def loss_and_grad(self, tokens: np.ndarray, targets: np.ndarray,
                       coef: np.ndarray | Callable[[np.ndarray], np.ndarray], *,
-                      train_base: bool = False, train_lora: bool = True) -> tuple[np.ndarray, Params]:
+                      train_base: bool = False, train_lora: bool = True,
+                      lengths: Sequence[int] | None = None) -> tuple[np.ndarray, Params]:
         """For a loss L with dL/d logprob(target) = ``coef`` (B, T) — cross-entropy: ``-weights`` —
         return (target log-probabilities (B, T), gradients). ``coef`` may be a function of the
-        log-probabilities (B, T) (e.g. importance sampling's ``-advantage · ratio``)."""
-        logits, caches = self.forward(np.asarray(tokens))
-        bsz, t, v = logits.shape
-        flat, tgt = logits.reshape(-1, v), np.asarray(targets).reshape(-1)
+        log-probabilities (B, T) (e.g. importance sampling's ``-advantage · ratio``). With ``lengths``
+        (see :meth:`forward`) the positions past a row's length are padding: not computed, log-probability
+        0, ``coef`` there ignored (the gradient is that of the loss over the real positions)."""
+        tokens = np.asarray(tokens)
+        logits, caches = self.forward(tokens, lengths)
+        bsz, t = tokens.shape
+        v = logits.shape[-1]
+        if lengths is None:
+            flat, tgt = logits.reshape(-1, v), np.asarray(targets).reshape(-1)
+            pick = lambda a: np.asarray(a).reshape(-1)  # noqa: E731
+            unpack = lambda lp: lp.reshape(bsz, t)  # noqa: E731
+        else:
+            rows, pos = _packed_index(lengths)
+            flat, tgt = logits, np.asarray(targets)[rows, pos]
+            pick = lambda a: np.asarray(a)[rows, pos]  # noqa: E731
+
+            def unpack(lp: np.ndarray) -> np.ndarray:
+                out = np.zeros((bsz, t), lp.dtype)
+                out[rows, pos] = lp
+                return out
         if callable(coef):
-            coef = coef(target_logprobs_and_grad(flat, tgt)[0].reshape(bsz, t))
-        logp, dlogits = target_logprobs_and_grad(flat, tgt, np.asarray(coef, dtype=logits.dtype).reshape(-1))
+            coef = coef(unpack(target_logprobs_and_grad(flat, tgt)[0]))
+        logp, dlogits = target_logprobs_and_grad(flat, tgt, pick(np.asarray(coef, dtype=logits.dtype)))
         del logits, flat
         grads = self.backward(dlogits, caches, train_base=train_base, train_lora=train_lora)
-        return logp.reshape(bsz, t), grads
+        return unpack(logp), grads
 
     # --- inference with a KV cache ----------------------------------------------------------
     def _infer(self, tokens: np.ndarray, positions: np.ndarray, cache: _Cache, bias: np.ndarray,
-               layers: list[tuple[np.ndarray, ...]]) -> np.ndarray:
+               fused: "FusedWeights") -> np.ndarray:
         """Run ``tokens`` (B, T) at ``positions`` through the model, appending their keys and values
-        to ``cache``; ``bias`` (B, 1, T, L) masks keys; ``layers`` is ``_layer_weights()``. Returns the
-        last position's logits (B, V). The caller sets the BLAS thread count first (``_use_model_threads``)."""
-        cfg, p = self.config, self.params
+        to ``cache``; ``bias`` (B, 1, T, L) masks keys; ``fused`` is :meth:`fused` (the inference
+        weights). Returns the last position's logits (B, V). The caller sets the BLAS thread count first
+        (``_use_model_threads``)."""
+        cfg, p, eps = self.config, self.params, self.config.ln_eps
         bsz, t = tokens.shape
         d, h, hd = cfg.d_model, cfg.n_heads, cfg.head_dim
         start, end = cache.length, cache.length + t
         x = p["wte"][tokens] + p["wpe"][positions]
         x = x.reshape(bsz * t, d)
-        scale = 1.0 / math.sqrt(hd)
-        for i, (g1, b1, w_qkv, w_proj, g2, b2, w_fc, w_out) in enumerate(layers):
-            hh = layernorm_inference(x, g1, b1, cfg.ln_eps)
-            qkv = (hh @ w_qkv).reshape(bsz, t, 3, h, hd).transpose(2, 0, 3, 1, 4)
+        for i, (w_qkv, b_qkv, w_proj, w_fc, b_fc, w_out) in enumerate(fused.layers):
+            qkv = normalize_inference(x, eps) @ w_qkv
+            qkv += b_qkv
+            qkv = qkv.reshape(bsz, t, 3, h, hd).transpose(2, 0, 3, 1, 4)
             keys, values = cache.k[i], cache.v[i]
             keys[:, :, start:end] = qkv[1]
             values[:, :, start:end] = qkv[2]
-            q = qkv[0] * scale
-            sc = q @ keys[:, :, :end].transpose(0, 1, 3, 2)
+            sc = qkv[0] @ keys[:, :, :end].transpose(0, 1, 3, 2)  # the queries come scaled by 1/sqrt(hd)
             sc += bias
             softmax_(sc)
             ctx = (sc @ values[:, :, :end]).transpose(0, 2, 1, 3).reshape(bsz * t, d)
             x += ctx @ w_proj
-            hh = layernorm_inference(x, g2, b2, cfg.ln_eps)
-            x += gelu_(hh @ w_fc) @ w_out
+            f = normalize_inference(x, eps) @ w_fc
+            f += b_fc
+            x += gelu_twice_(f) @ w_out
         cache.length = end
-        last = x.reshape(bsz, t, d)[:, -1]
-        return layernorm_inference(last, p["lnf.g"], p["lnf.b"], cfg.ln_eps) @ unembedding(cfg, p)
+        logits = normalize_inference(x.reshape(bsz, t, d)[:, -1], eps) @ fused.unembed
+        logits += fused.unembed_bias
+        return logits
 
-    def _prefill_blocks(self, prompt: list[int], cache: _Cache, layers: list[tuple[np.ndarray, ...]],
+    def _step_row(self, token: int, position: int, cache: _Cache, fused: "FusedWeights") -> np.ndarray:
+        """:meth:`_infer` of one token of one sequence with no padding (a decoding step of
+        :meth:`_decode_row`), bit for bit, in fewer NumPy calls: the same matrix products on arrays of the
+        same shapes, without the mask (a single sequence's decoding mask is all zeros: adding it changes no
+        bit) and with views for the reshapes. Returns the logits (1, V)."""
+        eps = self.config.ln_eps
+        h, hd = self.config.n_heads, self.config.head_dim
+        start, end = cache.length, cache.length + 1
+        x = self.params["wte"][token] + self.params["wpe"][position]
+        x = x[None]
+        for i, (w_qkv, b_qkv, w_proj, w_fc, b_fc, w_out) in enumerate(fused.layers):
+            qkv = _normalize_row(x, eps) @ w_qkv
+            qkv += b_qkv
+            qkv = qkv.reshape(3, 1, h, 1, hd)  # (3, B, H, T, hd): what _infer's transpose gives for one token
+            keys, values = cache.k[i], cache.v[i]
+            keys[:, :, start] = qkv[1, :, :, 0]
+            values[:, :, start] = qkv[2, :, :, 0]
+            sc = qkv[0] @ keys[:, :, :end].transpose(0, 1, 3, 2)
+            softmax_(sc)
+            x += (sc @ values[:, :, :end]).reshape(1, -1) @ w_proj
+            f = _normalize_row(x, eps) @ w_fc
+            f += b_fc
+            x += gelu_twice_(f) @ w_out
+        cache.length = end
+        logits = _normalize_row(x, eps) @ fused.unembed
+        logits += fused.unembed_bias
+        return logits
+
+    def _prefill_blocks(self, prompt: list[int], cache: _Cache, layers: "FusedWeights",
                         store: PrefillCache | None, key: Any) -> np.ndarray:
         """Run one prompt into the empty ``cache`` block by block (:func:`prefill_ends`), taking the
         blocks ``store`` holds under ``(key, prompt[:end])`` and putting there the ones it computes.
@@ -837,10 +1066,12 @@ class Transformer:
             start = end
         return logits.copy()
 
-    def _layer_weights(self) -> list[tuple[np.ndarray, ...]]:
-        """Each layer's (ln1.g, ln1.b, attn.qkv, attn.proj, ln2.g, ln2.b, mlp.fc, mlp.proj)."""
-        names = ("ln1.g", "ln1.b", "attn.qkv", "attn.proj", "ln2.g", "ln2.b", "mlp.fc", "mlp.proj")
-        return [tuple(self.params[f"layers.{i}.{n}"] for n in names) for i in range(self.config.n_layers)]
+    def fused(self) -> "FusedWeights":
+        """The inference weights (:class:`FusedWeights`) of this model (adapters merged), made once."""
+        if self._fused is None:
+            merged = self.merged()
+            self._fused = FusedWeights.of(merged.config, merged.params)
+        return self._fused
 
     def _new_cache(self, bsz: int, capacity: int) -> _Cache:
         cfg = self.config
@@ -909,7 +1140,7 @@ class Transformer:
 
         # a decoding step's query (slot ≥ lmax) sees every non-pad key up to itself: a slice of one mask
         decode_bias = np.where(key_ok, 0.0, neg).astype(model.dtype)[:, None, None, :]
-        layers = model._layer_weights()
+        layers = self.fused()
         _use_model_threads()
 
         # prefill (once per distinct prompt, then copied to its samples); one prompt: in blocks
@@ -976,7 +1207,7 @@ class Transformer:
     def _decode_row(model: "Transformer", logits: np.ndarray, opts: SamplingOptions, rng: np.random.Generator,
                     seq: np.ndarray, out_logp: np.ndarray, positions: np.ndarray, cache: _Cache | None,
                     decode_bias: np.ndarray, bias_for: Callable[[int, int], np.ndarray],
-                    layers: list[tuple[np.ndarray, ...]], lmax: int, budget: int, is_stop: np.ndarray,
+                    layers: "FusedWeights", lmax: int, budget: int, is_stop: np.ndarray,
                     stops: list[bytes], token_bytes: Callable[[int], bytes] | None, longest: int) -> tuple[int, str]:
         """:meth:`generate`'s decoding loop for one row, with Python scalars for its bookkeeping: the same
         tokens, log-probabilities, stop and draws from ``rng``. Fills ``seq`` and ``out_logp`` from slot
@@ -995,8 +1226,7 @@ class Transformer:
             if step + 1 >= budget:
                 break
             if cache is not None:
-                logits = model._infer(seq[:, slot:slot + 1], positions[:, slot:slot + 1], cache,
-                                      decode_bias[..., :slot + 1], layers)
+                logits = model._step_row(t, slot, cache, layers)
             else:
                 logits = model._infer(seq[:, :slot + 1], positions[:, :slot + 1], model._new_cache(1, slot + 1),
                                       bias_for(0, slot + 1), layers)
@@ -1128,7 +1358,8 @@ def flops_per_token(config: ModelConfig, seq_len: int, mode: Literal["forward", 
     """Matrix-multiply FLOPs per token, counted as this code computes them.
 
     * forward: 2·(weights used in matmuls) + attention 4·T·d per layer (the full T×T score
-      matrix is computed, as here; a causal kernel would need half).
+      matrix is computed, as the padded path does; the packed path, training's since local result version 6,
+      computes about half: :func:`attention_rows_forward`).
     * full (all weights trained): forward + backward, the backward being 2× the forward
       (input and weight gradients), i.e. the usual 6·N + 12·L·T·d.
     * lora: forward + input gradients only (2× forward dense, less the lowest layer's input

@@ -415,7 +415,8 @@ class LocalTrainingClient:
 
     def _group(self, batch: _Batch, group: list[int], lengths: list[int], loss_fn: str,
                backward: bool) -> tuple[np.ndarray, Params]:
-        """One micro-batch (rows ``group``, padded): its target log-probabilities (float64) and, with
+        """One micro-batch (rows ``group``; padded here, computed on the rows' own tokens only: the model's
+        packed path, ``lengths``): its target log-probabilities (float64, 0 past a row's length) and, with
         ``backward``, its gradients."""
         model = self._model
         dtype = model.dtype
@@ -425,8 +426,9 @@ class LocalTrainingClient:
         for r, i in enumerate(group):
             tok[r, :lengths[i]] = batch.tokens[i]
             tgt[r, :lengths[i]] = batch.inputs[i]["target_tokens"]
+        own = [lengths[i] for i in group]
         if not backward:
-            return model.token_logprobs(tok, tgt).astype(np.float64), {}
+            return model.token_logprobs(tok, tgt, own).astype(np.float64), {}
         coef = np.zeros((len(group), width), np.float64)
         for r, i in enumerate(group):
             coef[r, :lengths[i]] = -batch.inputs[i]["weights"]
@@ -438,7 +440,7 @@ class LocalTrainingClient:
                 old[r, :lengths[i]] = batch.inputs[i]["logprobs"]
             coef = lambda lp: (-adv * np.exp(lp - old)).astype(dtype)  # noqa: E731  dL/dlp of -Σ ratio·A
         logp, grads = model.loss_and_grad(tok, tgt, coef if callable(coef) else coef.astype(dtype),
-                                          train_base=False, train_lora=True)
+                                          train_base=False, train_lora=True, lengths=own)
         return logp.astype(np.float64), grads
 
     def forward(self, data: list[types.Datum], loss_fn: types.LossFnType,
@@ -508,7 +510,7 @@ class LocalTrainingClient:
             grads = {k: self._grads.get(k, np.zeros_like(v)) for k, v in lora.items()}
             stats = self._adam.step(lora, grads, params)
             self._grads = {}
-            self._model._merged = None
+            self._model.weights_changed()
             self._steps += 1
             return types.OptimStepResponse(metrics={"grad_norm:mean": stats["grad_norm"],
                                                     "grad_clip_scale:mean": stats["grad_scale"]})
