@@ -427,6 +427,7 @@ class BubblewrapEnvironment(BaseEnvironment):
             self.record = SandboxRecord(started_at=time.time())
             if self.root.exists():
                 shutil.rmtree(self.root)
+            self._skeletons = {}  # (made afresh in the new root)
             if self._group_limits is not None:  # every process and file of the trial inside one set of limits
                 self.group = isolation.SandboxGroup(self.root, **self._group_limits)
             for d in (self.app_dir, self.tests_dir, self.solution_dir, *self._log_dirs.values()):
