@@ -92,6 +92,8 @@ PROBE_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
 PRESTART_WAIT_S = 600.0  # how long a probe started ahead may wait for its request (its limit restarts then)
 PRESTART_PROBE_ENV = "RSIGYM_PRESTART_PROBE"  # "0"/"1": the default of ``prestart_probe`` (unset: on)
 DOWNLOAD_MAX_BYTES = 8 << 20  # of one directory copied out of a trial's sandbox (its logs, artifacts)
+INLINE_MAX_ENTRIES = 256  # a transfer of a tree this small runs on the event loop (see _host_io)
+INLINE_MAX_FILE_BYTES = 1 << 20  # ... and of a single file this small
 
 
 @functools.lru_cache(maxsize=4096)  # a handful of paths, asked for on every command and transfer
@@ -152,6 +154,48 @@ def _copy_tree(src: Path, dst: Path, *, skip: frozenset[str] = frozenset(), max_
             n += 1
         dirs[:] = [d for d in dirs if not (Path(root) / d).is_symlink()]
     return n
+
+
+def few_entries(root: Path, limit: int | None = None) -> bool:
+    """Whether ``root`` is a regular file of at most :data:`INLINE_MAX_FILE_BYTES`, or a directory whose tree holds
+    at most ``limit`` entries (default :data:`INLINE_MAX_ENTRIES`; counted from directory reads alone, symlinks not
+    followed; an unreadable part counts as nothing).
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp()); _ = [(d / f"f{i}").write_text("x") for i in range(3)]
+    >>> few_entries(d, limit=3), few_entries(d, limit=2), few_entries(d / "f0")
+    (True, False, True)
+    """
+    try:
+        st = os.lstat(root)
+    except OSError:
+        return True
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_size <= INLINE_MAX_FILE_BYTES
+    n, stack, limit = 0, [str(root)], INLINE_MAX_ENTRIES if limit is None else limit
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    n += 1
+                    if n > limit:
+                        return False
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+        except OSError:
+            continue
+    return True
+
+
+async def _host_io(source: Path, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``func(*args, **kwargs)``, a host-side transfer from ``source``: on the event loop when ``source`` is small
+    (:func:`few_entries`: a trial's logs, its task's files), else in a worker thread. A thread hop costs ~0.1 ms of
+    CPU (two wake-ups and the loop's self-pipe) and a trial makes a dozen transfers of a few small files each;
+    a large tree (a sandbox can fill its logs with empty files) stays off the loop, so it cannot stall the
+    other trials' timers."""
+    if few_entries(source):
+        return func(*args, **kwargs)
+    return await asyncio.to_thread(func, *args, **kwargs)
 
 
 def scrub(root: Path) -> int:
@@ -245,6 +289,7 @@ class BubblewrapEnvironment(BaseEnvironment):
             raise ValueError(f"{ENVIRONMENT_TYPE} does not support extra mounts: "
                              f"{', '.join(sorted(str(m['target']) for m in self._host_mounts))}")
         self._agent_mounts: list[Mount] = []
+        self._skeletons: dict[str, frozenset[tuple[tuple[str, ...], bool]]] = {}  # top -> its points, made
         self._verifying = False
         self._solution_uploaded = False
         self._group_limits = ({"memory_mb": int(group_memory_mb), "processes": int(group_processes),
@@ -332,7 +377,8 @@ class BubblewrapEnvironment(BaseEnvironment):
         bubblewrap creates the missing parents of a nested target (``/logs`` of ``/logs/agent``) with
         mode 0700 and owner root, which the sandbox's unprivileged user cannot traverse; so each
         top-level directory holding nested targets is first shown as a host directory of empty
-        mount points (mode 0755)."""
+        mount points (mode 0755). A skeleton is made once per set of mount points (``_skeletons``; each
+        command of a phase has the same set) and shown read-only, so nothing inside can change it."""
         tops: dict[str, list[Mount]] = {}
         for m in mounts:
             parts = sandbox_path_parts(m.target)
@@ -341,15 +387,18 @@ class BubblewrapEnvironment(BaseEnvironment):
         skeletons = []
         for top, nested in sorted(tops.items()):
             base = self.root / "skeleton" / top
-            for m in nested:
-                point = base.joinpath(*sandbox_path_parts(m.target)[1:])
-                point.parent.mkdir(parents=True, exist_ok=True)
-                if Path(m.host).is_dir():
-                    point.mkdir(exist_ok=True)
-                elif not point.exists():
-                    point.touch()
-            for d in [base, *(p for p in base.rglob("*") if p.is_dir())]:
-                d.chmod(0o755)
+            points = frozenset((sandbox_path_parts(m.target)[1:], Path(m.host).is_dir()) for m in nested)
+            if self._skeletons.get(top) != points:  # (a new phase: its points are added to the skeleton)
+                for rel, is_dir in points:
+                    point = base.joinpath(*rel)
+                    point.parent.mkdir(parents=True, exist_ok=True)
+                    if is_dir:
+                        point.mkdir(exist_ok=True)
+                    elif not point.exists():
+                        point.touch()
+                for d in [base, *(p for p in base.rglob("*") if p.is_dir())]:
+                    d.chmod(0o755)
+                self._skeletons[top] = points
             skeletons.append(Mount(base, "/" + top))
         return skeletons + mounts
 
@@ -378,13 +427,14 @@ class BubblewrapEnvironment(BaseEnvironment):
             self.record = SandboxRecord(started_at=time.time())
             if self.root.exists():
                 shutil.rmtree(self.root)
+            self._skeletons = {}  # (made afresh in the new root)
             if self._group_limits is not None:  # every process and file of the trial inside one set of limits
                 self.group = isolation.SandboxGroup(self.root, **self._group_limits)
             for d in (self.app_dir, self.tests_dir, self.solution_dir, *self._log_dirs.values()):
                 d.mkdir(parents=True, exist_ok=True)
             self.root.chmod(0o700)
             if self.environment_dir.is_dir():
-                await asyncio.to_thread(_copy_tree, self.environment_dir, self.app_dir, skip=DOCKER_FILES)
+                await _host_io(self.environment_dir, _copy_tree, self.environment_dir, self.app_dir, skip=DOCKER_FILES)
         except BaseException:
             leave, self._leave_gate = self._leave_gate, None
             leave()  # (stop() may never come)
@@ -414,8 +464,8 @@ class BubblewrapEnvironment(BaseEnvironment):
         if self.group is not None:  # kills what still runs, frees the cgroup, unmounts: the files are gone
             await asyncio.to_thread(self.group.close)
             self.group = None
-        if delete and self.root.exists():
-            await asyncio.to_thread(shutil.rmtree, self.root, True)
+        if delete and self.root.exists():  # (with a group, its tmpfs is gone: little is left to remove)
+            await _host_io(self.root, shutil.rmtree, self.root, True)
 
     # ---- commands ---------------------------------------------------------------------------------
 
@@ -614,12 +664,12 @@ class BubblewrapEnvironment(BaseEnvironment):
         await self._note_upload(target_path)
         target = self.host_path(target_path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(_copy_file, Path(source_path), target)
+        await _host_io(Path(source_path), _copy_file, Path(source_path), target)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         await self._note_upload(target_dir)
         target = self.host_path(target_dir)
-        await asyncio.to_thread(_copy_tree, Path(source_dir), target)
+        await _host_io(Path(source_dir), _copy_tree, Path(source_dir), target)
         if self._verifying and sandbox_path_parts(target_dir)[:1] == ("tests",):
             await self._prestart_probe()
 
@@ -629,7 +679,7 @@ class BubblewrapEnvironment(BaseEnvironment):
             raise FileNotFoundError(f"no regular file {source_path!r} in the sandbox")
         target = Path(target_path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(_copy_file, source, target)
+        await _host_io(source, _copy_file, source, target)
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
         """Copy a sandbox directory to the host: regular files only, at most ``DOWNLOAD_MAX_BYTES`` (what a
@@ -637,7 +687,7 @@ class BubblewrapEnvironment(BaseEnvironment):
         source = self.host_path(source_dir)
         if not source.is_dir():
             raise FileNotFoundError(f"no directory {source_dir!r} in the sandbox")
-        await asyncio.to_thread(_copy_tree, source, Path(target_dir), max_bytes=DOWNLOAD_MAX_BYTES)
+        await _host_io(source, _copy_tree, source, Path(target_dir), max_bytes=DOWNLOAD_MAX_BYTES)
 
 
 __all__ = ["BubblewrapEnvironment", "ENVIRONMENT_TYPE", "IMPORT_PATH", "SANDBOX_RECORD", "SandboxRecord",

@@ -516,6 +516,26 @@ def _parents(target: str, made: set[str], bound: Sequence[str] = ()) -> list[str
     return argv
 
 
+@lru_cache(maxsize=1)
+def _system_options() -> tuple[tuple[str, ...], frozenset[str]]:
+    """The options showing the system (``/etc``, :data:`SYSTEM_RO`) in every sandbox, and the directories they make:
+    looked up once per process, as :func:`etc_directory` is (each command used to ask again: ~20 ``stat`` calls).
+
+    >>> argv, made = _system_options()
+    >>> argv[:3] == ("--ro-bind", etc_directory(), "/etc") and "/root" in made
+    True
+    """
+    # A directory bwrap would otherwise create with the mode of its host counterpart (/root: 0700).
+    argv = ["--ro-bind", etc_directory(), "/etc", "--perms", "0755", "--dir", "/root"]
+    made, system = {"/", "/etc", "/root"}, _system_paths()
+    for path in system:
+        if os.path.islink(path):
+            argv += _parents(path, made, system) + ["--symlink", os.readlink(path), path]
+        elif os.path.exists(path):
+            argv += _parents(path, made, system) + ["--ro-bind", path, path]
+    return tuple(argv), frozenset(made)
+
+
 def _bwrap_options(*, workdir: Path, cwd: str, mounts: Sequence[Mount], env: Mapping[str, str] | None,
                    network: bool, limits: Limits, uid: int, identity: tuple[str, str] | None = None) -> list[str]:
     """bubblewrap's options for :func:`isolated_argv` (everything between ``bwrap`` and ``--``);
@@ -525,14 +545,9 @@ def _bwrap_options(*, workdir: Path, cwd: str, mounts: Sequence[Mount], env: Map
             "--unshare-cgroup-try", "--hostname", "sandbox"]
     if not network:
         argv.append("--unshare-net")
-    # A directory bwrap would otherwise create with the mode of its host counterpart (/root: 0700).
-    argv += ["--ro-bind", etc_directory(), "/etc", "--perms", "0755", "--dir", "/root"]
-    made, system = {"/", "/etc", "/root"}, _system_paths()
-    for path in system:
-        if os.path.islink(path):
-            argv += _parents(path, made, system) + ["--symlink", os.readlink(path), path]
-        elif os.path.exists(path):
-            argv += _parents(path, made, system) + ["--ro-bind", path, path]
+    system_argv, system_made = _system_options()
+    argv += system_argv
+    made, system = set(system_made), _system_paths()
     passwd, group = identity or _identity_files(uid)
     argv += ["--ro-bind", passwd, "/etc/passwd", "--ro-bind", group, "/etc/group"]
     argv += ["--proc", "/proc"]
