@@ -285,8 +285,6 @@ class HarborEvalService:
         self.vcpus, self.memory_gib = vcpus, memory_gib
         self._own_private = private_dir is None
         self.private_dir = Path(private_dir) if private_dir else Path(tempfile.mkdtemp(prefix="rsigym-sb-"))
-        # official jobs' trial directories in RAM when there is room (only with a private directory of our own)
-        self._scratch = Scratch() if self._own_private else None
         self.private_dir.mkdir(parents=True, exist_ok=True)
         self.private_dir.chmod(0o700)
         # every trial's sandbox, dev or official, gets an opaque directory here (no split in any path)
@@ -600,8 +598,6 @@ class HarborEvalService:
         cf.wait(ahead, timeout=CANCEL_WAIT_S)  # (cancelled above with the running evaluations)
         if self._own_private:
             shutil.rmtree(self.private_dir, ignore_errors=True)
-        if self._scratch is not None:
-            self._scratch.close()
 
     # ---- one evaluation ----------------------------------------------------------------------------
 
@@ -615,17 +611,7 @@ class HarborEvalService:
         work_dir = public_dir if split == "dev" else self.private_dir / eval_id
         if work_dir.exists():
             raise ActionError("invalid_args", f"evaluation {eval_id!r} already exists at {work_dir}")
-        reserved = 0
-        if split != "dev" and self._scratch is not None:  # its trials' files in RAM if there is room for them
-            scratch = self._scratch.take(len(tasks) * req.k * SCRATCH_TRIAL_BYTES)
-            if scratch is not None:
-                reserved, work_dir = len(tasks) * req.k * SCRATCH_TRIAL_BYTES, scratch / eval_id
-        try:
-            work_dir.mkdir(parents=True)
-        except BaseException:
-            if reserved:
-                self._scratch.give_back(reserved)  # type: ignore[union-attr]
-            raise
+        work_dir.mkdir(parents=True)
         server: OpenAIServer | None = None
         session_key = f"{eval_id}-{uuid.uuid4().hex[:12]}"
         socket_dirs = contextlib.ExitStack()
@@ -671,8 +657,6 @@ class HarborEvalService:
                 unregister_gate(spare)
             if split != "dev":
                 discard_private(work_dir)
-            if reserved:
-                self._scratch.give_back(reserved)  # type: ignore[union-attr]
         token_usd = self.prices.sample_usd(usage.prompt_tokens, usage.completion_tokens)
         sandbox_usd = self.prices.sandbox_usd(value.sandbox_seconds, self.vcpus, self.memory_gib)
         cost = min(quote.usd, token_usd + sandbox_usd)
@@ -954,114 +938,6 @@ def _tree_key(root: Path) -> tuple:
             entries.append((current, name, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ino))
         entries.append((current, "", len(dirs), len(files), 0, 0))
     return (str(root), tuple(sorted(entries)))
-
-
-SCRATCH_ENV = "RSIGYM_EVAL_SCRATCH"  # "ram": official jobs' trial directories on /dev/shm when it has room (default "disk")
-SCRATCH_ROOT = Path("/dev/shm")
-SCRATCH_PREFIX = "rsigym-ev-scratch-"
-# RAM an official trial's directory may take, at most: its three log downloads (8 MiB each, the bubblewrap
-# environment's cap), the harness's trajectory twice (4 MiB raw and its ATIF form), its output and Harbor's files
-SCRATCH_TRIAL_BYTES = 48 << 20
-SCRATCH_MARGIN_BYTES = 256 << 20  # left free for everything else on the tmpfs
-
-
-class Scratch:
-    """With ``$RSIGYM_EVAL_SCRATCH=ram``: a private directory on a RAM file system (``/dev/shm``) for official jobs'
-    trial directories, which are deleted when their evaluation ends (creating and deleting a trial's dozen small
-    files there costs a fraction of the kernel time it does on ext4). Off by default: in a cold swe-bench-verified
-    episode it saved nothing measurable (bench/README.md, round 7), and the trials' files would take RAM.
-
-    :meth:`take` gives the directory only if the tmpfs has room for the job's worst case (``SCRATCH_TRIAL_BYTES`` a
-    trial, beyond what running evaluations took and a margin), so a trial never runs out of space there that it
-    would have had on disk: otherwise ``None`` (the caller uses the disk), with a warning the first time; without a
-    tmpfs at ``/dev/shm`` it is never used, said once in the log. Directories left by processes that died are
-    removed when the next one is made.
-
-    >>> s = Scratch(root=Path("/nonexistent")); s.take(1 << 20) is None
-    True
-    """
-
-    def __init__(self, root: Path = SCRATCH_ROOT):
-        self.root = Path(root)
-        self._lock = threading.Lock()
-        self._dir: Path | None = None
-        self._taken = 0
-        self._why_not: str | None = None
-        self._wanted = os.environ.get(SCRATCH_ENV, "disk").strip().lower() == "ram"
-        if self._wanted and not _is_tmpfs(self.root):
-            self._why_not = f"{self.root} is not a tmpfs here"
-
-    def take(self, nbytes: int) -> Path | None:
-        """The scratch directory, with ``nbytes`` of its file system set aside (:meth:`give_back` them), or None."""
-        with self._lock:
-            if not self._wanted:
-                return None
-            if self._why_not is not None:
-                _warn_scratch_once("official trial directories go to the disk: %s", self._why_not)
-                return None
-            try:
-                if self._dir is None:
-                    _reap_scratch(self.root)
-                    self._dir = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-", dir=self.root))
-                st = os.statvfs(self._dir)
-            except OSError as exc:
-                self._why_not = f"{self.root} cannot be used ({exc})"
-                _warn_scratch_once("official trial directories go to the disk: %s", self._why_not)
-                return None
-            free = st.f_bavail * st.f_frsize - self._taken - SCRATCH_MARGIN_BYTES
-            if free < nbytes:
-                _warn_scratch_once("an official evaluation's trial directories go to the disk: %s has %d MiB free "
-                                   "for them, the evaluation may need %d MiB", self.root, max(0, free) >> 20,
-                                   nbytes >> 20)
-                return None
-            self._taken += nbytes
-            return self._dir
-
-    def give_back(self, nbytes: int) -> None:
-        with self._lock:
-            self._taken = max(0, self._taken - nbytes)
-
-    def close(self) -> None:
-        """Remove the directory (the evaluations that used it have ended)."""
-        with self._lock:
-            path, self._dir = self._dir, None
-        if path is not None:
-            shutil.rmtree(path, ignore_errors=True)
-
-
-_scratch_warned: set[str] = set()
-
-
-def _warn_scratch_once(message: str, *args: Any) -> None:
-    """Log a WARNING the first time this process sees ``message`` (the format)."""
-    if message not in _scratch_warned:
-        _scratch_warned.add(message)
-        log.warning(message, *args)
-
-
-def _is_tmpfs(path: Path) -> bool:
-    """Whether ``path`` is the mount point of a tmpfs (from ``/proc/self/mounts``)."""
-    try:
-        with open("/proc/self/mounts") as f:
-            return any(line.split()[1:3] == [str(path), "tmpfs"] for line in f if len(line.split()) >= 3)
-    except OSError:
-        return False
-
-
-def _reap_scratch(root: Path) -> None:
-    """Remove scratch directories under ``root`` whose process is gone."""
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return
-    for name in names:
-        if not name.startswith(SCRATCH_PREFIX):
-            continue
-        pid = name[len(SCRATCH_PREFIX):].split("-", 1)[0]
-        path = root / name
-        if pid.isdigit() and not os.path.exists(f"/proc/{pid}") and path.is_dir() and not path.is_symlink() \
-                and path.stat().st_uid == os.geteuid():
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def discard_private(path: Path) -> None:
