@@ -154,6 +154,16 @@ def directional_check(f, x: np.ndarray, grad: np.ndarray, rng: np.random.Generat
     return abs(numeric - analytic) / max(abs(numeric), abs(analytic), 1e-8)
 
 
+def gradient_error(m: M.Transformer, f, grads: dict, rng: np.random.Generator) -> float:
+    """The worst :func:`directional_check` of ``grads`` (base weights or adapters of ``m``) against the loss ``f``."""
+    worst = 0.0
+    for name, grad in grads.items():
+        arr = m.lora[name] if m.lora and name in m.lora else m.params[name]
+        m.weights_changed()
+        worst = max(worst, directional_check(f, arr, grad, rng))
+    return worst
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
@@ -246,12 +256,7 @@ def test_full_model_gradients_every_parameter(rng, tied, lora):
     _, grads = m.loss_and_grad(tokens, targets, -w, train_base=True, train_lora=lora is not None)
     expected = set(cfg.shapes()) | (set(m.lora) if m.lora else set())
     assert set(grads) == expected
-    worst = 0.0
-    for name, grad in grads.items():
-        arr = m.lora[name] if m.lora and name in m.lora else m.params[name]
-        m.weights_changed()
-        worst = max(worst, directional_check(f, arr, grad, rng))
-    assert worst < RTOL
+    assert gradient_error(m, f, grads, rng) < RTOL
 
 
 def test_lora_only_backward_skips_base_and_matches_full(rng):
@@ -302,12 +307,7 @@ def test_packed_training_is_the_exact_gradient_of_the_real_tokens_loss(rng, lora
     f = lambda: float(-np.sum(m.token_logprobs(tokens, targets, lengths) * w))  # noqa: E731
     logp, grads = m.loss_and_grad(tokens, targets, -w, train_base=True, train_lora=lora is not None, lengths=lengths)
     assert set(grads) == set(cfg.shapes()) | (set(m.lora) if m.lora else set())
-    worst = 0.0
-    for name, grad in grads.items():
-        arr = m.lora[name] if m.lora and name in m.lora else m.params[name]
-        m.weights_changed()
-        worst = max(worst, directional_check(f, arr, grad, rng))
-    assert worst < RTOL
+    assert gradient_error(m, f, grads, rng) < RTOL
     real = w > 0
     dense_logp, dense = m.loss_and_grad(tokens, targets, -w, train_base=True, train_lora=lora is not None)
     assert np.abs(logp - dense_logp)[real].max() < 1e-12 and not logp[~real].any()
