@@ -393,8 +393,9 @@ class MenuArrayEnv(VectorEnv):
         self._abandon(rows, "reset")
         self._reset_rows(rows, [seeds[i] for i in rows.tolist()])
         self._started = True
-        return self._features(), {"action_mask": self._mask(), "_action_mask": mask.copy(),
-                                  "seed": self.episode_seeds.copy(), "_seed": mask.copy()}
+        obs, action_mask = self._view()
+        return obs, {"action_mask": action_mask, "_action_mask": mask.copy(), "seed": self.episode_seeds.copy(),
+                     "_seed": mask.copy()}
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """One menu index per env. With ``NEXT_STEP`` an env that ended is reset instead (its action
@@ -428,7 +429,8 @@ class MenuArrayEnv(VectorEnv):
             getattr(self, "_macro_" + kind)(rows, actions[rows])
         self._evaluations(resetting)  # every evaluation of the step, one pass
         self.last_error[acting] = ~self._ok[acting]
-        info: dict[str, Any] = {"action_mask": self._mask(), "n_calls": self._calls.copy(),
+        obs, action_mask = self._view()
+        info: dict[str, Any] = {"action_mask": action_mask, "n_calls": self._calls.copy(),
                                 "_action_mask": np.ones(n, bool), "_n_calls": acting.copy()}
         balance = self._available_usd()
         spent = self.spent_n / NANO
@@ -439,7 +441,6 @@ class MenuArrayEnv(VectorEnv):
                            ("budget_left_usd", balance), ("spent_usd", spent)):
             info[key], info[f"_{key}"] = value, acting.copy()
         ended = np.flatnonzero(acting & self.done)
-        obs = self._features()
         if ended.size:
             self._end_info(info, ended)
             self.episodes[ended] += 1
@@ -483,10 +484,10 @@ class MenuArrayEnv(VectorEnv):
             elif key != "action_mask":
                 info[f"_{key}"] = info[f"_{key}"] & ~gone
         self._reset_rows(ended, [None] * ended.size)
-        info["action_mask"] = self._mask()
+        obs, info["action_mask"] = self._view()
         info["final_obs"], info["_final_obs"] = final_obs, gone.copy()
         info["final_info"], info["_final_info"] = final_info, gone.copy()
-        return self._features(), info
+        return obs, info
 
     # ------------------------------------------------------------------ macros (rows do one each)
 
@@ -774,8 +775,9 @@ class MenuArrayEnv(VectorEnv):
                                          1.0 - math.exp(-settings.intensity / INTENSITY_SCALE))
         return self._train_tools[lr]
 
-    def _raws(self, rows: np.ndarray) -> np.ndarray:
-        """(M, slots): ``MenuAdapter._raws``, the generated datasets not cleaned yet (and not empty)."""
+    def _raws(self, rows: np.ndarray | slice) -> np.ndarray:
+        """(M, slots): ``MenuAdapter._raws``, the generated datasets not cleaned yet (and not empty); ``rows``
+        may be ``slice(None)`` (every row, without a copy of the arrays)."""
         d = max(1, int(self.n_ds[rows].max(initial=0)))
         return ((np.arange(d) < self.n_ds[rows, None]) & ~self.ds_clean[rows, :d] & ~self.ds_cleaned[rows, :d]
                 & (self.ds_n[rows, :d] > 0))
@@ -1160,8 +1162,8 @@ class MenuArrayEnv(VectorEnv):
         trained = rows[self.job_train[rows]]
         if trained.size:
             index = self.n_ckpt[trained] + 1
-            if index.max() >= self.ckpt_skill.shape[1]:
-                self._grow(int(index.max()) + 1)
+            if index.max() >= self.ckpt_skill.shape[1]:  # doubled: a copy of the wide arrays per doubling
+                self._grow(max(2 * self.ckpt_skill.shape[1], int(index.max()) + 1))
             self.ckpt_skill[trained, index], self.ckpt_memory[trained, index] = (self.job_skill[trained],
                                                                                  self.job_memory[trained])
             self.n_ckpt[trained] = index
@@ -1385,23 +1387,28 @@ class MenuArrayEnv(VectorEnv):
                 out[i] = "submit" in tools
         return out
 
-    def _mask(self) -> np.ndarray:
-        """``MenuAdapter.mask`` per row."""
-        every = np.arange(self.num_envs)
+    def _view(self) -> tuple[np.ndarray, np.ndarray]:
+        """(features, action mask) of every row, as :meth:`_features` and :meth:`_mask` give them (which rows have
+        raw data is worked out once for both)."""
+        has_raw = self._raws(slice(None)).any(axis=1)
+        return self._features(has_raw), self._mask(has_raw)
+
+    def _mask(self, has_raw: np.ndarray) -> np.ndarray:
+        """``MenuAdapter.mask`` per row (``has_raw``: which rows have raw data, ``_raws``)."""
         mask = np.tile(self._static_mask, (self.num_envs, 1))
         fix = slice(MENU_INDEX[f"fix:{DEFECTS[0]}"], MENU_INDEX[f"fix:{DEFECTS[-1]}"] + 1)
         mask[:, fix] &= ~(self.fixed & self.harness_read[:, None])
-        mask[:, MENU_INDEX["clean"]] &= self._raws(every).any(axis=1)
+        mask[:, MENU_INDEX["clean"]] &= has_raw
         train = slice(MENU_INDEX[MENU[_KIND.tolist().index("train")].name], MENU_INDEX["wait"])
         mask[:, train] &= (self.train_set >= 0)[:, None]
         mask[:, MENU_INDEX["wait"]] = ("wait" in self.tools) & self.running & ~self.done
         return mask
 
-    def _data_features(self, f: np.ndarray) -> None:
+    def _data_features(self, f: np.ndarray, has_raw: np.ndarray) -> None:
         """The data and training features (``MenuAdapter.features``) of every row, into ``f``."""
         every = np.arange(self.num_envs)
         budget = max(self.scenario.budget_usd, 1e-9)
-        f[:, _F["has_raw_data"]] = self._raws(every).any(axis=1)
+        f[:, _F["has_raw_data"]] = has_raw
         ts = self.train_set
         has = ts >= 0
         at = np.maximum(ts, 0)
@@ -1424,11 +1431,12 @@ class MenuArrayEnv(VectorEnv):
                                                      -1.0)
         f[:, _F["generations"]] = np.minimum(self.generations, 5) / 5
 
-    def _features(self) -> np.ndarray:
-        """``MenuAdapter.features`` per row (float64, then float32 and clipped as there)."""
+    def _features(self, has_raw: np.ndarray) -> np.ndarray:
+        """``MenuAdapter.features`` per row (each value computed in float64, then float32 and clipped as there: a
+        float64 value stored in a float32 array is the same single rounding as ``astype``)."""
         n, s = self.num_envs, self.scenario
-        f = np.zeros((n, len(FEATURES)))
-        self._data_features(f)
+        f = np.zeros((n, len(FEATURES)), np.float32)
+        self._data_features(f, has_raw)
         f[:, 0] = np.minimum(self._available_usd(), s.budget_usd) / max(s.budget_usd, 1e-9)
         time_h = self.time_limit_s / 3600.0
         f[:, 1] = (np.maximum(0.0, self.time_limit_s - self.clock) / 3600.0) / max(time_h, 1e-9)
@@ -1451,7 +1459,7 @@ class MenuArrayEnv(VectorEnv):
         f[:, _F[f"track:{s.track}"]] = 1.0
         f[:, _F["last_error"]] = self.last_error
         f[:, _F["harness_read"]] = self.harness_read
-        return np.clip(f.astype(np.float32), -1.0, 1.0)
+        return np.clip(f, -1.0, 1.0, out=f)
 
     def _end_info(self, info: dict[str, Any], rows: np.ndarray) -> None:
         """The end keys of the rows whose episode ended this step (``_key`` masks mark them)."""
@@ -1461,7 +1469,8 @@ class MenuArrayEnv(VectorEnv):
             "initial_score": self.initial_official, "official_score": self._final,
             "normalized_gain": self._reward, "best_dev_score": np.where(self.best_dev < 0, np.nan, self.best_dev),
             "initial_dev_score": np.where(self.initial_dev < 0, np.nan, self.initial_dev),
-            "dev_evaluations": self.n_scores.sum(axis=1), "end_reason": self.end_reason, "steps": self.steps,
+            # n_scores.sum(axis=1): each finished evaluation adds one score and one to evaluations (both 0 at reset)
+            "dev_evaluations": self.evaluations, "end_reason": self.end_reason, "steps": self.steps,
             "refusals": self.refusals, "spend_usd": self.spent_n / NANO, "budget_usd": np.full(n, s.budget_usd),
             "elapsed_h": self.clock / 3600.0,
         }
