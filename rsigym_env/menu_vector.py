@@ -1277,32 +1277,36 @@ class MenuArrayEnv(VectorEnv):
             self._open[rows] = False
             return
         ledger, budget = self.platform.ledger, self.scenario.budget_usd
-        events = []
-        columns = zip(self.episode_seeds[rows].tolist(), self.steps[rows].tolist(), self.refusals[rows].tolist(),
-                      self.end_reason[rows].tolist(), self.clock[rows].tolist(), self.initial_official[rows].tolist(),
-                      self._final[rows].tolist())
-        for seed, steps, refusals, reason, clock, initial, final in columns:
-            event: dict[str, Any] = {"seed": seed, "steps": steps, "refusals": refusals, "end_reason": str(reason),
-                                     "elapsed_h": clock / 3600.0}
-            if result:
-                event.update(initial_score=initial, official_score=final, normalized_gain=normalized_gain(initial, final))
-            events.append(event)
         spent_n = self.spent_n[rows]
-        if self.write_episodes == "step":
-            if (spent_n > self.budget_n).any():  # the arrays' guard failed: never write such an entry
-                raise RuntimeError(f"episodes {rows[spent_n > self.budget_n].tolist()} spent more than their budget")
+        per_step = self.write_episodes == "step"
+        if per_step and (spent_n > self.budget_n).any():  # the arrays' guard failed: never write such an entry
+            raise RuntimeError(f"episodes {rows[spent_n > self.budget_n].tolist()} spent more than their budget")
+        # the events' columns as Python values (clock / 3600 in NumPy: the same IEEE division); an ended episode's
+        # normalized gain is its reward (_end stored normalized_gain(initial, final) of these very values)
+        columns = [self.episode_seeds[rows].tolist(), self.steps[rows].tolist(), self.refusals[rows].tolist(),
+                   [str(reason) for reason in self.end_reason[rows].tolist()], (self.clock[rows] / 3600.0).tolist()]
+        if result:
+            columns += [self.initial_official[rows].tolist(), self._final[rows].tolist(), self._reward[rows].tolist()]
+            events = [{"seed": seed, "steps": steps, "refusals": refusals, "end_reason": reason, "elapsed_h": hours,
+                       "initial_score": initial, "official_score": final, "normalized_gain": gain}
+                      for seed, steps, refusals, reason, hours, initial, final, gain in zip(*columns)]
+        else:
+            events = [{"seed": seed, "steps": steps, "refusals": refusals, "end_reason": reason, "elapsed_h": hours}
+                      for seed, steps, refusals, reason, hours in zip(*columns)]
+        first, secret = self._keys + 1, self._key_secret
+        if per_step:
             for event, nano in zip(events, spent_n.tolist()):
                 event["spend_usd"] = nano / NANO
-            batches = [({"tool": "episodes", "decision": "allowed", "episodes": events}, int(spent_n.sum()),
-                        rows.size * self.budget_n / NANO)]
+            key = PlatformKey.key_id(f"{secret}-{first}")
+            entries = [(key, rows.size * self.budget_n / NANO, int(spent_n.sum()) / NANO,
+                        {"tool": "episodes", "decision": "allowed", "episodes": events, "key": key})]
         else:
-            batches = [({"tool": "episode", "decision": "allowed", **event}, nano, budget)
-                       for event, nano in zip(events, spent_n.tolist())]
-        entries = []
-        for event, nano, usd in batches:
-            self._keys += 1
-            key = event["key"] = PlatformKey.key_id(f"{self._key_secret}-{self._keys}")
-            entries.append((key, usd, nano / NANO, event))
+            entries = []
+            for i, event, nano in zip(range(first, first + rows.size), events, spent_n.tolist()):
+                key = event["key"] = PlatformKey.key_id(f"{secret}-{i}")
+                event["tool"], event["decision"] = "episode", "allowed"
+                entries.append((key, budget, nano / NANO, event))
+        self._keys += len(entries)
         ledger.open_settled(entries)  # one transaction: as open_account, reserve and settle (or record) each
         self._open[rows] = False
 
