@@ -33,8 +33,9 @@ State arrays (row i = env i; see ``MenuArrayEnv.__init__``):
 * dev candidates, index ``checkpoint * 32 + harness version``: number of scores, mean and the order a
   candidate was first scored in (the adapter's and the run's dict order, for ties), (N, 32 (1 + K)); the
   mean is the adapter's ``np.mean`` of the scores: below 8 scores NumPy adds them one by one, which is a
-  running sum (``score_sum``); from 8 on its pairwise sum, so the first 7 scores are kept
-  (``score_head``) and a candidate scored 8 times or more gets its list (rare); ``initial_dev``,
+  running sum (``score_sum``); from 8 on its pairwise sum, so each row keeps its episode's dev scores in
+  order with their candidates (``score_log``, ``score_cand``: (N, evaluations so far), grown on demand) and a
+  candidate scored 8 times or more gets its list, its first 7 from there (rare); ``initial_dev``,
   ``best_dev``, ``last_dev``;
 * one running job per row (the menu's evaluations and trainings block: start, then ``wait`` for it):
   ready time, cost, and its result (an evaluation's score and failure counts, drawn when it starts as
@@ -330,7 +331,9 @@ class MenuArrayEnv(VectorEnv):
         self.means = np.zeros((n, N_VERSIONS))
         self.first_scored = np.zeros((n, N_VERSIONS), np.int64)  # 0: never; else the order (1, 2, ...)
         self.score_sum = np.zeros((n, N_VERSIONS))  # running sum of a candidate's scores (below _MEAN_EXACT)
-        self.score_head = np.zeros((n, N_VERSIONS, _MEAN_EXACT - 1))  # its first scores, for NumPy's mean from 8 on
+        # each row's dev scores of the episode in the order they came, and their candidates (score i: the i-th
+        # evaluation finished), for NumPy's mean from 8 scores on
+        self.score_log, self.score_cand = np.zeros((n, 8)), np.zeros((n, 8), np.int64)
         self._score_lists: dict[tuple[int, int], list[float]] = {}  # (row, candidate) -> scores, from 8 on
         self.n_candidates = z(np.int64)
         self.initial_dev, self.best_dev, self.last_dev = z(), z(), z()
@@ -529,10 +532,11 @@ class MenuArrayEnv(VectorEnv):
         """``submit_latest``: the latest checkpoint and harness; ``submit_best``: the adapter's best candidate,
         the highest mean dev score, the first scored on a tie (else the latest)."""
         latest = self.n_ckpt[rows] * N_VERSIONS + self._version(rows)
-        scored = self.n_scores[rows] > 0
-        mean = np.where(scored, self.means[rows], -np.inf)
+        width = (int(self.n_ckpt[rows].max(initial=0)) + 1) * N_VERSIONS  # no later checkpoint's candidate is scored
+        scored = self.n_scores[rows, :width] > 0
+        mean = np.where(scored, self.means[rows, :width], -np.inf)
         top = scored & (mean == mean.max(axis=1, keepdims=True))
-        order = np.where(top, self.first_scored[rows], np.iinfo(np.int64).max)
+        order = np.where(top, self.first_scored[rows, :width], np.iinfo(np.int64).max)
         best = np.where(scored.any(axis=1), order.argmin(axis=1), latest)
         self._staged["submit"] = (rows, np.where(_KIND[actions] == "submit_best", best, latest))
 
@@ -1183,11 +1187,18 @@ class MenuArrayEnv(VectorEnv):
         total = self.score_sum[rows, c] + score
         self.score_sum[rows, c] = total
         self.means[rows, c] = total / count
+        at = self.evaluations[rows]  # this score's place in the row's log
+        if at.max() >= self.score_log.shape[1]:
+            pad = ((0, 0), (0, self.score_log.shape[1]))
+            self.score_log, self.score_cand = np.pad(self.score_log, pad), np.pad(self.score_cand, pad)
+        self.score_log[rows, at], self.score_cand[rows, at] = score, c
         early = count < _MEAN_EXACT
-        self.score_head[rows[early], c[early], count[early] - 1] = score[early]
-        for i, j, value, seen in zip(rows[~early].tolist(), c[~early].tolist(), score[~early].tolist(),
-                                     count[~early].tolist()):
-            scores = self._score_lists.setdefault((i, j), self.score_head[i, j].tolist())
+        for i, j, value, seen, place in zip(rows[~early].tolist(), c[~early].tolist(), score[~early].tolist(),
+                                            count[~early].tolist(), at[~early].tolist()):
+            scores = self._score_lists.get((i, j))
+            if scores is None:  # its 8th score: the first 7 from the log
+                log = self.score_log[i, :place]
+                scores = self._score_lists[i, j] = log[self.score_cand[i, :place] == j].tolist()
             scores.append(value)
             assert len(scores) == seen
             self.means[i, j] = float(np.mean(scores))
@@ -1209,7 +1220,6 @@ class MenuArrayEnv(VectorEnv):
         pad = ((0, 0), (0, extra * N_VERSIONS))
         self.n_scores, self.means, self.first_scored, self.score_sum = (
             np.pad(a, pad) for a in (self.n_scores, self.means, self.first_scored, self.score_sum))
-        self.score_head = np.pad(self.score_head, ((0, 0), (0, extra * N_VERSIONS), (0, 0)))
 
     def _settle(self, rows: np.ndarray, charge: np.ndarray) -> None:
         self.spent_n[rows] += charge
