@@ -308,6 +308,7 @@ class MenuArrayEnv(VectorEnv):
         sandbox = s.permissions.sandbox
         self.world_kwargs = dict(vcpus=sandbox.vcpus, memory_gib=sandbox.memory_gib, options=s.world_options)
         self.batch = SimBatch.make(s.benchmark, [0] * n, **self.world_kwargs)  # what from_scenario builds
+        self.batch.remember_stats()  # a row re-evaluating a candidate (a submit of an evaluated one, ...) skips its stats
         self.version_ids, files = harness_versions(self.batch)
         self.harness_table = HarnessArrays.of(files)
         self.n_dev = self.batch.n_tasks
