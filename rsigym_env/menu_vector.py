@@ -1340,15 +1340,18 @@ class MenuArrayEnv(VectorEnv):
             self._score_lists = {key: v for key, v in self._score_lists.items() if key[0] not in gone}
         self.episode_seeds[rows] = episode
         self.batch.reset(rows, episode)
+        # the candidates an episode scored are those of its checkpoints (index <= n_ckpt): the rest is still 0
+        used = (int(self.n_ckpt[rows].max(initial=0)) + 1) * N_VERSIONS
+        for name in ("n_scores", "means", "first_scored", "score_sum"):
+            getattr(self, name)[rows, :used] = 0
+        self.ds_n[rows, :int(self.n_ds[rows].max(initial=0))] = 0  # the slots it made; the others are still 0
         for name in ("clock", "spent_n", "reserved_n", "steps", "refusals", "fixed", "harness_read", "last_error",
-                     "n_scores", "means", "first_scored", "n_candidates", "running", "fail_shares", "eval_cost",
-                     "evaluations", "done", "n_ckpt", "score_sum", "n_ds", "generations", "trainings",
-                     "data_counter", "train_counter"):
+                     "n_candidates", "running", "fail_shares", "eval_cost", "evaluations", "done", "n_ckpt", "n_ds",
+                     "generations", "trainings", "data_counter", "train_counter"):
             getattr(self, name)[rows] = 0
         for name in ("train_set", "ckpt_ds", "job_ds", "pools", "pass_rates"):
             getattr(self, name)[rows] = -1
         self.usd_per_example[rows] = self.teacher_skill[rows] = np.nan
-        self.ds_n[rows] = 0
         seeds_u = self.batch.seeds[rows]
         key = benchmark_key(self.scenario.benchmark)
         self.data_keys[rows], self.train_keys[rows] = streams_keys(seeds_u, key, ("data", "train"))
