@@ -68,9 +68,10 @@ NumPy over the rows), bill, time, the adapter's record, the run's limits. ``trai
 base, so ``train_model``'s lineage terms vanish and a checkpoint is a closed form of the dataset's counts
 and the world's ``train`` draw (its ``math.exp`` and ``**`` stay Python's, per training row). The step's
 evaluations (dev ones, submits' official ones and the reset episodes' initial official score) are one
-``SimBatch.evaluate`` pass (each row's stats of its last two distinct evaluations remembered:
-``SimBatch.remember_stats``; a submit of a candidate just evaluated officially, an evaluation repeated). Python's own ``round``, ``_nano_up`` and ``_nano_near`` are NumPy passes that
-give the same floats (``round_digits``, ``nano_up``, ``nano_near``).
+``SimBatch.evaluate`` pass; each row's stats of its last two distinct evaluations are remembered
+(``SimBatch.remember_stats``: a submit of the unchanged initial system, a dev evaluation repeated). Python's
+own ``round``, ``_nano_up`` and ``_nano_near`` are NumPy passes that give the same floats (``round_digits``,
+``nano_up``, ``nano_near``).
 
 Shared with the scalar env (parity by construction): the menu, mask and feature definitions
 (``wrappers/menu.py``: ``MENU``, ``FEATURES``, ``FIT_SHARE``), scenario loading, the episode seed
