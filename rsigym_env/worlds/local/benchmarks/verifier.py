@@ -33,6 +33,9 @@ except ImportError:  # a Python without it: json itself
 
 SOCKET = "/run/rsigym/probe.sock"
 MAX_BYTES = 1 << 20
+# The probe keeps its ``import json`` (~7 ms a start): the code under test has always found json, re, enum and
+# the rest loaded from the standard library; without it a ``json.py`` left in /app (the cheating harness leaves
+# one) would be imported in their place by a ``calc.py`` that imports json, and a verdict could change.
 PROBE = """import json, sys
 sys.dont_write_bytecode = True
 req = json.loads(sys.stdin.read())
