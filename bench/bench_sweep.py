@@ -86,16 +86,22 @@ def measure_local(benchmarks: tuple[str, ...] = ("terminal-bench-2", "aime"), se
     """The scripted researcher on the local world, ``benchmarks`` × ``seeds``: in this process one after
     another, then as Ray tasks of one episode each, with the same results (rewards equal episode by
     episode). Each pass starts from an empty official-evaluation cache (a private ``$RSIGYM_HOME``
-    whose task directories are generated once, before timing), so neither pass reuses the other's work.
+    whose task directories are generated once, before timing), so neither pass reuses the other's work. The
+    official draw is pinned (``$RSIGYM_SPLIT_NONCE``) for both passes: unpinned, every episode draws official
+    tasks of its own (issue 25) and the two passes' rewards could not be compared.
     """
     import shutil
     import tempfile
 
     import ray
 
+    from rsigym_env.splits import NONCE_ENV
+
     home = Path(tempfile.mkdtemp(prefix="rsigym-bench-sweep-"))
     previous = os.environ.get("RSIGYM_HOME")
-    os.environ["RSIGYM_HOME"] = str(home)  # before ray.init: the workers inherit it
+    previous_nonce = os.environ.get(NONCE_ENV)
+    os.environ["RSIGYM_HOME"] = str(home)  # before ray.init: the workers inherit both
+    os.environ[NONCE_ENV] = "bench-sweep-local"
     started_here = False
     try:
         specs = make_grid(["scripted"], list(benchmarks), seeds, world="local", budget_usd=5.0)
@@ -122,10 +128,11 @@ def measure_local(benchmarks: tuple[str, ...] = ("terminal-bench-2", "aime"), se
     finally:
         if started_here:
             ray.shutdown()
-        if previous is None:
-            os.environ.pop("RSIGYM_HOME", None)
-        else:
-            os.environ["RSIGYM_HOME"] = previous
+        for name, value in (("RSIGYM_HOME", previous), (NONCE_ENV, previous_nonce)):
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         shutil.rmtree(home, ignore_errors=True)
 
 
