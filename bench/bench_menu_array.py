@@ -16,11 +16,16 @@ CartPole-v1 (``gym.make``, sampled) runs at the start, the end, and for 1 s righ
 calls: on 2 shared cores that made the 256 x 50 forward pass take ~19 ms instead of ~1.4 ms).
 
     python bench/bench_menu_array.py [--seconds 3] [--sizes 1,16,256] [--route-sizes 16] [--tracks joint,data,harness]
+
+``--fit 64,256,1024,4096`` measures instead the env's CPU time a step at each N (masked uniform, ``--fit-steps``
+steps after 20, ``step`` alone; a checksum of every observation, reward and end to compare two checkouts) and
+fits ``t(N) = a + b N`` per track by least squares: ``a`` the fixed cost of a step, ``b`` the cost of a row.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 import time
@@ -85,13 +90,46 @@ def measure(env, n: int, seconds: float, policy: str) -> tuple[float, float, flo
     return steps / (time.perf_counter() - start), steps / in_env, mean, len(lengths), steps / in_env_cpu
 
 
+def fit(tracks: list[str], sizes: list[int], steps: int) -> None:
+    """CPU a step of ``step`` at each N per track (masked uniform, ``steps`` steps after 20), and the line through them."""
+    for track in tracks:
+        points = []
+        for n in sizes:
+            env = gym.make_vec(IDS[track], num_envs=n, vectorization_mode="vector_entry_point", menu=True, **KWARGS)
+            rng = np.random.default_rng(0)
+            obs, info = env.reset(seed=0)
+            digest, cpu, ended = hashlib.sha256(), 0.0, 0
+            for i in range(20 + steps):
+                mask = info["action_mask"]
+                actions = np.argmax(np.where(mask, rng.random(mask.shape), -1.0), axis=1)
+                start = time.process_time()
+                obs, reward, terminated, truncated, info = env.step(actions)
+                if i >= 20:
+                    cpu += time.process_time() - start
+                    ended += int((terminated | truncated).sum())
+                for value in (obs, reward, terminated, truncated):
+                    digest.update(np.ascontiguousarray(value).tobytes())
+            env.close()
+            points.append((n, cpu / steps))
+            print(f"fit {track:7s} N={n:5d}: {cpu / steps * 1e3:8.3f} ms CPU a step, {cpu / steps / n * 1e6:6.2f} us a row; "
+                  f"{ended / (n * steps):.4f} episodes a row-step; checksum {digest.hexdigest()[:16]}; load "
+                  f"{os.getloadavg()[0]:.2f}", flush=True)
+        b, a = np.polyfit([float(p[0]) for p in points], [p[1] for p in points], 1)
+        print(f"fit {track:7s}: t(N) = a + b N, a = {a * 1e3:.3f} ms, b = {b * 1e6:.3f} us a row-step", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--sizes", default="1,16,256")
     parser.add_argument("--route-sizes", default="16")
     parser.add_argument("--tracks", default="joint,data,harness")
+    parser.add_argument("--fit", default="", help="sizes to fit t(N) = a + b N at instead of the rates (e.g. 64,256,1024,4096)")
+    parser.add_argument("--fit-steps", type=int, default=200)
     args = parser.parse_args()
+    if args.fit:
+        fit(args.tracks.split(","), [int(n) for n in args.fit.split(",")], args.fit_steps)
+        return
     sizes = [int(n) for n in args.sizes.split(",")]
     print(f"load before {os.getloadavg()}")
     ref = cartpole(args.seconds)

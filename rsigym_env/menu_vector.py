@@ -33,8 +33,9 @@ State arrays (row i = env i; see ``MenuArrayEnv.__init__``):
 * dev candidates, index ``checkpoint * 32 + harness version``: number of scores, mean and the order a
   candidate was first scored in (the adapter's and the run's dict order, for ties), (N, 32 (1 + K)); the
   mean is the adapter's ``np.mean`` of the scores: below 8 scores NumPy adds them one by one, which is a
-  running sum (``score_sum``); from 8 on its pairwise sum, so the first 7 scores are kept
-  (``score_head``) and a candidate scored 8 times or more gets its list (rare); ``initial_dev``,
+  running sum (``score_sum``); from 8 on its pairwise sum, so each row keeps its episode's dev scores in
+  order with their candidates (``score_log``, ``score_cand``: (N, evaluations so far), grown on demand) and a
+  candidate scored 8 times or more gets its list, its first 7 from there (rare); ``initial_dev``,
   ``best_dev``, ``last_dev``;
 * one running job per row (the menu's evaluations and trainings block: start, then ``wait`` for it):
   ready time, cost, and its result (an evaluation's score and failure counts, drawn when it starts as
@@ -67,8 +68,10 @@ NumPy over the rows), bill, time, the adapter's record, the run's limits. ``trai
 base, so ``train_model``'s lineage terms vanish and a checkpoint is a closed form of the dataset's counts
 and the world's ``train`` draw (its ``math.exp`` and ``**`` stay Python's, per training row). The step's
 evaluations (dev ones, submits' official ones and the reset episodes' initial official score) are one
-``SimBatch.evaluate`` pass. Python's own ``round``, ``_nano_up`` and ``_nano_near`` are NumPy passes that
-give the same floats (``round_digits``, ``nano_up``, ``nano_near``).
+``SimBatch.evaluate`` pass; each row's stats of its last two distinct evaluations are remembered
+(``SimBatch.remember_stats``: a submit of the unchanged initial system, a dev evaluation repeated). Python's
+own ``round``, ``_nano_up`` and ``_nano_near`` are NumPy passes that give the same floats (``round_digits``,
+``nano_up``, ``nano_near``).
 
 Shared with the scalar env (parity by construction): the menu, mask and feature definitions
 (``wrappers/menu.py``: ``MENU``, ``FEATURES``, ``FIT_SHARE``), scenario loading, the episode seed
@@ -307,6 +310,7 @@ class MenuArrayEnv(VectorEnv):
         sandbox = s.permissions.sandbox
         self.world_kwargs = dict(vcpus=sandbox.vcpus, memory_gib=sandbox.memory_gib, options=s.world_options)
         self.batch = SimBatch.make(s.benchmark, [0] * n, **self.world_kwargs)  # what from_scenario builds
+        self.batch.remember_stats()  # a row re-evaluating a candidate (a submit of an evaluated one, ...) skips its stats
         self.version_ids, files = harness_versions(self.batch)
         self.harness_table = HarnessArrays.of(files)
         self.n_dev = self.batch.n_tasks
@@ -330,7 +334,9 @@ class MenuArrayEnv(VectorEnv):
         self.means = np.zeros((n, N_VERSIONS))
         self.first_scored = np.zeros((n, N_VERSIONS), np.int64)  # 0: never; else the order (1, 2, ...)
         self.score_sum = np.zeros((n, N_VERSIONS))  # running sum of a candidate's scores (below _MEAN_EXACT)
-        self.score_head = np.zeros((n, N_VERSIONS, _MEAN_EXACT - 1))  # its first scores, for NumPy's mean from 8 on
+        # each row's dev scores of the episode in the order they came, and their candidates (score i: the i-th
+        # evaluation finished), for NumPy's mean from 8 scores on
+        self.score_log, self.score_cand = np.zeros((n, 8)), np.zeros((n, 8), np.int64)
         self._score_lists: dict[tuple[int, int], list[float]] = {}  # (row, candidate) -> scores, from 8 on
         self.n_candidates = z(np.int64)
         self.initial_dev, self.best_dev, self.last_dev = z(), z(), z()
@@ -393,8 +399,9 @@ class MenuArrayEnv(VectorEnv):
         self._abandon(rows, "reset")
         self._reset_rows(rows, [seeds[i] for i in rows.tolist()])
         self._started = True
-        return self._features(), {"action_mask": self._mask(), "_action_mask": mask.copy(),
-                                  "seed": self.episode_seeds.copy(), "_seed": mask.copy()}
+        obs, action_mask = self._view()
+        return obs, {"action_mask": action_mask, "_action_mask": mask.copy(), "seed": self.episode_seeds.copy(),
+                     "_seed": mask.copy()}
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """One menu index per env. With ``NEXT_STEP`` an env that ended is reset instead (its action
@@ -428,7 +435,8 @@ class MenuArrayEnv(VectorEnv):
             getattr(self, "_macro_" + kind)(rows, actions[rows])
         self._evaluations(resetting)  # every evaluation of the step, one pass
         self.last_error[acting] = ~self._ok[acting]
-        info: dict[str, Any] = {"action_mask": self._mask(), "n_calls": self._calls.copy(),
+        obs, action_mask = self._view()
+        info: dict[str, Any] = {"action_mask": action_mask, "n_calls": self._calls.copy(),
                                 "_action_mask": np.ones(n, bool), "_n_calls": acting.copy()}
         balance = self._available_usd()
         spent = self.spent_n / NANO
@@ -439,7 +447,6 @@ class MenuArrayEnv(VectorEnv):
                            ("budget_left_usd", balance), ("spent_usd", spent)):
             info[key], info[f"_{key}"] = value, acting.copy()
         ended = np.flatnonzero(acting & self.done)
-        obs = self._features()
         if ended.size:
             self._end_info(info, ended)
             self.episodes[ended] += 1
@@ -483,10 +490,10 @@ class MenuArrayEnv(VectorEnv):
             elif key != "action_mask":
                 info[f"_{key}"] = info[f"_{key}"] & ~gone
         self._reset_rows(ended, [None] * ended.size)
-        info["action_mask"] = self._mask()
+        obs, info["action_mask"] = self._view()
         info["final_obs"], info["_final_obs"] = final_obs, gone.copy()
         info["final_info"], info["_final_info"] = final_info, gone.copy()
-        return self._features(), info
+        return obs, info
 
     # ------------------------------------------------------------------ macros (rows do one each)
 
@@ -528,10 +535,11 @@ class MenuArrayEnv(VectorEnv):
         """``submit_latest``: the latest checkpoint and harness; ``submit_best``: the adapter's best candidate,
         the highest mean dev score, the first scored on a tie (else the latest)."""
         latest = self.n_ckpt[rows] * N_VERSIONS + self._version(rows)
-        scored = self.n_scores[rows] > 0
-        mean = np.where(scored, self.means[rows], -np.inf)
+        width = (int(self.n_ckpt[rows].max(initial=0)) + 1) * N_VERSIONS  # no later checkpoint's candidate is scored
+        scored = self.n_scores[rows, :width] > 0
+        mean = np.where(scored, self.means[rows, :width], -np.inf)
         top = scored & (mean == mean.max(axis=1, keepdims=True))
-        order = np.where(top, self.first_scored[rows], np.iinfo(np.int64).max)
+        order = np.where(top, self.first_scored[rows, :width], np.iinfo(np.int64).max)
         best = np.where(scored.any(axis=1), order.argmin(axis=1), latest)
         self._staged["submit"] = (rows, np.where(_KIND[actions] == "submit_best", best, latest))
 
@@ -774,8 +782,9 @@ class MenuArrayEnv(VectorEnv):
                                          1.0 - math.exp(-settings.intensity / INTENSITY_SCALE))
         return self._train_tools[lr]
 
-    def _raws(self, rows: np.ndarray) -> np.ndarray:
-        """(M, slots): ``MenuAdapter._raws``, the generated datasets not cleaned yet (and not empty)."""
+    def _raws(self, rows: np.ndarray | slice) -> np.ndarray:
+        """(M, slots): ``MenuAdapter._raws``, the generated datasets not cleaned yet (and not empty); ``rows``
+        may be ``slice(None)`` (every row, without a copy of the arrays)."""
         d = max(1, int(self.n_ds[rows].max(initial=0)))
         return ((np.arange(d) < self.n_ds[rows, None]) & ~self.ds_clean[rows, :d] & ~self.ds_cleaned[rows, :d]
                 & (self.ds_n[rows, :d] > 0))
@@ -1160,8 +1169,8 @@ class MenuArrayEnv(VectorEnv):
         trained = rows[self.job_train[rows]]
         if trained.size:
             index = self.n_ckpt[trained] + 1
-            if index.max() >= self.ckpt_skill.shape[1]:
-                self._grow(int(index.max()) + 1)
+            if index.max() >= self.ckpt_skill.shape[1]:  # doubled: a copy of the wide arrays per doubling
+                self._grow(max(2 * self.ckpt_skill.shape[1], int(index.max()) + 1))
             self.ckpt_skill[trained, index], self.ckpt_memory[trained, index] = (self.job_skill[trained],
                                                                                  self.job_memory[trained])
             self.n_ckpt[trained] = index
@@ -1181,11 +1190,18 @@ class MenuArrayEnv(VectorEnv):
         total = self.score_sum[rows, c] + score
         self.score_sum[rows, c] = total
         self.means[rows, c] = total / count
+        at = self.evaluations[rows]  # this score's place in the row's log
+        if at.max() >= self.score_log.shape[1]:
+            pad = ((0, 0), (0, self.score_log.shape[1]))
+            self.score_log, self.score_cand = np.pad(self.score_log, pad), np.pad(self.score_cand, pad)
+        self.score_log[rows, at], self.score_cand[rows, at] = score, c
         early = count < _MEAN_EXACT
-        self.score_head[rows[early], c[early], count[early] - 1] = score[early]
-        for i, j, value, seen in zip(rows[~early].tolist(), c[~early].tolist(), score[~early].tolist(),
-                                     count[~early].tolist()):
-            scores = self._score_lists.setdefault((i, j), self.score_head[i, j].tolist())
+        for i, j, value, seen, place in zip(rows[~early].tolist(), c[~early].tolist(), score[~early].tolist(),
+                                            count[~early].tolist(), at[~early].tolist()):
+            scores = self._score_lists.get((i, j))
+            if scores is None:  # its 8th score: the first 7 from the log
+                log = self.score_log[i, :place]
+                scores = self._score_lists[i, j] = log[self.score_cand[i, :place] == j].tolist()
             scores.append(value)
             assert len(scores) == seen
             self.means[i, j] = float(np.mean(scores))
@@ -1207,7 +1223,6 @@ class MenuArrayEnv(VectorEnv):
         pad = ((0, 0), (0, extra * N_VERSIONS))
         self.n_scores, self.means, self.first_scored, self.score_sum = (
             np.pad(a, pad) for a in (self.n_scores, self.means, self.first_scored, self.score_sum))
-        self.score_head = np.pad(self.score_head, ((0, 0), (0, extra * N_VERSIONS), (0, 0)))
 
     def _settle(self, rows: np.ndarray, charge: np.ndarray) -> None:
         self.spent_n[rows] += charge
@@ -1275,32 +1290,36 @@ class MenuArrayEnv(VectorEnv):
             self._open[rows] = False
             return
         ledger, budget = self.platform.ledger, self.scenario.budget_usd
-        events = []
-        columns = zip(self.episode_seeds[rows].tolist(), self.steps[rows].tolist(), self.refusals[rows].tolist(),
-                      self.end_reason[rows].tolist(), self.clock[rows].tolist(), self.initial_official[rows].tolist(),
-                      self._final[rows].tolist())
-        for seed, steps, refusals, reason, clock, initial, final in columns:
-            event: dict[str, Any] = {"seed": seed, "steps": steps, "refusals": refusals, "end_reason": str(reason),
-                                     "elapsed_h": clock / 3600.0}
-            if result:
-                event.update(initial_score=initial, official_score=final, normalized_gain=normalized_gain(initial, final))
-            events.append(event)
         spent_n = self.spent_n[rows]
-        if self.write_episodes == "step":
-            if (spent_n > self.budget_n).any():  # the arrays' guard failed: never write such an entry
-                raise RuntimeError(f"episodes {rows[spent_n > self.budget_n].tolist()} spent more than their budget")
+        per_step = self.write_episodes == "step"
+        if per_step and (spent_n > self.budget_n).any():  # the arrays' guard failed: never write such an entry
+            raise RuntimeError(f"episodes {rows[spent_n > self.budget_n].tolist()} spent more than their budget")
+        # the events' columns as Python values (clock / 3600 in NumPy: the same IEEE division); an ended episode's
+        # normalized gain is its reward (_end stored normalized_gain(initial, final) of these very values)
+        columns = [self.episode_seeds[rows].tolist(), self.steps[rows].tolist(), self.refusals[rows].tolist(),
+                   [str(reason) for reason in self.end_reason[rows].tolist()], (self.clock[rows] / 3600.0).tolist()]
+        if result:
+            columns += [self.initial_official[rows].tolist(), self._final[rows].tolist(), self._reward[rows].tolist()]
+            events = [{"seed": seed, "steps": steps, "refusals": refusals, "end_reason": reason, "elapsed_h": hours,
+                       "initial_score": initial, "official_score": final, "normalized_gain": gain}
+                      for seed, steps, refusals, reason, hours, initial, final, gain in zip(*columns)]
+        else:
+            events = [{"seed": seed, "steps": steps, "refusals": refusals, "end_reason": reason, "elapsed_h": hours}
+                      for seed, steps, refusals, reason, hours in zip(*columns)]
+        first, secret = self._keys + 1, self._key_secret
+        if per_step:
             for event, nano in zip(events, spent_n.tolist()):
                 event["spend_usd"] = nano / NANO
-            batches = [({"tool": "episodes", "decision": "allowed", "episodes": events}, int(spent_n.sum()),
-                        rows.size * self.budget_n / NANO)]
+            key = PlatformKey.key_id(f"{secret}-{first}")
+            entries = [(key, rows.size * self.budget_n / NANO, int(spent_n.sum()) / NANO,
+                        {"tool": "episodes", "decision": "allowed", "episodes": events, "key": key})]
         else:
-            batches = [({"tool": "episode", "decision": "allowed", **event}, nano, budget)
-                       for event, nano in zip(events, spent_n.tolist())]
-        entries = []
-        for event, nano, usd in batches:
-            self._keys += 1
-            key = event["key"] = PlatformKey.key_id(f"{self._key_secret}-{self._keys}")
-            entries.append((key, usd, nano / NANO, event))
+            entries = []
+            for i, event, nano in zip(range(first, first + rows.size), events, spent_n.tolist()):
+                key = event["key"] = PlatformKey.key_id(f"{secret}-{i}")
+                event["tool"], event["decision"] = "episode", "allowed"
+                entries.append((key, budget, nano / NANO, event))
+        self._keys += len(entries)
         ledger.open_settled(entries)  # one transaction: as open_account, reserve and settle (or record) each
         self._open[rows] = False
 
@@ -1323,15 +1342,18 @@ class MenuArrayEnv(VectorEnv):
             self._score_lists = {key: v for key, v in self._score_lists.items() if key[0] not in gone}
         self.episode_seeds[rows] = episode
         self.batch.reset(rows, episode)
+        # the candidates an episode scored are those of its checkpoints (index <= n_ckpt): the rest is still 0
+        used = (int(self.n_ckpt[rows].max(initial=0)) + 1) * N_VERSIONS
+        for name in ("n_scores", "means", "first_scored", "score_sum"):
+            getattr(self, name)[rows, :used] = 0
+        self.ds_n[rows, :int(self.n_ds[rows].max(initial=0))] = 0  # the slots it made; the others are still 0
         for name in ("clock", "spent_n", "reserved_n", "steps", "refusals", "fixed", "harness_read", "last_error",
-                     "n_scores", "means", "first_scored", "n_candidates", "running", "fail_shares", "eval_cost",
-                     "evaluations", "done", "n_ckpt", "score_sum", "n_ds", "generations", "trainings",
-                     "data_counter", "train_counter"):
+                     "n_candidates", "running", "fail_shares", "eval_cost", "evaluations", "done", "n_ckpt", "n_ds",
+                     "generations", "trainings", "data_counter", "train_counter"):
             getattr(self, name)[rows] = 0
         for name in ("train_set", "ckpt_ds", "job_ds", "pools", "pass_rates"):
             getattr(self, name)[rows] = -1
         self.usd_per_example[rows] = self.teacher_skill[rows] = np.nan
-        self.ds_n[rows] = 0
         seeds_u = self.batch.seeds[rows]
         key = benchmark_key(self.scenario.benchmark)
         self.data_keys[rows], self.train_keys[rows] = streams_keys(seeds_u, key, ("data", "train"))
@@ -1385,23 +1407,28 @@ class MenuArrayEnv(VectorEnv):
                 out[i] = "submit" in tools
         return out
 
-    def _mask(self) -> np.ndarray:
-        """``MenuAdapter.mask`` per row."""
-        every = np.arange(self.num_envs)
+    def _view(self) -> tuple[np.ndarray, np.ndarray]:
+        """(features, action mask) of every row, as :meth:`_features` and :meth:`_mask` give them (which rows have
+        raw data is worked out once for both)."""
+        has_raw = self._raws(slice(None)).any(axis=1)
+        return self._features(has_raw), self._mask(has_raw)
+
+    def _mask(self, has_raw: np.ndarray) -> np.ndarray:
+        """``MenuAdapter.mask`` per row (``has_raw``: which rows have raw data, ``_raws``)."""
         mask = np.tile(self._static_mask, (self.num_envs, 1))
         fix = slice(MENU_INDEX[f"fix:{DEFECTS[0]}"], MENU_INDEX[f"fix:{DEFECTS[-1]}"] + 1)
         mask[:, fix] &= ~(self.fixed & self.harness_read[:, None])
-        mask[:, MENU_INDEX["clean"]] &= self._raws(every).any(axis=1)
+        mask[:, MENU_INDEX["clean"]] &= has_raw
         train = slice(MENU_INDEX[MENU[_KIND.tolist().index("train")].name], MENU_INDEX["wait"])
         mask[:, train] &= (self.train_set >= 0)[:, None]
         mask[:, MENU_INDEX["wait"]] = ("wait" in self.tools) & self.running & ~self.done
         return mask
 
-    def _data_features(self, f: np.ndarray) -> None:
+    def _data_features(self, f: np.ndarray, has_raw: np.ndarray) -> None:
         """The data and training features (``MenuAdapter.features``) of every row, into ``f``."""
         every = np.arange(self.num_envs)
         budget = max(self.scenario.budget_usd, 1e-9)
-        f[:, _F["has_raw_data"]] = self._raws(every).any(axis=1)
+        f[:, _F["has_raw_data"]] = has_raw
         ts = self.train_set
         has = ts >= 0
         at = np.maximum(ts, 0)
@@ -1424,11 +1451,12 @@ class MenuArrayEnv(VectorEnv):
                                                      -1.0)
         f[:, _F["generations"]] = np.minimum(self.generations, 5) / 5
 
-    def _features(self) -> np.ndarray:
-        """``MenuAdapter.features`` per row (float64, then float32 and clipped as there)."""
+    def _features(self, has_raw: np.ndarray) -> np.ndarray:
+        """``MenuAdapter.features`` per row (each value computed in float64, then float32 and clipped as there: a
+        float64 value stored in a float32 array is the same single rounding as ``astype``)."""
         n, s = self.num_envs, self.scenario
-        f = np.zeros((n, len(FEATURES)))
-        self._data_features(f)
+        f = np.zeros((n, len(FEATURES)), np.float32)
+        self._data_features(f, has_raw)
         f[:, 0] = np.minimum(self._available_usd(), s.budget_usd) / max(s.budget_usd, 1e-9)
         time_h = self.time_limit_s / 3600.0
         f[:, 1] = (np.maximum(0.0, self.time_limit_s - self.clock) / 3600.0) / max(time_h, 1e-9)
@@ -1451,7 +1479,7 @@ class MenuArrayEnv(VectorEnv):
         f[:, _F[f"track:{s.track}"]] = 1.0
         f[:, _F["last_error"]] = self.last_error
         f[:, _F["harness_read"]] = self.harness_read
-        return np.clip(f.astype(np.float32), -1.0, 1.0)
+        return np.clip(f, -1.0, 1.0, out=f)
 
     def _end_info(self, info: dict[str, Any], rows: np.ndarray) -> None:
         """The end keys of the rows whose episode ended this step (``_key`` masks mark them)."""
@@ -1461,7 +1489,8 @@ class MenuArrayEnv(VectorEnv):
             "initial_score": self.initial_official, "official_score": self._final,
             "normalized_gain": self._reward, "best_dev_score": np.where(self.best_dev < 0, np.nan, self.best_dev),
             "initial_dev_score": np.where(self.initial_dev < 0, np.nan, self.initial_dev),
-            "dev_evaluations": self.n_scores.sum(axis=1), "end_reason": self.end_reason, "steps": self.steps,
+            # n_scores.sum(axis=1): each finished evaluation adds one score and one to evaluations (both 0 at reset)
+            "dev_evaluations": self.evaluations, "end_reason": self.end_reason, "steps": self.steps,
             "refusals": self.refusals, "spend_usd": self.spent_n / NANO, "budget_usd": np.full(n, s.budget_usd),
             "elapsed_h": self.clock / 3600.0,
         }

@@ -212,3 +212,18 @@ def test_the_array_roundings_are_pythons():
     usd = values[values < 1e3]
     assert nano_up(usd).tolist() == [_nano_up(v) for v in usd.tolist()]
     assert nano_near(usd).tolist() == [_nano_near(v) for v in usd.tolist()]
+
+
+def test_two_candidates_scored_in_turn_eight_times_and_more():
+    """The base and the trained checkpoint evaluated in turn, nine times each: from its eighth score on, each
+    candidate's mean is NumPy's over its own scores (the row's score log holds both, interleaved); every row as
+    its scalar menu."""
+    gen, train = MENU_INDEX["gen:gpt-6-astra:50"], MENU_INDEX["train:lr=0.0003"]
+    base, latest = MENU_INDEX["eval_base_k3"], MENU_INDEX["eval_latest_k3"]
+    script = (gen, train) + (base, latest) * 9
+    vec = MenuArrayEnv(2, track="joint", benchmark="aime", budget_usd=2000, time_limit_h=1000)
+    vec.reset(seed=8)
+    for action in script:
+        vec.step(np.full(2, action))
+    assert (np.sort(vec.n_scores, axis=1)[:, -3:] == [0, 9, 9]).all() and len(vec._score_lists) == 4
+    assert "trained" in play("joint", "aime", (2000.0, None, 1000.0), seed=8, n=2, steps=len(script) + 2, script=script)

@@ -31,7 +31,9 @@ import numpy as np
 from .draws import benchmark_key, seed_array, stream_keys, streams_keys, uniforms
 from .model import (
     EVAL_DRAWS,
+    OUTCOMES,
     MAX_ATTEMPTS,
+    EvalStats,
     Harness,
     HarnessError,
     TaskSet,
@@ -150,6 +152,34 @@ class SimBatch:
         self.eval_counters = np.zeros(len(self.seeds), np.uint64)
         self._bills: dict[int, tuple[float, float, int, float]] = {}  # bill code -> the bill
         self._bill_keys, self._bill_values = np.zeros(0, np.int64), np.zeros((0, 4))
+        self._memo: tuple[np.ndarray, ...] | None = None  # remember_stats: per world its latest evaluations' stats
+
+    def remember_stats(self, slots: int = 2) -> None:
+        """Remember, per world, the statistics of its last ``slots`` distinct evaluations (what an evaluation is
+        drawn from: a function of the world, its split, skill, dev memory, harness options and task count), so an
+        evaluation with the same inputs as one of those skips :func:`~.model.evaluation_stats` and draws from
+        them: the same numbers (its own draw), less arithmetic. A world's memory is forgotten when it is redrawn
+        (:meth:`reset`, :meth:`take`); change ``worlds`` only through those while this is on.
+
+        >>> batch = SimBatch.make("aime", [0, 1])
+        >>> harness = HarnessArrays.of([batch.initial_harness()] * 2)
+        >>> first = batch.evaluate(batch.base_skill, np.zeros(2), harness, k=3, split="official").score
+        >>> batch.remember_stats()
+        >>> again = [batch.evaluate(batch.base_skill, np.zeros(2), harness, k=3, split="official").score for _ in "ab"]
+        >>> bool((again[0] == first).all() and (again[1] == first).all())
+        True
+        """
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, got {slots}")
+        n = len(self.seeds)
+        # per world and slot: skill, memory, the code of (harness options, split, task count; -1: empty), the
+        # stats (mean, var, causes); and the slot the next new one goes to
+        self._memo = (np.zeros((n, slots)), np.zeros((n, slots)), np.full((n, slots), -1, np.int64),
+                      np.zeros((n, slots, 2 + OUTCOMES - 1)), np.zeros(n, np.int64))
+
+    def _forget(self, rows: np.ndarray) -> None:
+        if self._memo is not None:
+            self._memo[2][rows] = -1
 
     @classmethod
     def make(cls, benchmark: str, seeds: Sequence[int], **world_kwargs: Any) -> SimBatch:
@@ -189,6 +219,7 @@ class SimBatch:
         key = benchmark_key(self.model.benchmark.id)
         self.eval_keys[rows], self.official_keys[rows] = streams_keys(seeds, key, ("eval", "official"))
         self.eval_counters[rows] = 0
+        self._forget(rows)
 
     def world(self, row: int) -> SimWorld:
         """Row ``row``'s world as a :class:`~.world.SimWorld` (``SimWorld(benchmark, seed, ...)``, from the row's
@@ -221,6 +252,7 @@ class SimBatch:
             getattr(self.worlds, name)[rows] = getattr(source.worlds, name)[source_rows]
         for name in ("seeds", "eval_keys", "official_keys", "eval_counters"):
             getattr(self, name)[rows] = getattr(source, name)[source_rows]
+        self._forget(rows)
 
     def evaluate(self, skill: np.ndarray, memory: np.ndarray, harness: HarnessArrays, k: int | np.ndarray,
                  split: str | np.ndarray = "dev", n_tasks: int | None = None,
@@ -264,11 +296,43 @@ class SimBatch:
         self.eval_counters[picked] += ~official & harness.valid  # a harness that does not parse draws nothing
         present = w.present[picked]
         variant = present[:, 0].astype(np.intp)
-        stats = evaluation_stats(self.table, half, variant, present, w.severity[picked], w.harm[picked], skill,
-                                 memory, harness.max_output_tokens, harness.active, harness.applied, m)
+        if self._memo is None:
+            stats = evaluation_stats(self.table, half, variant, present, w.severity[picked], w.harm[picked], skill,
+                                     memory, harness.max_output_tokens, harness.active, harness.applied, m)
+        else:
+            stats = self._remembered_stats(picked, half, variant, present, skill, memory, harness, official, m)
         counts = draw_outcomes(stats, k, u, harness.valid)
         score = counts[:, 0] / (m * k)
         return EvalArrays(score, counts, *self.bill(half, variant, harness, k, m))
+
+    def _remembered_stats(self, picked: np.ndarray, half: np.ndarray, variant: np.ndarray, present: np.ndarray,
+                          skill: np.ndarray, memory: np.ndarray, harness: HarnessArrays, official: np.ndarray,
+                          m: int) -> EvalStats:
+        """:func:`~.model.evaluation_stats` of the worlds at ``picked``, from memory where a world evaluated the same
+        inputs lately (:meth:`remember_stats`), computed for the others (rows are independent) and remembered.
+        Only the fields :func:`~.model.draw_outcomes` reads are filled (``success`` is a placeholder of its shape)."""
+        skills, memories, codes, values, upcoming = self._memo
+        bits = harness.cont + 2 * harness.verify + 4 * harness.persistent + 8 * harness.detect + 16 * harness.check
+        code = ((harness.max_output_tokens.astype(np.int64) * 2 + official) * 32 + bits) * 4096 + m
+        match = (codes[picked] == code[:, None]) & (skills[picked] == skill[:, None]) & (memories[picked] == memory[:, None])
+        hit = match.any(axis=1)
+        out = values[picked, np.argmax(match, axis=1)]  # (M, 8); the misses' rows are filled below
+        miss = np.flatnonzero(~hit)
+        if miss.size:
+            every = miss.size == picked.size
+            r = picked if every else picked[miss]
+            h = harness if every else HarnessArrays(*(getattr(harness, f)[miss] for f in HarnessArrays.__dataclass_fields__))
+            w = self.worlds
+            fresh = evaluation_stats(self.table, half[miss], variant[miss], present[miss], w.severity[r], w.harm[r],
+                                     skill[miss], memory[miss], h.max_output_tokens, h.active, h.applied, m)
+            out[miss, 0], out[miss, 1], out[miss, 2:] = fresh.mean, fresh.var, fresh.causes
+            slot = upcoming[r]
+            upcoming[r] = (slot + 1) % skills.shape[1]
+            skills[r, slot], memories[r, slot], codes[r, slot], values[r, slot] = skill[miss], memory[miss], code[miss], out[miss]
+        size = picked.size
+        nothing = np.broadcast_to(np.zeros(1, np.int64), (size, m))
+        return EvalStats(np.broadcast_to(np.zeros(1), (size, m)), nothing, np.zeros((size, 0)), np.zeros((size, 0)),
+                         out[:, 0], out[:, 1], out[:, 2:])
 
     def bill(self, half: np.ndarray, variant: np.ndarray, harness: HarnessArrays, k: int | np.ndarray,
              n_tasks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

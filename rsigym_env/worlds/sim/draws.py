@@ -63,7 +63,12 @@ def seed_array(seeds: object) -> np.ndarray:
 
     >>> seed_array([0, 7]).tolist()
     [0, 7]
+    >>> seed_array(np.array([3, 2**31 - 2])).tolist()  # an integer array: checked and cast as arrays
+    [3, 2147483646]
     """
+    if isinstance(seeds, np.ndarray) and seeds.dtype.kind in "iu":  # every value fits 64 bits; signed: >= 0
+        if seeds.dtype.kind == "u" or not (seeds < 0).any():
+            return np.atleast_1d(seeds).astype(np.uint64)
     values = [int(s) for s in np.atleast_1d(np.asarray(seeds, dtype=object)).tolist()]
     if any(not 0 <= s <= MAX_SEED for s in values):
         raise ValueError(f"world seeds must be integers from 0 to 2**64 - 1, got {values}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from statistics import NormalDist
 
 import numpy as np
+import pytest
 
 from rsigym_env.worlds.sim.draws import (
     Streams,
@@ -58,3 +59,14 @@ def test_aggregate_binomial_counts_have_the_binomials_mean_and_spread() -> None:
     assert counts.min() >= 0 and counts.max() <= 400
     assert abs(counts.mean() - 120) < 0.1 and abs(counts.std() - (400 * 0.3 * 0.7) ** 0.5) < 0.1
     assert binomial(10, 0.0, 0.99) == 0 and binomial(10, 1.0, 0.01) == 10
+
+
+def test_seed_arrays_of_integers_are_the_seeds_given_one_by_one() -> None:
+    """An integer array (the vector env's episode seeds) is cast as an array: the same seeds as a list gives, a copy,
+    and a negative seed is refused as from a list."""
+    for given in (np.array([0, 7, 2**31 - 2], np.int64), np.array([2**64 - 1, 3], np.uint64), np.array(5, np.int32)):
+        out = seed_array(given)
+        assert out.dtype == np.uint64 and out.tolist() == seed_array(np.atleast_1d(given).tolist()).tolist()
+        assert not np.shares_memory(out, given)
+    with pytest.raises(ValueError, match=r"got \[3, -1\]"):
+        seed_array(np.array([3, -1]))

@@ -10,6 +10,7 @@ import pytest
 
 from rsigym_env.services import EvalRequest
 from rsigym_env.worlds.sim import BENCHMARKS, SimWorld
+from rsigym_env.worlds.sim import batch as batch_module
 from rsigym_env.worlds.sim.batch import HarnessArrays, SimBatch
 from rsigym_env.worlds.sim.model import FAILURE_MODES, ModelState, draw_worlds
 
@@ -138,3 +139,45 @@ def test_evaluating_some_rows_and_resetting_rows_act_as_on_those_worlds_alone() 
     assert batch.eval_counters.tolist() == [0, 1, 0, 1]
     with pytest.raises(ValueError, match="one seed per row"):
         batch.reset([0], [1, 2])
+
+
+@pytest.mark.parametrize("benchmark", ["aime", "swe-bench-verified"])
+def test_remembered_stats_give_every_evaluation_bit_for_bit(monkeypatch, benchmark: str) -> None:
+    """``remember_stats``: 300 evaluations of random rows (a call's rows and inputs often again, duplicates in one
+    call, both splits, dev memory, a few skills and harnesses, harnesses that do not parse), worlds redrawn
+    (``reset``) and taken from another batch (``take``) in between: every score, count and bill equals the batch
+    that computes every evaluation's stats, and most evaluations were remembered ones."""
+    n, rng = 8, np.random.default_rng(4)
+    plain, memo, ahead = SimBatch.make(benchmark, range(n)), SimBatch.make(benchmark, range(n)), SimBatch.make(benchmark, [50, 51])
+    memo.remember_stats(slots=2)
+    files = [_files(plain.model, toml) for toml in HARNESSES]
+    skills = [plain.base_skill, plain.base_skill + 0.5, plain.base_skill - 0.25]
+    computed = {id(plain): 0, id(memo): 0}  # rows whose stats each batch computed
+    real, calling = batch_module.evaluation_stats, [plain]
+
+    def counting(*args):
+        computed[id(calling[0])] += len(args[1])
+        return real(*args)
+
+    monkeypatch.setattr(batch_module, "evaluation_stats", counting)
+    for step in range(300):
+        if step == 0 or rng.random() < 0.4:  # else the call before's rows and inputs again (its own draws)
+            rows = rng.integers(0, n, size=int(rng.integers(1, 6)))
+            harness = HarnessArrays.of([files[i] for i in rng.integers(0, len(files), size=rows.size)])
+            skill = np.stack(skills)[rng.integers(0, len(skills), size=rows.size), rows]
+            memory = rng.choice([0.0, 0.2], size=rows.size)
+            split = rng.random(rows.size) < 0.3
+        k = rng.integers(1, 4, size=rows.size)
+        outs = []
+        for b in (plain, memo):
+            calling[0] = b
+            outs.append(b.evaluate(skill, memory, harness, k=k, split=split, rows=rows))
+        for field in ("score", "counts", "usd", "seconds", "tokens", "sandbox_seconds"):
+            assert getattr(outs[0], field).tobytes() == getattr(outs[1], field).tobytes(), (step, field)
+        if step % 20 == 19:  # the rows just evaluated: redrawn, or a world of another batch put there
+            for b in (plain, memo):
+                if step % 40 == 39:
+                    b.reset(rows[:2], [1000 + step, 2000 + step][:rows[:2].size])
+                else:
+                    b.take(rows[:1], ahead, [step % 2])
+    assert computed[id(memo)] < computed[id(plain)] / 2  # most evaluations were remembered ones
