@@ -44,7 +44,6 @@ the child's private copy: spending there never reaches the parent.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import math
 import os
@@ -991,24 +990,16 @@ class Ledger:
             head = self._head if self._head is not None else _audit.read_head(cur)
             (rid,) = cur.execute(_LAST_RID).fetchone()  # in memory too: the transaction flushed the mirror
             rows = []
-            seq, prev = head
-            canonical_json, sha256 = _audit.canonical_json, hashlib.sha256
             for (key, _, budget, _), (spends, reserved, charged, actual, audit) in zip(accounts, charges):
-                seq += 1
-                event = {**audit, "key": key, "wall_time": wall_time, "seq": seq}
-                if spends:  # _finish_fields("settle", ...) of a fresh reservation (nothing used yet)
+                if spends:
                     rid += 1
-                    event.update(op="settle", reservation=rid, reserved_usd=reserved / NANO,
-                                 charged_usd=charged / NANO, available_usd=(budget - charged) / NANO)
-                    if actual > reserved:
-                        event["overrun_usd"] = (actual - reserved) / NANO
+                    fields = _finish_fields("settle", Reservation(rid, key, reserved / NANO), reserved, charged,
+                                            budget - charged, actual, 0)
                 else:
-                    event["op"], event["available_usd"] = "record", budget / NANO
-                text = canonical_json(event)  # as _audit.chain_row: the event's text, chained to the head
-                digest = sha256((prev + text).encode()).hexdigest()
-                rows.append((seq, key, text, prev, digest))
-                prev = digest
-            head = seq, prev
+                    fields = {"op": "record", "available_usd": budget / NANO}
+                row = _audit.chain_row(key, {**audit, **fields, "key": key, "wall_time": wall_time}, head)
+                head = row[0], row[4]
+                rows.append(row)
             _audit.insert_rows(cur, rows)
             if any(c[0] for c in charges):  # reservation ids were taken
                 cur.execute(_SET_RID, (rid,))
