@@ -296,7 +296,7 @@ class SimBatch:
         self.eval_counters[picked] += ~official & harness.valid  # a harness that does not parse draws nothing
         present = w.present[picked]
         variant = present[:, 0].astype(np.intp)
-        if self._memo is None:
+        if self._memo is None or m >= 4096:  # the memory's key packs the task count in 12 bits
             stats = evaluation_stats(self.table, half, variant, present, w.severity[picked], w.harm[picked], skill,
                                      memory, harness.max_output_tokens, harness.active, harness.applied, m)
         else:
