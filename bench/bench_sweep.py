@@ -95,45 +95,38 @@ def measure_local(benchmarks: tuple[str, ...] = ("terminal-bench-2", "aime"), se
 
     import ray
 
-    from rsigym_env.splits import NONCE_ENV
+    from unittest import mock
+
+    from rsigym_env.splits import NONCE_ENV, official_split
+    from rsigym_env.worlds.local import benchmarks as local_benchmarks
+    from rsigym_env.worlds.local.world import tasks_cache
 
     home = Path(tempfile.mkdtemp(prefix="rsigym-bench-sweep-"))
-    previous = os.environ.get("RSIGYM_HOME")
-    previous_nonce = os.environ.get(NONCE_ENV)
-    os.environ["RSIGYM_HOME"] = str(home)  # before ray.init: the workers inherit both
-    os.environ[NONCE_ENV] = "bench-sweep-local"
     started_here = False
-    try:
-        specs = make_grid(["scripted"], list(benchmarks), seeds, world="local", budget_usd=5.0)
-        from rsigym_env.worlds.local import benchmarks as local_benchmarks
-        from rsigym_env.worlds.local.world import tasks_cache
-
-        for name in benchmarks:  # task directories once (both passes would otherwise pay it in turn)
-            from rsigym_env.splits import official_split
-
-            local_benchmarks.resolve(name).build(tasks_cache(), official_split("secret"))
-        load_before = os.getloadavg()
-        shutil.rmtree(home / "cache" / "evaluations", ignore_errors=True)
-        seq_s, reference = _timed(lambda: run_local(specs))
-        assert all(r.ok for r in reference), [r.error for r in reference if not r.ok][:1]
-        started_here, init_s = init_ray()
-        warm_up_workers()  # the package imported in every worker (excluded, as for the sim sweep)
-        shutil.rmtree(home / "cache" / "evaluations", ignore_errors=True)
-        ray_s, records = _timed(lambda: run_ray(specs, 1))
-        assert all(r.ok for r in records), [r.error for r in records if not r.ok][:1]
-        assert [r.reward for r in records] == [r.reward for r in reference], "Ray and in-process results differ"
-        return {"episodes": float(len(specs)), "cpus": float(ray_workers()), "sequential_s": seq_s, "ray_s": ray_s,
-                "speedup": seq_s / ray_s, "ray_init_s": init_s, "rewards": [r.reward for r in reference],
-                "loadavg_before": list(load_before), "loadavg_after": list(os.getloadavg())}
-    finally:
-        if started_here:
-            ray.shutdown()
-        for name, value in (("RSIGYM_HOME", previous), (NONCE_ENV, previous_nonce)):
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        shutil.rmtree(home, ignore_errors=True)
+    # set before ray.init (the workers inherit both) and restored afterwards
+    with mock.patch.dict(os.environ, {"RSIGYM_HOME": str(home), NONCE_ENV: "bench-sweep-local"}):
+        try:
+            specs = make_grid(["scripted"], list(benchmarks), seeds, world="local", budget_usd=5.0)
+            for name in benchmarks:  # task directories once (both passes would otherwise pay it in turn)
+                local_benchmarks.resolve(name).build(tasks_cache(), official_split("secret"))
+            load_before = os.getloadavg()
+            shutil.rmtree(home / "cache" / "evaluations", ignore_errors=True)
+            seq_s, reference = _timed(lambda: run_local(specs))
+            assert all(r.ok for r in reference), [r.error for r in reference if not r.ok][:1]
+            started_here, init_s = init_ray()
+            warm_up_workers()  # the package imported in every worker (excluded, as for the sim sweep)
+            shutil.rmtree(home / "cache" / "evaluations", ignore_errors=True)
+            ray_s, records = _timed(lambda: run_ray(specs, 1))
+            assert all(r.ok for r in records), [r.error for r in records if not r.ok][:1]
+            assert [r.reward for r in records] == [r.reward for r in reference], "Ray and in-process results differ"
+            return {"episodes": float(len(specs)), "cpus": float(ray_workers()), "sequential_s": seq_s,
+                    "ray_s": ray_s, "speedup": seq_s / ray_s, "ray_init_s": init_s,
+                    "rewards": [r.reward for r in reference], "loadavg_before": list(load_before),
+                    "loadavg_after": list(os.getloadavg())}
+        finally:
+            if started_here:
+                ray.shutdown()
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def main() -> None:
