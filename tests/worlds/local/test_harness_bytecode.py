@@ -55,7 +55,7 @@ except OSError as exc:
 with open("/proc/self/mountinfo") as fh:
     seen["cache_visible"] = "rsigym-harness-bytecode" in fh.read()
 with open("/proc/self/cmdline", "rb") as fh:
-    seen["launcher"] = b"-c" in fh.read().split(b"\0")
+    seen["launcher"] = fh.read().split(b"\0")[1] == b"/harness/__pycache__/launch.py"
 seen["pycache"] = sorted(os.listdir("/harness/__pycache__")) if os.path.isdir("/harness/__pycache__") else None
 with open("/app/answer.txt", "w") as fh:
     fh.write("42\n")
@@ -151,7 +151,8 @@ def test_the_launcher_runs_agent_py_as_python3_runs_it(tmp_path, monkeypatch):
     harness, flags, the exit code, an uncaught exception's stderr: the same from the .pyc as from source."""
     on, off = both(tmp_path, probe(**{"exit.txt": "3", "raise.txt": "1"}), monkeypatch)
     assert on["seen"]["launcher"] and not off["seen"]["launcher"]  # the two ways did run
-    assert on["seen"]["pycache"] == ["agent.cpython-311.pyc", "helper.cpython-311.pyc"] and off["seen"]["pycache"] is None
+    assert on["seen"]["pycache"] == ["agent.cpython-311.pyc", "helper.cpython-311.pyc", "launch.py"]
+    assert off["seen"]["pycache"] is None
     for key in ("launcher", "pycache", "wrote_pyc"):  # (no __pycache__ to write to without the copy)
         del on["seen"][key], off["seen"][key]
     assert on == off
@@ -226,8 +227,9 @@ def test_the_launcher_execs_the_source_when_the_pyc_does_not_match(tmp_path):
     copy = bytecode.prepare(src, mount=str(tmp_path / "h"))
     assert copy is not None
     (src / "__pycache__").mkdir()
-    pyc = next((copy / "__pycache__").iterdir())
-    (src / "__pycache__" / pyc.name).write_bytes(pyc.read_bytes())
+    for compiled in (copy / "__pycache__").iterdir():
+        (src / "__pycache__" / compiled.name).write_bytes(compiled.read_bytes())
+    pyc = next((copy / "__pycache__").glob("agent.*.pyc"))
     env = {"PATH": bytecode.SANDBOX_PATH}
     cmd = bytecode.launch_command(str(src / "agent.py"))
     assert subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True).stdout.startswith("old [")
@@ -243,4 +245,4 @@ def test_the_minimal_harness_gets_its_bytecode(tmp_path):
         (tmp_path / name).write_text(text)
     copy = bytecode.prepare(tmp_path)
     assert copy is not None
-    assert sorted(p.name.split(".")[0] for p in (copy / "__pycache__").iterdir()) == ["agent", "llm"]
+    assert sorted(p.name.split(".")[0] for p in (copy / "__pycache__").iterdir()) == ["agent", "launch", "llm"]

@@ -15,9 +15,8 @@ run it from source (``__name__``, ``__file__``, ``__loader__``, ``sys.argv``, ``
 not compile, or that brings its own ``__pycache__``, a symlink or special file, or more than
 :data:`MAX_FILES` files or :data:`MAX_BYTES` bytes, gets no copy: it runs as before.
 
->>> "python3 -c" in launch_command("/harness/agent.py") and launch_command("/harness/agent.py").endswith(
-...     " /harness/agent.py")
-True
+>>> launch_command("/harness/agent.py")
+'exec python3 /harness/__pycache__/launch.py /harness/agent.py'
 """
 
 from __future__ import annotations
@@ -69,8 +68,11 @@ except BaseException as x:
     x.__traceback__ = x.__traceback__.tb_next
     raise
 """
-"""``python3 -c LAUNCHER SCRIPT``: runs ``SCRIPT`` from its checked ``.pyc`` as ``python3 SCRIPT`` runs it from
-source (its own frame is cut from tracebacks); without a ``.pyc`` that matches, it execs ``python3 SCRIPT``."""
+"""``__pycache__/launch.py`` of a compiled copy (no docstring: it runs as ``__main__``): ``python3 LAUNCHER SCRIPT``
+runs ``SCRIPT`` from its checked ``.pyc`` as ``python3 SCRIPT`` runs it from source (its own frame is cut from
+tracebacks); without a ``.pyc`` that matches, it execs ``python3 SCRIPT``. A file, not ``-c``: a harness reading
+``/proc/*/cmdline`` sees a short command line."""
+LAUNCHER_NAME = "launch.py"
 
 _COMPILE = """\
 import os, py_compile, resource, sys
@@ -95,8 +97,9 @@ _python: tuple[str, str] | None = None
 
 
 def launch_command(script: str) -> str:
-    """The shell command that runs ``script`` (a sandbox path) through :data:`LAUNCHER`."""
-    return f"exec python3 -c {shlex.quote(LAUNCHER)} {shlex.quote(script)}"
+    """The shell command that runs ``script`` (a sandbox path, in a compiled copy) through :data:`LAUNCHER`."""
+    launcher = os.path.join(os.path.dirname(script), "__pycache__", LAUNCHER_NAME)
+    return f"exec python3 {shlex.quote(launcher)} {shlex.quote(script)}"
 
 
 def sandbox_python() -> tuple[str, str]:
@@ -172,7 +175,10 @@ def _build(files: list[tuple[str, bytes, int]], python: str, mount: str, key: st
     if not any((target / "__pycache__").glob("agent.*.pyc")):  # the script does not compile: run it as it is
         shutil.rmtree(target, ignore_errors=True)
         return None
+    (target / "__pycache__" / LAUNCHER_NAME).write_text(LAUNCHER)
+    for path in [target, *target.rglob("*")]:  # readable by the sandbox's user (the environment copies modes)
+        path.chmod(0o755 if path.is_dir() else stat.S_IMODE(path.stat().st_mode) | 0o644)
     return target
 
 
-__all__ = ["LAUNCHER", "launch_command", "prepare", "sandbox_python"]
+__all__ = ["LAUNCHER", "LAUNCHER_NAME", "launch_command", "prepare", "sandbox_python"]
