@@ -246,3 +246,33 @@ def test_the_minimal_harness_gets_its_bytecode(tmp_path):
     copy = bytecode.prepare(tmp_path)
     assert copy is not None
     assert sorted(p.name.split(".")[0] for p in (copy / "__pycache__").iterdir()) == ["agent", "launch", "llm"]
+
+
+def test_the_compile_runs_in_a_sandbox_never_on_the_host(tmp_path, monkeypatch):
+    """The researcher's source is compiled by ``isolation.run_isolated`` (bubblewrap, no network, only the copy
+    writable) with the sandbox's own interpreter; with no sandboxed compiler installed nothing is compiled and the
+    harness runs as before."""
+    from rsigym_env.worlds.local.sandbox import harness_bytecode
+
+    assert bytecode._compiler is harness_bytecode.compile_harness and bytecode.SANDBOX_PATH == isolation.DEFAULT_PATH
+    calls = []
+    real = isolation.run_isolated
+
+    def spy(command, **kwargs):
+        calls.append((command, kwargs))
+        return real(command, **kwargs)
+
+    monkeypatch.setattr(isolation, "run_isolated", spy)
+    src = tmp_path / "h"
+    src.mkdir()
+    (src / "agent.py").write_text("X = 'compiled in a sandbox'\n")
+    copy = bytecode.prepare(src)
+    assert copy is not None and len(calls) == 1
+    command, kwargs = calls[0]
+    assert command[:4] == ["python3", "-I", "-S", "-c"] and kwargs["workdir"] == copy
+    assert not kwargs.get("network") and kwargs.get("require_isolation", True) and not kwargs.get("mounts")
+    assert all(p.stat().st_uid == os.getuid() for p in [copy, *copy.rglob("*")])  # ours again after the sandbox
+    monkeypatch.setattr(bytecode, "_compiler", None)
+    (src / "agent.py").write_text("X = 'another version'\n")
+    assert bytecode.prepare(src) is None and len(calls) == 1
+    assert not run_trial(tmp_path, probe())["seen"]["launcher"]

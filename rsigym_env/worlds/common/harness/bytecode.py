@@ -5,7 +5,7 @@
 from ``/harness`` too: ~2.6 ms of the minimal harness's start, 320 times in a cold swe-bench-verified episode.
 
 :func:`prepare` gives a copy of a harness directory with ``__pycache__/*.pyc`` beside its ``.py`` files,
-compiled by the sandbox's own interpreter in ``CHECKED_HASH`` mode: an interpreter uses such a file only
+compiled in a sandbox of the local world by its own interpreter in ``CHECKED_HASH`` mode: an interpreter uses such a file only
 after checking that its source hashes to the hash inside, so a stale one never runs. Copies are keyed by the
 harness's content and the interpreter (a harness version never sees another's), kept in a private directory
 of this process, and shown to a trial only as a read-only copy in its own sandbox (agent phase only, as the
@@ -27,16 +27,16 @@ import os
 import shlex
 import shutil
 import stat
-import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import Callable
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """Where the local world's sandbox finds ``python3`` (``sandbox.isolation.DEFAULT_PATH``; its ``/usr`` is the host's)."""
 MAX_FILES = 200
 MAX_BYTES = 4 << 20
-COMPILE_TIMEOUT_S = 60.0
+COMPILE_WALL_S = 60.0
 
 LAUNCHER = """\
 def _l():
@@ -74,10 +74,8 @@ tracebacks); without a ``.pyc`` that matches, it execs ``python3 SCRIPT``. A fil
 ``/proc/*/cmdline`` sees a short command line."""
 LAUNCHER_NAME = "launch.py"
 
-_COMPILE = """\
-import os, py_compile, resource, sys
-resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-resource.setrlimit(resource.RLIMIT_CPU, (30, 30))
+COMPILE_SCRIPT = """\
+import os, py_compile, sys
 root, mount = sys.argv[1], sys.argv[2]
 for top, dirs, files in os.walk(root):
     for name in files:
@@ -89,6 +87,22 @@ for top, dirs, files in os.walk(root):
             except Exception:
                 pass
 """
+
+
+Compiler = Callable[[Path, str], None]
+"""``compiler(copy, mount)``: compile the harness copy at host path ``copy`` in a sandbox, by running
+``python3 -I -S -c COMPILE_SCRIPT <the copy's path inside> <mount>`` with only the copy writable (it raises
+when that cannot be done). Injected by the world that runs the trials (the local world's sandbox package:
+``local/sandbox/harness_bytecode.py``); without one, no harness gets bytecode."""
+
+_compiler: Compiler | None = None
+
+
+def set_compiler(compiler: Compiler | None) -> None:
+    """Compile harness copies with ``compiler`` from now on (None: stop giving harnesses bytecode)."""
+    global _compiler
+    _compiler = compiler
+
 
 _lock = threading.Lock()
 _prepared: dict[str, Path | None] = {}
@@ -140,7 +154,7 @@ def prepare(src: Path | str, mount: str = "/harness") -> Path | None:
 
     The copy's files are the snapshot its key was computed from, so it never mixes two versions."""
     python, identity = sandbox_python()
-    if not python:
+    if not python or _compiler is None:
         return None
     files = _snapshot(Path(src))
     if files is None or not any(rel == "agent.py" for rel, _, _ in files):
@@ -152,11 +166,11 @@ def prepare(src: Path | str, mount: str = "/harness") -> Path | None:
     with _lock:
         if key in _prepared:
             return _prepared[key]
-        _prepared[key] = result = _build(files, python, mount, key)
+        _prepared[key] = result = _build(files, mount, key, _compiler)
     return result
 
 
-def _build(files: list[tuple[str, bytes, int]], python: str, mount: str, key: str) -> Path | None:
+def _build(files: list[tuple[str, bytes, int]], mount: str, key: str, compiler: Compiler | None) -> Path | None:
     global _root
     if _root is None:
         _root = Path(tempfile.mkdtemp(prefix="rsigym-harness-bytecode-"))
@@ -167,11 +181,14 @@ def _build(files: list[tuple[str, bytes, int]], python: str, mount: str, key: st
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         path.chmod(mode)
+    # the researcher's source is compiled in a sandbox (the injected compiler), never by a host process
     try:
-        subprocess.run([python, "-I", "-S", "-c", _COMPILE, str(target), mount], stdin=subprocess.DEVNULL,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=COMPILE_TIMEOUT_S, check=False)
-    except (OSError, subprocess.SubprocessError):
-        pass
+        if compiler is None:
+            raise RuntimeError("no compiler")
+        compiler(target, mount)
+    except Exception:  # noqa: BLE001 - no sandbox to compile in, or it failed: the harness runs as it is
+        shutil.rmtree(target, ignore_errors=True)
+        return None
     if not any((target / "__pycache__").glob("agent.*.pyc")):  # the script does not compile: run it as it is
         shutil.rmtree(target, ignore_errors=True)
         return None
@@ -181,4 +198,5 @@ def _build(files: list[tuple[str, bytes, int]], python: str, mount: str, key: st
     return target
 
 
-__all__ = ["LAUNCHER", "LAUNCHER_NAME", "launch_command", "prepare", "sandbox_python"]
+__all__ = ["COMPILE_SCRIPT", "Compiler", "LAUNCHER", "LAUNCHER_NAME", "launch_command", "prepare", "sandbox_python",
+           "set_compiler"]
