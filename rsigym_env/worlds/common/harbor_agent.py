@@ -10,8 +10,8 @@ attempt index and its seed does not depend on scheduling)::
 the unix socket the model is served on, and how to give each trial its own model id (an alias with
 a token budget, whose server-side counters bill the trial). The harness directory is mounted
 read-only at ``/harness`` and the socket at ``/run/rsigym/model.sock``, for the agent phase only; there the
-harness comes with its bytecode and its ``agent.py`` is run from it (:mod:`.harness.bytecode`: the same
-behaviour, ~2.6 ms less of the minimal harness's start).
+harness comes with its bytecode, compiled in a sandbox once per harness version, and its ``agent.py`` is run
+from it (:mod:`.harness.bytecode`: the same behaviour, ~5 ms less of the minimal harness's start).
 
 The harness process gets ``RSIGYM_MODEL_SOCKET``, ``RSIGYM_MODEL`` (its alias),
 ``RSIGYM_INSTRUCTION_FILE`` (``/logs/agent/instruction.md``), ``RSIGYM_SEED``, ``RSIGYM_LOGS_DIR``
@@ -361,8 +361,8 @@ class HarnessAgent(BaseAgent):
         self._task = environment.environment_name
         self._alias = session.open(self._task, self.attempt)
         if isinstance(environment, AgentMounts):
-            # the harness with its bytecode, compiled once per harness version by the sandbox's interpreter
-            # (harness.bytecode): the same files, and the script run from its checked .pyc by the launcher
+            # the harness with its bytecode, compiled once per harness version in a sandbox (harness.bytecode):
+            # the same files, and the script run from its checked .pyc by the launcher
             compiled = bytecode.prepare(self.harness_dir, HARNESS_MOUNT)
             if compiled is not None:
                 self._command = bytecode.launch_command(f"{HARNESS_MOUNT}/agent.py")
