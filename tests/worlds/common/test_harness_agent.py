@@ -80,9 +80,13 @@ def test_answer_is_written_and_requests_carry_trial_seeds(server, tmp_path):
 
 def test_the_harness_starts_without_what_only_commands_need():
     """Every trial starts a fresh interpreter and imports are most of its start-up (~10 ms of ~55 here):
-    what only running a command needs, and the URL parser a socket client never uses, load when used."""
+    what only running a command needs, and the URL parser a socket client never uses, load when used; the
+    minimal harness.toml is read without ``tomllib`` (and its ``typing``), the socket without ``socket``, an
+    edited file checked without ``py_compile`` and ``tempfile``."""
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import agent, llm; llm.Client(socket_path='/m.sock'); "
-            "print(sorted({'subprocess', 'tempfile', 'shlex', 'urllib.parse'} & set(sys.modules)))")
+            "agent.load_config(sys.argv[1] + '/harness.toml'); assert agent.compiles(sys.argv[1] + '/agent.py'); "
+            "print(sorted({'subprocess', 'tempfile', 'shlex', 'urllib.parse', 'tomllib', 'typing', 'socket', "
+            "'py_compile'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(HARNESS_DIR)], capture_output=True, text=True,
                          timeout=60, check=True).stdout
     assert out.strip() == "[]"
@@ -240,3 +244,114 @@ def test_agent_uses_only_the_stdlib():
             else:
                 continue
             assert all(n.split(".")[0] in stdlib | {"__future__"} for n in names), (fname, names)
+
+
+TOML_PIECES = ["[generation]", "[agent]", "[a-b_1]", "[ agent ]", "[a.b]", "[[x]]", "[]", "x = 1", "x=1", "y = -0",
+               "z = +7", "w = 0.5", "w = -0.0", "v = 1e3", "v = 1_0", "v = 007", "v = 0x1f", 's = "str"', "s = 'lit'",
+               's = "a\\tb"', 's = "\u00e9"', 's = "a\tb"', "t = true", "t = false", "t = True", "k = [1, 2]",
+               "k = {a = 1}", "k = inf", "k = nan", "# comment", "   # c", "x = 1 # c", "x = 1\t#\tc", "x = 1 #\x01",
+               "x = 1 #\x7f", "  ", "", "\t", "key", "= 1", "a.b = 1", '"q" = 1', "x = 1 2", "x = .5", "x = 5.",
+               "x = 1.5e2", 'x = "unterminated', "x = '''m'''", "\ufeffx = 1", "x = 1\r", 'x = "\u2028"', "dup = 1",
+               "dup = 2", "x = 12345678901234567890123", "x = 1 # \u00e9\ud7ff", "x = 1 # \x0c"]
+
+TOML_FUZZ = r"""
+import random, sys, tomllib
+sys.path.insert(0, sys.argv[1])
+from agent import read_toml
+pieces, real, bad, fast = eval(sys.argv[2]), tomllib.loads, [], 0
+def outcome(f, raw):
+    try:
+        return ("ok", repr(f(raw)))
+    except Exception as exc:
+        return ("error", type(exc).__name__, str(exc))
+def fallback(text):
+    global fast
+    fast -= 1
+    return real(text)
+rng = random.Random(0)
+for _ in range(int(sys.argv[3])):
+    text = rng.choice(["\n", "\n", "\r\n", "\r"]).join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
+    raw = (text + rng.choice(["", "\n", "\r\n", "\r"])).encode("utf-8", "surrogatepass")
+    raw += b"\xff" if rng.random() < 0.02 else b""
+    tomllib.loads, fast = fallback, fast + 1
+    mine = outcome(read_toml, raw)
+    tomllib.loads = real
+    if mine != outcome(lambda r: tomllib.loads(r.decode()), raw):
+        bad.append(raw)
+print(len(bad), bad[:3], fast)
+"""
+
+
+@pytest.mark.parametrize("python", [sys.executable, "/usr/bin/python3"])
+def test_read_toml_gives_tomllibs_value_or_its_error(python):
+    """The harness reads a harness.toml of plain lines without tomllib (~8 ms of its start): 20,000 random
+    documents of plain lines and near-misses (escapes, dotted keys, arrays, exponents, underscores, control
+    characters, a lone CR, a BOM, a surrogate, bytes that are not UTF-8, a key or a table twice) give tomllib's
+    value or its error, in the host's Python and the sandbox's; thousands of them without tomllib."""
+    if not Path(python).exists():
+        pytest.skip(f"no {python}")
+    out = subprocess.run([python, "-I", "-c", TOML_FUZZ, str(HARNESS_DIR), repr(TOML_PIECES), "20000"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    assert out[:2] == ["0", "[]"] and int(out[2]) > 2000, out
+
+
+def test_every_remedys_toml_is_read_without_tomllib(monkeypatch):
+    import tomllib
+
+    expected = {}
+    for key in [None, *REMEDIES]:
+        text = with_remedies(minimal_harness(), [key] if key else [])["harness.toml"]
+        for variant in (text, text.replace("\n", "\r\n"), text + "\n[extra]\nname = 'x'  # a researcher's table\n"):
+            expected[variant] = tomllib.loads(variant)
+    monkeypatch.setattr(tomllib, "loads", None)  # read without it
+    for variant, value in expected.items():
+        assert harness_agent.read_toml(variant.encode()) == value
+    monkeypatch.undo()
+    with pytest.raises(tomllib.TOMLDecodeError, match="Cannot overwrite a value"):  # a key twice: tomllib's error
+        harness_agent.read_toml(b"[agent]\nmax_turns = 8\nmax_turns = 9\n")
+    with pytest.raises(tomllib.TOMLDecodeError):
+        harness_agent.read_toml(b"[agent]\n[agent]\n")
+
+
+COMPILES = r"""
+import os, py_compile, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+from agent import compiles
+
+def reference(path):  # the round-8 harness's check
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            py_compile.compile(path, cfile=os.path.join(tmp, "x.pyc"), doraise=True)
+            return True
+        except (py_compile.PyCompileError, OSError, ValueError, SyntaxError):
+            return False
+
+sources = [b"x = 1\n", b"def f(:\n", b"x = 1\x00\n", b"# -*- coding: latin-1 -*-\nx = '\xe9'\n", b"x = '\xff'\n",
+           b"# coding: nope\nx = 1\n", b"\xef\xbb\xbfx = 1\n", b"(" * 300 + b")" * 300, b"[" * 100 + b"]" * 100,
+           b"x = 1\n  y = 2\n", b"from __future__ import braces\n", b"from __future__ import annotations\nx: int = 1\n",
+           b"return 1\n", b"def f():\n    yield\n    return 1\n", b"async def f():\n    await x\n", b"await x\n",
+           b"-" * 100000 + b"1\n", b"f(**x, *y)\n", b"nonlocal x\n", b"x = 1e9999\n", b"'\\N{nope}'\n", b""]
+tmp = tempfile.mkdtemp()
+out = []
+for i, src in enumerate(sources):
+    path = os.path.join(tmp, f"m{i}.py")
+    with open(path, "wb") as fh:
+        fh.write(src)
+    out.append((compiles(path), reference(path)))
+out.append((compiles(os.path.join(tmp, "missing.py")), reference(os.path.join(tmp, "missing.py"))))
+os.mkdir(os.path.join(tmp, "d.py"))
+out.append((compiles(os.path.join(tmp, "d.py")), reference(os.path.join(tmp, "d.py"))))
+print([i for i, (a, b) in enumerate(out) if a != b], sum(a for a, _ in out), len(out))
+"""
+
+
+@pytest.mark.parametrize("python", [sys.executable, "/usr/bin/python3"])
+def test_compiles_is_py_compiles_check(python):
+    """The edit check compiles with the built-in ``compile`` as ``py_compile`` does, without its imports: the
+    same verdict on valid files, syntax errors, NUL bytes, encodings right and wrong, deep nesting, a future
+    import, a missing file and a directory, in the host's Python and the sandbox's."""
+    if not Path(python).exists():
+        pytest.skip(f"no {python}")
+    out = subprocess.run([python, "-I", "-c", COMPILES, str(HARNESS_DIR)], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split(maxsplit=1)
+    assert out[0] == "[]" and 5 <= int(out[1].split()[0]) < int(out[1].split()[1]), out
