@@ -91,6 +91,47 @@ def test_a_dead_worker_is_replaced(setup):
     assert [sample(base, [5, 6, 7], 4) for _ in range(4)] == [before] * 4
 
 
+def test_a_started_pool_has_its_processes_before_any_request_and_samples_the_same(setup, tmp_path):
+    """``start()`` spawns every worker process at once (no request yet); their samples are those of the pool that
+    starts its workers at the first request; a started pool closes cleanly, with its processes gone."""
+    import time
+
+    service, pool, path = setup
+    started = InferencePool(pool.root_dir, workers=2).start()
+    try:
+        deadline = time.monotonic() + 30
+        while any(w.proc is None for w in started._threads) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(started._threads) == 2 and all(w.proc is not None and w.proc.poll() is None
+                                                  for w in started._threads)
+        assert started.start() is started and len(started._threads) == 2  # (twice: the same workers)
+        procs = [w.proc for w in started._threads]
+        tokenizer = service.create_sampling_client(base_model=BASE).result().get_tokenizer()
+        for model_path, base_model in ((None, BASE), (path, None)):
+            a = started.client(model_path=model_path, base_model=base_model, tokenizer=tokenizer)
+            b = pool.client(model_path=model_path, base_model=base_model, tokenizer=tokenizer)
+            assert [sample(a, [5, 6, 7], s) for s in (0, 3)] == [sample(b, [5, 6, 7], s) for s in (0, 3)]
+        assert [w.proc for w in started._threads] == procs  # the requests went to the processes started ahead
+    finally:
+        started.close()
+    assert all(p.poll() is not None for p in procs)
+    with pytest.raises(RuntimeError, match="closed"):
+        started.start()
+
+
+def test_a_pool_closed_while_its_workers_start_leaves_no_process(tmp_path, monkeypatch):
+    from rsigym_env.worlds.local.lm import inference_pool
+
+    spawned = []
+    start = inference_pool._Worker._start
+    monkeypatch.setattr(inference_pool._Worker, "_start", lambda self: spawned.append(start(self)) or spawned[-1])
+    pool = InferencePool(tmp_path, workers=2).start()
+    workers = list(pool._threads)
+    pool.close()  # (at once: the processes may still be importing)
+    assert len(spawned) == 2 and all(p.poll() is not None for p in spawned)
+    assert all(w.proc is None and not w.thread.is_alive() for w in workers)
+
+
 def test_a_closed_pool_refuses_new_work(tmp_path):
     pool = InferencePool(tmp_path, workers=1)
     pool.close()
