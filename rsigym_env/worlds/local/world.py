@@ -110,12 +110,13 @@ class LocalWorld(ServiceWorld):
         self.vcpus, self.memory_gib = sandbox.vcpus, sandbox.memory_gib
         self.split = official_split(self.options.official_split)  # secret: this episode's own draw
         self.official_split = self.split.info  # recorded in every result: which held-out split it was scored on
-        # the policy model samples in worker processes: evaluations then use every core; they start now, so that
-        # their interpreters import NumPy and the model while this world builds its tasks and servers
+        # the policy model samples in worker processes: evaluations then use every core. As many as this world's
+        # start (one core busy) leaves cores idle start now, importing NumPy and the model meanwhile; the others at
+        # the first request (started now too, on 2 cores, they slowed this start by ~0.4 s: bench/README.md round 9)
         workers = self.options.sampling_workers
         self.sampling = InferencePool(self.run_dir / "tinker", workers=workers) if workers > 0 else None
         if self.sampling is not None and self.sampling.poolable(self.base_model):
-            self.sampling.start()
+            self.sampling.start(max(1, (os.cpu_count() or 2) - 1))
         try:
             self._start_services(scenario, seed, sandbox)
         except BaseException:

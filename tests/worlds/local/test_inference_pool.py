@@ -119,6 +119,28 @@ def test_a_started_pool_has_its_processes_before_any_request_and_samples_the_sam
         started.start()
 
 
+def test_a_partly_started_pool_starts_the_rest_at_the_first_request(setup):
+    import time
+
+    service, pool, _ = setup
+    started = InferencePool(pool.root_dir, workers=2).start(1)
+    try:
+        deadline = time.monotonic() + 30
+        while started._threads[0].proc is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert started._threads[0].proc is not None and started._threads[1].proc is None
+        tokenizer = service.create_sampling_client(base_model=BASE).result().get_tokenizer()
+        a = started.client(base_model=BASE, tokenizer=tokenizer)
+        b = pool.client(base_model=BASE, tokenizer=tokenizer)
+        futures = [a.sample(types.ModelInput.from_ints([5, 6, 7]), 1, types.SamplingParams(max_tokens=12, temperature=1.0, seed=s))
+                   for s in range(6)]  # in flight at once: the second worker starts to take its share
+        got = [[list(q.tokens) for q in f.result(60).sequences] for f in futures]
+        assert got == [[t for t, _, _ in sample(b, [5, 6, 7], s, num_samples=1)] for s in range(6)]
+    finally:
+        started.close()
+
+
 def test_a_pool_closed_while_its_workers_start_leaves_no_process(tmp_path, monkeypatch):
     from rsigym_env.worlds.local.lm import inference_pool
 

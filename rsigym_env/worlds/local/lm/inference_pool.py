@@ -395,25 +395,26 @@ class InferencePool:
             self._dispatch(args + (scope,), future)
         return future
 
-    def start(self) -> "InferencePool":
-        """Start the worker processes now rather than at the first request: a worker's interpreter spends ~0.6 s
-        of CPU importing NumPy and the model before it can sample, which a world starting up can overlap with
-        its own start (the machine's other core is idle then). The same workers, requests and samples.
+    def start(self, workers: int | None = None) -> "InferencePool":
+        """Start ``workers`` of the worker processes (default: all) now rather than at the first request: a worker's
+        interpreter spends ~0.6 s of CPU importing NumPy and the model before it can sample, which a world starting
+        up on one core can overlap with its own start on the cores it leaves idle. The others start at the first
+        request, as before. The same workers, requests and samples either way; a second call starts nothing.
 
-        >>> pool = InferencePool(Path("/nonexistent"), workers=1).start()
-        >>> pool.start() is pool, len(pool._threads)
-        (True, 1)
+        >>> pool = InferencePool(Path("/nonexistent"), workers=2).start(1)
+        >>> [w.prestart for w in pool._threads], pool.start() is pool
+        ([True, False], True)
         >>> pool.close()
         """
-        self._start_workers(prestart=True)
+        self._start_workers(self.workers if workers is None else max(0, int(workers)))
         return self
 
-    def _start_workers(self, prestart: bool = False) -> None:
+    def _start_workers(self, prestart: int = 0) -> None:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the sampling pool is closed")
             if not self._threads:
-                self._threads = [_Worker(self, i, prestart) for i in range(self.workers)]
+                self._threads = [_Worker(self, i, i < prestart) for i in range(self.workers)]
 
     def _dispatch(self, args: tuple, future: cf.Future) -> None:
         """Queue a scoped request with the prefill blocks of its prompt the pool holds; while the same
