@@ -607,7 +607,7 @@ class BubblewrapEnvironment(BaseEnvironment):
             work = self.root / "probes" / secrets.token_hex(6)
             (work / "app").mkdir(parents=True)
             try:
-                await asyncio.to_thread(_copy_tree, self.app_dir, work / "app")
+                await _host_io(self.app_dir, _copy_tree, self.app_dir, work / "app")
                 limits = Limits(wall_s=timeout, cpu_s=PROBE_LIMITS.cpu_s, memory_mb=PROBE_LIMITS.memory_mb,
                                 processes=PROBE_LIMITS.processes, output_bytes=PROBE_LIMITS.output_bytes,
                                 file_mb=PROBE_LIMITS.file_mb)
@@ -615,7 +615,7 @@ class BubblewrapEnvironment(BaseEnvironment):
                     argv, workdir=work / "app", cwd=isolation.APP, env=PROBE_ENV, network=False,
                     limits=limits, stdin=stdin.encode(), require_isolation=self._require_isolation, group=self.group)
             finally:
-                await asyncio.to_thread(shutil.rmtree, work, True)
+                await _host_io(work, shutil.rmtree, work, True)
         self.record.commands += 1
         self.record.command_seconds += result.duration_s
         return {"exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr[-2000:],
@@ -650,7 +650,7 @@ class BubblewrapEnvironment(BaseEnvironment):
                 limits=dataclasses.replace(PROBE_LIMITS, wall_s=PRESTART_WAIT_S), stdin=True,
                 require_isolation=self._require_isolation, group=self.group)
         except Exception:  # noqa: BLE001 - (e.g. the group's disk is full) the request will start it
-            await asyncio.to_thread(shutil.rmtree, work, True)
+            await _host_io(work, shutil.rmtree, work, True)
             return
         self._ready_probe = (work, proc)
 
@@ -662,7 +662,7 @@ class BubblewrapEnvironment(BaseEnvironment):
             return None
         work, proc = ready
         if tuple(argv) == PROBE_ARGV and proc.running:
-            await asyncio.to_thread(self._fill_probe_app, work / "app")
+            await _host_io(self.app_dir, self._fill_probe_app, work / "app")
             if proc.running and proc.stdin_open:  # the same command, files, input and limits: only its start came earlier
                 try:
                     proc.restart_clock(timeout)
@@ -671,7 +671,7 @@ class BubblewrapEnvironment(BaseEnvironment):
                     return await proc.wait()
                 finally:
                     proc.kill()
-                    await asyncio.to_thread(shutil.rmtree, work, True)
+                    await _host_io(work, shutil.rmtree, work, True)
         await self._drop_ready_probe(ready)
         return None
 
@@ -693,7 +693,7 @@ class BubblewrapEnvironment(BaseEnvironment):
         except asyncio.TimeoutError:
             pass
         finally:
-            await asyncio.to_thread(shutil.rmtree, work, True)
+            await _host_io(work, shutil.rmtree, work, True)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         await self._note_upload(target_path)
