@@ -356,7 +356,7 @@ def read_frame(stream: Any) -> Any:
 
 
 class InferencePool:
-    """``workers`` sampling processes over the checkpoints under ``root_dir`` (started on first use)."""
+    """``workers`` sampling processes over the checkpoints under ``root_dir`` (started on first use, or ahead by :meth:`start`)."""
 
     def __init__(self, root_dir: Path, workers: int = 2, worker_block_bytes: int = WORKER_BLOCK_BYTES):
         self.root_dir = Path(root_dir)
