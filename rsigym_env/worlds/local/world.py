@@ -29,7 +29,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from openai import OpenAI
 from pydantic import BaseModel, ConfigDict, Field
 
 from rsigym_env.errors import ActionError
@@ -97,9 +96,6 @@ class LocalWorld(ServiceWorld):
 
     def __init__(self, scenario: Scenario, seed: int, run_dir: Path | None = None):
         from . import benchmarks, teachers
-        from .harbor.evaluation import LocalEvalService
-        from .lm.tinker_client import LocalServiceClient
-        from .sandbox.service import LocalSandboxService
 
         check_arithmetic()  # once a process: warns where the last bits would differ from other machines'
         self.scenario = scenario
@@ -114,11 +110,30 @@ class LocalWorld(ServiceWorld):
         self.vcpus, self.memory_gib = sandbox.vcpus, sandbox.memory_gib
         self.split = official_split(self.options.official_split)  # secret: this episode's own draw
         self.official_split = self.split.info  # recorded in every result: which held-out split it was scored on
-        self.tasks = self._build_tasks()
-        self.tinker = LocalServiceClient(root_dir=self.run_dir / "tinker")
-        # the policy model samples in worker processes: evaluations then use every core
+        # the policy model samples in worker processes: evaluations then use every core. As many as this world's
+        # start (one core busy) leaves cores idle start now, importing NumPy and the model meanwhile; the others at
+        # the first request (started now too, on 2 cores, they slowed this start by ~0.4 s: bench/README.md round 9)
         workers = self.options.sampling_workers
         self.sampling = InferencePool(self.run_dir / "tinker", workers=workers) if workers > 0 else None
+        if self.sampling is not None and self.sampling.poolable(self.base_model):
+            self.sampling.start(max(1, (os.cpu_count() or 2) - 1))
+        try:
+            self._start_services(scenario, seed, sandbox)
+        except BaseException:
+            if self.sampling is not None:
+                self.sampling.close()
+            raise
+
+    def _start_services(self, scenario: Scenario, seed: int, sandbox: Any) -> None:
+        from openai import OpenAI  # (here: ~0.35 s of imports, after the sampling workers have started)
+
+        from . import teachers
+        from .harbor.evaluation import LocalEvalService
+        from .lm.tinker_client import LocalServiceClient
+        from .sandbox.service import LocalSandboxService
+
+        self.tasks = self._build_tasks()
+        self.tinker = LocalServiceClient(root_dir=self.run_dir / "tinker")
         self.registry = ModelRegistry()
         self._identities: dict[str, str | None] = {}  # checkpoint id -> what its weights are (caching)
         self.store = DatasetStore(self.run_dir / "datasets")

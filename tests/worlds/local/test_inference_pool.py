@@ -91,6 +91,69 @@ def test_a_dead_worker_is_replaced(setup):
     assert [sample(base, [5, 6, 7], 4) for _ in range(4)] == [before] * 4
 
 
+def test_a_started_pool_has_its_processes_before_any_request_and_samples_the_same(setup, tmp_path):
+    """``start()`` spawns every worker process at once (no request yet); their samples are those of the pool that
+    starts its workers at the first request; a started pool closes cleanly, with its processes gone."""
+    import time
+
+    service, pool, path = setup
+    started = InferencePool(pool.root_dir, workers=2).start()
+    try:
+        deadline = time.monotonic() + 30
+        while any(w.proc is None for w in started._threads) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(started._threads) == 2 and all(w.proc is not None and w.proc.poll() is None
+                                                  for w in started._threads)
+        assert started.start() is started and len(started._threads) == 2  # (twice: the same workers)
+        procs = [w.proc for w in started._threads]
+        tokenizer = service.create_sampling_client(base_model=BASE).result().get_tokenizer()
+        for model_path, base_model in ((None, BASE), (path, None)):
+            a = started.client(model_path=model_path, base_model=base_model, tokenizer=tokenizer)
+            b = pool.client(model_path=model_path, base_model=base_model, tokenizer=tokenizer)
+            assert [sample(a, [5, 6, 7], s) for s in (0, 3)] == [sample(b, [5, 6, 7], s) for s in (0, 3)]
+        assert [w.proc for w in started._threads] == procs  # the requests went to the processes started ahead
+    finally:
+        started.close()
+    assert all(p.poll() is not None for p in procs)
+    with pytest.raises(RuntimeError, match="closed"):
+        started.start()
+
+
+def test_a_partly_started_pool_starts_the_rest_at_the_first_request(setup):
+    import time
+
+    service, pool, _ = setup
+    started = InferencePool(pool.root_dir, workers=2).start(1)
+    try:
+        deadline = time.monotonic() + 30
+        while started._threads[0].proc is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert started._threads[0].proc is not None and started._threads[1].proc is None
+        tokenizer = service.create_sampling_client(base_model=BASE).result().get_tokenizer()
+        a = started.client(base_model=BASE, tokenizer=tokenizer)
+        b = pool.client(base_model=BASE, tokenizer=tokenizer)
+        futures = [a.sample(types.ModelInput.from_ints([5, 6, 7]), 1, types.SamplingParams(max_tokens=12, temperature=1.0, seed=s))
+                   for s in range(6)]  # in flight at once: the second worker starts to take its share
+        got = [[list(q.tokens) for q in f.result(60).sequences] for f in futures]
+        assert got == [[t for t, _, _ in sample(b, [5, 6, 7], s, num_samples=1)] for s in range(6)]
+    finally:
+        started.close()
+
+
+def test_a_pool_closed_while_its_workers_start_leaves_no_process(tmp_path, monkeypatch):
+    from rsigym_env.worlds.local.lm import inference_pool
+
+    spawned = []
+    start = inference_pool._Worker._start
+    monkeypatch.setattr(inference_pool._Worker, "_start", lambda self: spawned.append(start(self)) or spawned[-1])
+    pool = InferencePool(tmp_path, workers=2).start()
+    workers = list(pool._threads)
+    pool.close()  # (at once: the processes may still be importing)
+    assert len(spawned) == 2 and all(p.poll() is not None for p in spawned)
+    assert all(w.proc is None and not w.thread.is_alive() for w in workers)
+
+
 def test_a_closed_pool_refuses_new_work(tmp_path):
     pool = InferencePool(tmp_path, workers=1)
     pool.close()

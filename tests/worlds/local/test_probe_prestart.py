@@ -247,3 +247,29 @@ def test_dev_evaluation_identical_with_and_without_it_under_different_concurrenc
     assert results["False-3"] == results["True-3"] == results["True-1"]
     rewards = [r for task in results["True-3"][1] for r in task]
     assert 0 < sum(rewards) < len(rewards)  # some attempts fixed the code, some did not
+
+
+@pytest.mark.parametrize("prestart", [True, False])
+def test_the_probe_copies_and_removes_a_small_app_on_the_event_loop_and_a_large_one_in_a_thread(code_tasks, tmp_path,
+                                                                                               monkeypatch, prestart):
+    """(bench/README.md, round 9) A small ``/app`` is copied into the probe's sandbox and the probe's directory removed
+    without a hop to a worker thread; a large one still goes to a thread; the replies are the same either way."""
+    from rsigym_env.worlds.local.harbor import environment
+
+    hops: list[str] = []
+    to_thread = asyncio.to_thread
+
+    async def recording(func, *args, **kwargs):
+        hops.append(getattr(func, "__name__", repr(func)))
+        return await to_thread(func, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", recording)
+    small = _trial(code_tasks[0], tmp_path / "small", prestart, solve=True, requests=(_request(),))
+    small_hops = list(hops)
+    monkeypatch.setattr(environment, "INLINE_MAX_ENTRIES", 1)
+    hops.clear()
+    large = _trial(code_tasks[0], tmp_path / "large", prestart, solve=True, requests=(_request(),))
+    assert small["probes"] == large["probes"] and small["reward"] == large["reward"]
+    copy = "_fill_probe_app" if prestart else "_copy_tree"
+    assert copy not in small_hops and "rmtree" not in small_hops
+    assert copy in hops and "rmtree" in hops

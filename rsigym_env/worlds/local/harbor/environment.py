@@ -115,31 +115,48 @@ def _no_symlinks(base: Path, parts: tuple[str, ...]) -> Path:
     return path
 
 
-def _copy_file(src: Path, dst: Path) -> None:
+def _copy_file(src: Path | str, dst: Path | str) -> None:
     """Copy a regular file, replacing whatever ``dst`` was (a symlink is removed, not followed)."""
-    if dst.is_symlink() or (dst.exists() and not dst.is_dir()):
-        dst.unlink()
+    src, dst = os.fspath(src), os.fspath(dst)
+    try:
+        if not stat.S_ISDIR(os.lstat(dst).st_mode):
+            os.unlink(dst)
+    except FileNotFoundError:
+        pass
     shutil.copyfile(src, dst, follow_symlinks=False)
-    mode = stat.S_IMODE(src.stat().st_mode) | 0o644  # readable by the sandbox's own uid
-    if src.suffix == ".sh" or mode & 0o100:
+    _set_mode(dst, os.stat(src).st_mode, src)
+
+
+def _set_mode(dst: str, src_mode: int, src: str) -> None:
+    mode = stat.S_IMODE(src_mode) | 0o644  # readable by the sandbox's own uid
+    if os.path.splitext(os.path.basename(src))[1] == ".sh" or mode & 0o100:  # (``Path.suffix``)
         mode |= 0o755
     os.chmod(dst, mode)
 
 
-def _copy_tree(src: Path, dst: Path, *, skip: frozenset[str] = frozenset(), max_bytes: int | None = None) -> int:
+def _copy_tree(src: Path | str, dst: Path | str, *, skip: frozenset[str] = frozenset(),
+               max_bytes: int | None = None) -> int:
     """Copy the contents of ``src`` into ``dst``: regular files and directories only (symlinks and
     special files are skipped, never followed); with ``max_bytes``, files stop being copied once that
-    many bytes were (larger files are skipped). Returns the number of files copied."""
+    many bytes were (larger files are skipped). Returns the number of files copied.
+
+    (On strings, not ``Path`` objects: a trial makes ~8 copies of ~30 files, and ``pathlib``'s per-call work was
+    ~2 ms of the main process a trial; the same system calls on the same paths, in ``os.walk``'s order.)"""
     n = 0
     left = max_bytes
+    src, dst = os.fspath(src), os.fspath(dst)
     for root, dirs, files in os.walk(src, followlinks=False):
-        rel = Path(root).relative_to(src)
-        target = _no_symlinks(dst, rel.parts)
-        target.mkdir(parents=True, exist_ok=True)
+        rel = root[len(src):].lstrip(os.sep)
+        target = dst
+        for part in rel.split(os.sep) if rel else ():  # refusing any component that is a symlink (_no_symlinks)
+            target = os.path.join(target, part)
+            if os.path.islink(target):
+                raise PermissionError(f"{target} is a symlink made inside the sandbox; not followed")
+        os.makedirs(target, exist_ok=True)
         for name in files:
-            if rel == Path(".") and name in skip:
+            if not rel and name in skip:
                 continue
-            source = Path(root) / name
+            source = os.path.join(root, name)
             st = os.lstat(source)
             if not stat.S_ISREG(st.st_mode):
                 continue
@@ -147,12 +164,20 @@ def _copy_tree(src: Path, dst: Path, *, skip: frozenset[str] = frozenset(), max_
                 if st.st_size > left:
                     continue
                 left -= st.st_size
-            destination = target / name
-            if destination.is_dir() and not destination.is_symlink():
-                shutil.rmtree(destination)
-            _copy_file(source, destination)
+            destination = os.path.join(target, name)
+            try:
+                mode = os.lstat(destination).st_mode
+            except FileNotFoundError:
+                pass
+            else:
+                if stat.S_ISDIR(mode):
+                    shutil.rmtree(destination)
+                else:
+                    os.unlink(destination)
+            shutil.copyfile(source, destination, follow_symlinks=False)
+            _set_mode(destination, st.st_mode, source)
             n += 1
-        dirs[:] = [d for d in dirs if not (Path(root) / d).is_symlink()]
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(root, d))]
     return n
 
 
@@ -198,6 +223,13 @@ async def _host_io(source: Path, func: Callable[..., Any], *args: Any, **kwargs:
     return await asyncio.to_thread(func, *args, **kwargs)
 
 
+def _is_real_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def scrub(root: Path) -> int:
     """Remove symlinks and special files (fifos, sockets, devices) under ``root``; returns how many.
 
@@ -208,19 +240,22 @@ def scrub(root: Path) -> int:
     (1, ['ok.txt'])
     """
     removed = 0
-    if not root.is_dir() or root.is_symlink():
+    try:
+        if not stat.S_ISDIR(os.lstat(root).st_mode):
+            return 0
+    except OSError:
         return 0
     for current, dirs, files in os.walk(root, followlinks=False):
         for name in files + dirs:
-            path = Path(current) / name
+            path = os.path.join(current, name)
             try:
                 mode = os.lstat(path).st_mode
             except FileNotFoundError:
                 continue
             if stat.S_ISLNK(mode) or not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                path.unlink()
+                os.unlink(path)
                 removed += 1
-        dirs[:] = [d for d in dirs if (Path(current) / d).is_dir() and not (Path(current) / d).is_symlink()]
+        dirs[:] = [d for d in dirs if _is_real_dir(os.path.join(current, d))]
     return removed
 
 
@@ -572,7 +607,7 @@ class BubblewrapEnvironment(BaseEnvironment):
             work = self.root / "probes" / secrets.token_hex(6)
             (work / "app").mkdir(parents=True)
             try:
-                await asyncio.to_thread(_copy_tree, self.app_dir, work / "app")
+                await _host_io(self.app_dir, _copy_tree, self.app_dir, work / "app")
                 limits = Limits(wall_s=timeout, cpu_s=PROBE_LIMITS.cpu_s, memory_mb=PROBE_LIMITS.memory_mb,
                                 processes=PROBE_LIMITS.processes, output_bytes=PROBE_LIMITS.output_bytes,
                                 file_mb=PROBE_LIMITS.file_mb)
@@ -580,7 +615,7 @@ class BubblewrapEnvironment(BaseEnvironment):
                     argv, workdir=work / "app", cwd=isolation.APP, env=PROBE_ENV, network=False,
                     limits=limits, stdin=stdin.encode(), require_isolation=self._require_isolation, group=self.group)
             finally:
-                await asyncio.to_thread(shutil.rmtree, work, True)
+                await _host_io(work, shutil.rmtree, work, True)
         self.record.commands += 1
         self.record.command_seconds += result.duration_s
         return {"exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr[-2000:],
@@ -615,7 +650,7 @@ class BubblewrapEnvironment(BaseEnvironment):
                 limits=dataclasses.replace(PROBE_LIMITS, wall_s=PRESTART_WAIT_S), stdin=True,
                 require_isolation=self._require_isolation, group=self.group)
         except Exception:  # noqa: BLE001 - (e.g. the group's disk is full) the request will start it
-            await asyncio.to_thread(shutil.rmtree, work, True)
+            await _host_io(work, shutil.rmtree, work, True)
             return
         self._ready_probe = (work, proc)
 
@@ -627,7 +662,7 @@ class BubblewrapEnvironment(BaseEnvironment):
             return None
         work, proc = ready
         if tuple(argv) == PROBE_ARGV and proc.running:
-            await asyncio.to_thread(self._fill_probe_app, work / "app")
+            await _host_io(self.app_dir, self._fill_probe_app, work / "app")
             if proc.running and proc.stdin_open:  # the same command, files, input and limits: only its start came earlier
                 try:
                     proc.restart_clock(timeout)
@@ -636,7 +671,7 @@ class BubblewrapEnvironment(BaseEnvironment):
                     return await proc.wait()
                 finally:
                     proc.kill()
-                    await asyncio.to_thread(shutil.rmtree, work, True)
+                    await _host_io(work, shutil.rmtree, work, True)
         await self._drop_ready_probe(ready)
         return None
 
@@ -658,7 +693,7 @@ class BubblewrapEnvironment(BaseEnvironment):
         except asyncio.TimeoutError:
             pass
         finally:
-            await asyncio.to_thread(shutil.rmtree, work, True)
+            await _host_io(work, shutil.rmtree, work, True)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         await self._note_upload(target_path)
