@@ -362,8 +362,9 @@ class HarnessAgent(BaseAgent):
         self._alias = session.open(self._task, self.attempt)
         if isinstance(environment, AgentMounts):
             # the harness with its bytecode, compiled once per harness version in a sandbox (harness.bytecode):
-            # the same files, and the script run from its checked .pyc by the launcher
-            compiled = bytecode.prepare(self.harness_dir, HARNESS_MOUNT)
+            # the same files, and the script run from its checked .pyc by the launcher; in a thread, so that the
+            # version's first trial waiting ~0.2 s on the compile does not stall the other trials' event loop
+            compiled = await asyncio.to_thread(bytecode.prepare, self.harness_dir, HARNESS_MOUNT)
             if compiled is not None:
                 self._command = bytecode.launch_command(f"{HARNESS_MOUNT}/agent.py")
             environment.add_agent_mount(compiled or self.harness_dir, HARNESS_MOUNT, copy=True)  # no host path inside

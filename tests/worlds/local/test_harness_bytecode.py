@@ -276,3 +276,51 @@ def test_the_compile_runs_in_a_sandbox_never_on_the_host(tmp_path, monkeypatch):
     (src / "agent.py").write_text("X = 'another version'\n")
     assert bytecode.prepare(src) is None and len(calls) == 1
     assert not run_trial(tmp_path, probe())["seen"]["launcher"]
+
+
+def test_a_version_s_compile_does_not_stall_the_other_trials(tmp_path, monkeypatch):
+    """``HarnessAgent.setup`` waits for the version's compile in a thread: the trials' event loop keeps running
+    (a compile of ~0.2 s on the loop would stall every concurrent trial of the evaluation)."""
+    from rsigym_env.worlds.common.harbor_agent import HarnessAgent, ModelSession, register_session, unregister_session
+
+    def slow_prepare(src, mount="/harness"):
+        time.sleep(0.5)
+        return None
+
+    class Mounts:  # an AgentMounts environment that records its mounts
+        environment_name = "t-42"
+        mounts: list = []
+
+        def add_agent_mount(self, host, target, *, copy=False):
+            self.mounts.append((str(host), target))
+
+        def host_path(self, path):
+            return tmp_path / path.lstrip("/")
+
+    monkeypatch.setattr(bytecode, "prepare", slow_prepare)
+    harness = tmp_path / "harness"
+    harness.mkdir()
+    (harness / "agent.py").write_text("print('hi')\n")
+    key = f"stall-{time.monotonic_ns()}"
+    register_session(key, ModelSession(socket=tmp_path / "m.sock", registry=ModelRegistry(), meter=UsageMeter(),
+                                       model=NoModel(), seed=0, tokens_per_trial=1000))
+    try:
+        agent = HarnessAgent(tmp_path / "logs", harness_dir=str(harness), session=key)
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.02)
+                ticks += 1
+
+        async def go():
+            task = asyncio.create_task(ticker())
+            await agent.setup(Mounts())
+            task.cancel()
+
+        asyncio.run(go())
+    finally:
+        unregister_session(key)
+    assert ticks >= 10  # the loop ran on while setup waited 0.5 s for the compile
+    assert Mounts.mounts[0] == (str(harness), "/harness")  # no bytecode: the harness itself, as before
