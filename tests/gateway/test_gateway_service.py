@@ -340,7 +340,8 @@ def test_keys_never_reach_the_disk_and_serve_stays_on_loopback_unless_told(tmp_p
     run = service.backend_for_key(created["run_key"])
     run.call("read", {"ref": "budget"})
     service.shutdown()
-    secret = created["run_key"].rsplit("_", 1)[1]
+    prefix, run_id, secret = created["run_key"].split("_", 2)  # rsr_<run id>_<token_urlsafe(32)>, which may hold "_"
+    assert (prefix, run_id, len(secret)) == ("rsr", created["run_id"], 43)
     for path in (tmp_path / "state").rglob("*"):
         if path.is_file():
             data = path.read_bytes()
