@@ -22,7 +22,9 @@ episode's :class:`~rsigym_env.menu_vector.EpisodeRecords` (``defer_episodes``) a
 step's reply; this process writes a call's records of every shard at once with the same function
 (:func:`~rsigym_env.menu_vector.write_episode_records`), its own key secret and key numbering, so the ledger
 and its audit chain hold the same episodes, in the same order, as with W = 1 (``rsigym audit verify``
-accepts it).
+accepts it). A call's episodes are written while the workers run the next call (the ledger's time off the
+critical path): reading :attr:`MenuWorkersEnv.platform` writes them first and ``close()`` writes them all; a
+reader of the ``ledger_path`` file in another process sees a step's episodes one call later.
 
 **Transport.** One shared buffer (``multiprocessing.RawArray``: an unlinked file in ``/dev/shm`` mapped by
 every process) holds the per-row arrays: actions, observations (N, F) float32, reward, terminated,
@@ -274,7 +276,8 @@ class MenuWorkersEnv(VectorEnv):
         self.single_observation_space = spaces.Box(-1.0, 1.0, shape=(len(FEATURES),), dtype=np.float32)
         self.observation_space = spaces.Box(-1.0, 1.0, shape=(n, len(FEATURES)), dtype=np.float32)
         self.budget_n = _nano_near(s.budget_usd)
-        self.platform = Platform(Ledger(ledger_path))
+        self._platform = Platform(Ledger(ledger_path))
+        self._unwritten: list[tuple[int, list[EpisodeRecords]]] = []  # the last call's records (see _call)
         self._key_secret, self._keys = secrets.token_hex(16), 0  # as MenuArrayEnv's: episode i's key
         self._started, self._broken, self._closed_workers = False, "", False
         self._in_sync = [True] * self.num_workers  # a worker that answered every command so far
@@ -300,7 +303,7 @@ class MenuWorkersEnv(VectorEnv):
             self.worker_pids = self._call("start", None)
         except BaseException:
             _stop(self._processes, self._connections, 5.0)
-            self.platform.ledger.close()
+            self._platform.ledger.close()
             self._closed_workers = True
             raise
         self.start_s = time.perf_counter() - started  # the workers' start, until every one is ready
@@ -390,7 +393,16 @@ class MenuWorkersEnv(VectorEnv):
                 if not self._in_sync[k] and proc.is_alive():  # it missed a command: it will not exit on its own
                     proc.kill()
             self._finalizer()  # _stop: join, then terminate what is left
-            self.platform.ledger.close()
+            try:
+                self._flush()
+            finally:
+                self._platform.ledger.close()
+
+    @property
+    def platform(self) -> Platform:
+        """The platform of the ledger the episodes are written to (this process's), written up to date first."""
+        self._flush()
+        return self._platform
 
     # ------------------------------------------------------------------ money, as MenuArrayEnv's
 
@@ -446,9 +458,11 @@ class MenuWorkersEnv(VectorEnv):
     def _call(self, what: str, messages: Sequence[Any] | dict[int, Any] | None, *, closing: bool = False) -> list[Any]:
         """Send ``messages[k]`` to worker k (``None``: nothing, wait for the start's reply), then gather every
         reply within ``timeout_s``, watching each worker's process: a worker that dies is seen at once. The
-        replies' finished episodes (each reply's first item) are written to the ledger as one write; then any
-        failure is a ``RuntimeError`` naming the workers (the env is broken from then on). Returns the replies
-        in worker order (None for a worker that sent no message)."""
+        replies' finished episodes (each reply's first item) are one write to the ledger, made while the workers
+        run the next call (the ledger's time off the critical path), or before anyone reads the ledger
+        (:attr:`platform`), or at a failure or ``close``; then any failure is a ``RuntimeError`` naming the workers
+        (the env is broken from then on). Returns the replies in worker order (None for a worker that sent no
+        message)."""
         if messages is None:
             targets: dict[int, Any] = dict.fromkeys(range(self.num_workers))
         else:
@@ -467,6 +481,8 @@ class MenuWorkersEnv(VectorEnv):
                 failures.append(f"{self._describe(k)} could not be sent {what}: {error!r} (exit code "
                                 f"{self._processes[k].exitcode})")
         replies: list[Any] = [None] * self.num_workers
+        if not failures:
+            self._flush()  # the previous call's episodes, while the workers compute
         deadline = time.monotonic() + self.timeout_s
         while pending:
             left = deadline - time.monotonic()
@@ -499,21 +515,24 @@ class MenuWorkersEnv(VectorEnv):
             self._in_sync[k] = False
             failures.append(f"{self._describe(k)} did not answer {what} within {self.timeout_s:g} s")
         if what != "start":
-            self._write([(self.shards[k][0], reply[0]) for k, reply in enumerate(replies) if reply is not None])
+            self._flush()
+            self._unwritten = [(self.shards[k][0], reply[0]) for k, reply in enumerate(replies) if reply is not None]
         if failures:
+            self._flush()
             message = "; ".join(failures)
             if not closing:
                 self._broken = message
             raise RuntimeError(message)
         return replies
 
-    def _write(self, parts: list[tuple[int, list[EpisodeRecords]]]) -> None:
-        """The records of one call of every shard (rows offset by the shard's first), in one write: what
+    def _flush(self) -> None:
+        """Write the last call's records of every shard (rows offset by the shard's first), in one write: what
         ``MenuArrayEnv._write`` writes for the same rows (each of reset, step and close writes once)."""
+        parts, self._unwritten = self._unwritten, []
         flat = [(records, lo) for lo, kept in parts for records in kept]
         if not flat or not self.write_episodes:
             return
         records = EpisodeRecords.concat([r for r, _ in flat], [lo for _, lo in flat])
-        self._keys += write_episode_records(self.platform.ledger, records, per_step=self.write_episodes == "step",
+        self._keys += write_episode_records(self._platform.ledger, records, per_step=self.write_episodes == "step",
                                             budget_usd=self.scenario.budget_usd, budget_n=self.budget_n,
                                             secret=self._key_secret, first=self._keys + 1)
