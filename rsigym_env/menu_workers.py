@@ -68,6 +68,7 @@ import multiprocessing as mp
 import os
 import secrets
 import signal
+import sys
 import time
 import traceback
 import weakref
@@ -89,6 +90,8 @@ from .scenario import Scenario
 from .wrappers.menu import FEATURES, MENU
 
 __all__ = ["MenuWorkersEnv", "shard_bounds"]
+
+_SOURCE = os.path.realpath(sys.modules[MenuArrayEnv.__module__].__file__ or "")  # the workers must run this code
 
 _REGULAR: tuple[tuple[str, Any], ...] = (("n_calls", np.int64), ("ok", np.bool_), ("error", None),
                                          ("cost_usd", np.float64), ("budget_left_usd", np.float64),
@@ -139,18 +142,24 @@ def _views(buffer: Any, n: int, lo: int = 0, hi: int | None = None) -> tuple[dic
 # ---------------------------------------------------------------------------------------------- the worker
 
 def _worker(conn: Connection, go: Any, buffer: Any, n: int, lo: int, hi: int, scenario: Scenario,
-            autoreset_mode: str, write_episodes: bool | str) -> None:
+            autoreset_mode: str, write_episodes: bool | str, source: str) -> None:
     """A worker process: rows ``lo:hi`` as a ``MenuArrayEnv``, commands from ``conn`` until ``close`` (or until
     the main process is gone). A command is read when ``go`` (a semaphore) is released: the main process writes
     every worker's command, then releases them. A pipe's write wakes its reader on the writer's core (a "sync"
     wake-up, which expects the writer to sleep next), so the main process lost its core to the first worker
     before it could send the second one its command (~0.5–1 ms a step on 2 cores); a semaphore's wake-up goes to
-    an idle core."""
+    an idle core. ``source``: the main process's ``menu_vector.py``, which the worker's must be."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     try:
         from threadpoolctl import ThreadpoolController
 
         ThreadpoolController().limit(limits=1)  # BLAS and OpenMP on one thread: W workers, W cores
+        from . import menu_vector
+
+        if os.path.realpath(menu_vector.__file__) != source:  # e.g. the fork server imported another checkout's
+            raise RuntimeError(f"this worker's rsigym_env is {menu_vector.__file__}, the main process's {source}: "
+                               "the same code must run both (start from a directory without another checkout, "
+                               "or install that one)")
         v, _ = _views(buffer, n, lo, hi)
         env = MenuArrayEnv(hi - lo, scenario=scenario, autoreset_mode=autoreset_mode, write_episodes=write_episodes)
         env.defer_episodes()
@@ -314,7 +323,7 @@ class MenuWorkersEnv(VectorEnv):
                 self._go.append(ctx.Semaphore(0))
                 proc = ctx.Process(target=_worker, args=(there, self._go[-1], self._buffer, n, lo, hi, s,
                                                          self.autoreset_mode.value,
-                                                         self.write_episodes), daemon=True,
+                                                         self.write_episodes, _SOURCE), daemon=True,
                                    name=f"rsigym-menu-worker-{k}")
                 self._processes.append(proc)
                 self._connections.append(here)
