@@ -31,9 +31,7 @@ every process) holds the per-row arrays: actions, observations (N, F) float32, r
 truncated, the action mask, the numeric info arrays and their masks, the end keys' numbers and the money
 state; each worker reads and writes its rows only. A pipe per worker carries the commands and the rare object
 data: error strings, end reasons, ``SAME_STEP``'s final observations and masks, finished episodes' records and a
-worker's traceback; a semaphore per worker says its command is there (every command is written before any
-worker is woken: a pipe's wake-up would take the main process's core from under it), and the reply on the pipe
-is the worker's "done". At N = 256 the main process spends ~1.3–1.5 ms of CPU a step on a slow VM (the ledger's
+worker's traceback; a command out and its reply back are also the synchronisation. At N = 256 the main process spends ~1.3–1.5 ms of CPU a step on a slow VM (the ledger's
 ~0.75 of it while the workers run the next call; ``bench_menu_array.py --overhead``).
 Workers start with the ``forkserver`` method (``start_method="spawn"`` also works): the fork server
 imports ``rsigym_env.menu_vector`` once per process, then each worker is a fork of it (see the bench
@@ -141,14 +139,10 @@ def _views(buffer: Any, n: int, lo: int = 0, hi: int | None = None) -> tuple[dic
 
 # ---------------------------------------------------------------------------------------------- the worker
 
-def _worker(conn: Connection, go: Any, buffer: Any, n: int, lo: int, hi: int, scenario: Scenario,
-            autoreset_mode: str, write_episodes: bool | str, source: str) -> None:
+def _worker(conn: Connection, buffer: Any, n: int, lo: int, hi: int, scenario: Scenario, autoreset_mode: str,
+            write_episodes: bool | str, source: str) -> None:
     """A worker process: rows ``lo:hi`` as a ``MenuArrayEnv``, commands from ``conn`` until ``close`` (or until
-    the main process is gone). A command is read when ``go`` (a semaphore) is released: the main process writes
-    every worker's command, then releases them. A pipe's write wakes its reader on the writer's core (a "sync"
-    wake-up, which expects the writer to sleep next), so the main process lost its core to the first worker
-    before it could send the second one its command (~0.5–1 ms a step on 2 cores); a semaphore's wake-up goes to
-    an idle core. ``source``: the main process's ``menu_vector.py``, which the worker's must be."""
+    the main process is gone). ``source``: the main process's ``menu_vector.py``, which the worker's must be."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     try:
         from threadpoolctl import ThreadpoolController
@@ -167,12 +161,8 @@ def _worker(conn: Connection, go: Any, buffer: Any, n: int, lo: int, hi: int, sc
         conn.send(("error", traceback.format_exc()))
         return
     conn.send(("ok", os.getpid()))
-    parent = mp.parent_process()
     busy = [0, 0.0, 0.0, time.perf_counter()]  # steps, their wall and CPU seconds, since
     while True:
-        while not go.acquire(timeout=1.0):
-            if parent is not None and not parent.is_alive():
-                return  # the main process is gone
         try:
             command, argument = conn.recv()
         except (EOFError, OSError):
@@ -234,13 +224,11 @@ def _worker_step(env: MenuArrayEnv, v: dict[str, np.ndarray]) -> tuple[Any, ...]
     return env.take_episodes(), _sparse(info["error"]), _sparse(np.asarray(values["end_reason"])), final
 
 
-def _stop(processes: list[Any], connections: list[Connection], go: list[Any], timeout_s: float) -> None:
-    """Close the pipes and release the workers (a worker waiting for a command reads the end of its pipe and
-    exits), join each worker within ``timeout_s``, then terminate (and kill) what is left."""
+def _stop(processes: list[Any], connections: list[Connection], timeout_s: float) -> None:
+    """Close the pipes (a worker waiting for a command reads their end and exits), join each worker within
+    ``timeout_s``, then terminate (and kill) what is left."""
     for conn in connections:
         conn.close()
-    for semaphore in go:
-        semaphore.release()
     deadline = time.monotonic() + timeout_s
     for proc in processes:
         proc.join(max(0.0, deadline - time.monotonic()))
@@ -279,7 +267,6 @@ class MenuWorkersEnv(VectorEnv):
                  timeout_s: float = 60.0, start_method: str = "forkserver"):
         self._processes: list[Any] = []
         self._connections: list[Connection] = []
-        self._go: list[Any] = []  # a semaphore per worker: its command is in the pipe
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
         n = self.num_envs = int(num_envs)
@@ -320,19 +307,17 @@ class MenuWorkersEnv(VectorEnv):
         try:
             for k, (lo, hi) in enumerate(self.shards):
                 here, there = ctx.Pipe()
-                self._go.append(ctx.Semaphore(0))
-                proc = ctx.Process(target=_worker, args=(there, self._go[-1], self._buffer, n, lo, hi, s,
-                                                         self.autoreset_mode.value,
+                proc = ctx.Process(target=_worker, args=(there, self._buffer, n, lo, hi, s, self.autoreset_mode.value,
                                                          self.write_episodes, _SOURCE), daemon=True,
                                    name=f"rsigym-menu-worker-{k}")
                 self._processes.append(proc)
                 self._connections.append(here)
                 proc.start()
                 there.close()
-            self._finalizer = weakref.finalize(self, _stop, self._processes, self._connections, self._go, 5.0)
+            self._finalizer = weakref.finalize(self, _stop, self._processes, self._connections, 5.0)
             self.worker_pids = self._call("start", None)
         except BaseException:
-            _stop(self._processes, self._connections, self._go, 5.0)
+            _stop(self._processes, self._connections, 5.0)
             self._platform.ledger.close()
             self._closed_workers = True
             raise
@@ -516,9 +501,6 @@ class MenuWorkersEnv(VectorEnv):
                 self._in_sync[k] = False
                 failures.append(f"{self._describe(k)} could not be sent {what}: {error!r} (exit code "
                                 f"{self._processes[k].exitcode})")
-        for k in sorted(pending):
-            if targets[k] is not None:
-                self._go[k].release()  # every command written first: see _worker
         replies: list[Any] = [None] * self.num_workers
         if not failures:
             self._flush()  # the previous call's episodes, while the workers compute
