@@ -497,10 +497,11 @@ class MenuWorkersEnv(VectorEnv):
             try:
                 self._connections[k].send(message)
                 pending.add(k)
-            except (OSError, ValueError) as error:
+            except (OSError, ValueError) as error:  # its end of the pipe is closed: it has died
                 self._in_sync[k] = False
-                failures.append(f"{self._describe(k)} could not be sent {what}: {error!r} (exit code "
-                                f"{self._processes[k].exitcode})")
+                self._processes[k].join(1.0)
+                failures.append(f"{self._describe(k)} died before {what} (exit code {self._processes[k].exitcode}; "
+                                f"sending: {error!r})")
         replies: list[Any] = [None] * self.num_workers
         if not failures:
             self._flush()  # the previous call's episodes, while the workers compute
