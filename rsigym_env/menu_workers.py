@@ -506,33 +506,39 @@ class MenuWorkersEnv(VectorEnv):
         if not failures:
             self._flush()  # the previous call's episodes, while the workers compute
         deadline = time.monotonic() + self.timeout_s
-        while pending:
-            left = deadline - time.monotonic()
-            watched = [self._connections[k] for k in pending] + [self._processes[k].sentinel for k in pending]
-            ready = set(wait(watched, max(0.0, left))) if left > 0 else set()
-            if not ready:
-                break
-            for k in sorted(pending):
-                conn, proc = self._connections[k], self._processes[k]
-                if conn in ready or (proc.sentinel in ready and conn.poll(0)):
-                    try:
-                        status, payload = conn.recv()
-                    except (EOFError, OSError):
+        try:
+            while pending:
+                left = deadline - time.monotonic()
+                watched = [self._connections[k] for k in pending] + [self._processes[k].sentinel for k in pending]
+                ready = set(wait(watched, max(0.0, left))) if left > 0 else set()
+                if not ready:
+                    break
+                for k in sorted(pending):
+                    conn, proc = self._connections[k], self._processes[k]
+                    if conn in ready or (proc.sentinel in ready and conn.poll(0)):
+                        try:
+                            status, payload = conn.recv()
+                        except (EOFError, OSError):
+                            status, payload = "died", None
+                    elif proc.sentinel in ready:
                         status, payload = "died", None
-                elif proc.sentinel in ready:
-                    status, payload = "died", None
-                else:
-                    continue
-                pending.discard(k)
-                if status == "ok":
-                    replies[k] = payload
-                elif status == "died":
-                    self._in_sync[k] = False
-                    proc.join(1.0)
-                    failures.append(f"{self._describe(k)} died during {what} (exit code {proc.exitcode})")
-                else:
-                    story = str(payload).strip()  # its traceback: the exception's line first
-                    failures.append(f"{self._describe(k)} failed in {what}: {story.splitlines()[-1]}\n{story}")
+                    else:
+                        continue
+                    pending.discard(k)
+                    if status == "ok":
+                        replies[k] = payload
+                    elif status == "died":
+                        self._in_sync[k] = False
+                        proc.join(1.0)
+                        failures.append(f"{self._describe(k)} died during {what} (exit code {proc.exitcode})")
+                    else:
+                        story = str(payload).strip()  # its traceback: the exception's line first
+                        failures.append(f"{self._describe(k)} failed in {what}: {story.splitlines()[-1]}\n{story}")
+        except BaseException as error:  # Ctrl-C while waiting: replies still to come would answer the next call
+            for k in pending:
+                self._in_sync[k] = False
+            self._broken = self._broken or f"interrupted during {what} ({type(error).__name__})"
+            raise
         for k in sorted(pending):
             self._in_sync[k] = False
             failures.append(f"{self._describe(k)} did not answer {what} within {self.timeout_s:g} s")

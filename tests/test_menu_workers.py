@@ -263,3 +263,20 @@ def test_a_worker_that_raises_or_hangs_is_an_error_with_its_story():
         start = time.monotonic()
         env.close()
     assert time.monotonic() - start < 5 and not any(p.is_alive() for p in env._processes)
+
+
+def test_an_interrupted_call_breaks_the_env_instead_of_mixing_up_replies():
+    """Ctrl-C while the main process waits: the replies still to come would answer the next call, so the env says
+    it is broken; ``close()`` still stops the workers."""
+    from rsigym_env import menu_workers
+
+    env = MenuWorkersEnv(2, num_workers=2, track="harness", benchmark="aime", budget_usd=100)
+    env.reset(seed=0)
+    with mock.patch.object(menu_workers, "wait", side_effect=KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt):
+            env.step(np.full(2, MENU_INDEX["eval_latest_k1"]))
+    with pytest.raises(RuntimeError, match=r"broken \(interrupted during step \(KeyboardInterrupt\)\)"):
+        env.step(np.full(2, MENU_INDEX["wait"]))
+    start = time.monotonic()
+    env.close()
+    assert time.monotonic() - start < 5 and not any(p.is_alive() for p in env._processes)
