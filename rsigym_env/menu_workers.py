@@ -8,8 +8,9 @@ the env the user holds is a Gymnasium ``VectorEnv`` with ``MenuArrayEnv``'s inte
 autoreset modes (``NEXT_STEP``; ``SAME_STEP`` with ``final_obs``/``final_info``; ``DISABLED`` with
 ``reset(options={"reset_mask": ...})``), info keys and ``_key`` masks, money arrays (:attr:`budget_left_usd`,
 :attr:`spent_usd`, :attr:`refusals`, :attr:`episodes`), ``ledger_path`` and ``write_episodes``. So the
-aggregate rate grows with the cores (EnvPool's and PufferLib's lever); ``bench/README.md`` ("The vector sim,
-round 7") has the figures.
+aggregate rate grows with the cores (EnvPool's and PufferLib's lever) where each worker has rows enough: every
+shard pays a step's fixed cost (~60 % of a one-process step at N = 256), so on 2 cores W = 2 gains from
+N ~ 1024 on and loses at N = 256; ``bench/README.md`` ("The vector sim, round 7") has the figures.
 
 **Parity by construction.** Rows are independent (row i depends on its seed and its actions only), so a
 shard computes exactly what the same rows compute in one ``MenuArrayEnv``: a worker gets its rows' seeds
@@ -31,17 +32,21 @@ every process) holds the per-row arrays: actions, observations (N, F) float32, r
 truncated, the action mask, the numeric info arrays and their masks, the end keys' numbers and the money
 state; each worker reads and writes its rows only. A pipe per worker carries the commands and the rare object
 data: error strings, end reasons, ``SAME_STEP``'s final observations and masks, finished episodes' records and a
-worker's traceback; a command out and its reply back are also the synchronisation. At N = 256 the main process spends ~1.3–1.5 ms of CPU a step on a slow VM (the ledger's
-~0.75 of it while the workers run the next call; ``bench_menu_array.py --overhead``).
-Workers start with the ``forkserver`` method (``start_method="spawn"`` also works): the fork server
-imports ``rsigym_env.menu_vector`` once per process, then each worker is a fork of it (see the bench
-README for the start-up cost); each worker holds BLAS and OpenMP to one thread (``threadpoolctl``), so W
-workers do not oversubscribe the cores. As with any ``multiprocessing`` code, a script that builds this
-env must guard its top level with ``if __name__ == "__main__":`` (the workers import the main module).
+worker's traceback; a command out and its reply back are also the synchronisation. At N = 256 the main
+process spends ~1.3–1.5 ms of CPU a step on a slow VM (the ledger's ~0.75 of it while the workers run the next
+call; ``bench_menu_array.py --overhead``). Workers start with the ``forkserver`` method
+(``start_method="spawn"`` also works): the fork server imports ``rsigym_env.menu_vector`` once per process, then
+each worker is a fork of it (~1 s for the first env of a process, ~0.2 s after); each worker checks that it runs
+the main process's ``menu_vector.py`` (a fork server started in another checkout's directory would not) and
+holds BLAS and OpenMP to one thread (``threadpoolctl``), so W workers do not oversubscribe the cores; they
+inherit the NumPy and OpenBLAS pins of :mod:`rsigym_env.numerics` from the environment. As with any
+``multiprocessing`` code, a script that builds this env must guard its top level with
+``if __name__ == "__main__":`` (the workers import the main module).
 
 **Failure.** Every wait is bounded (``timeout_s``); a worker that dies (its exit code), raises (its
 traceback) or does not answer in time is a ``RuntimeError`` naming it and its rows, never a hang, and the
-env is then broken (every later call says so) until :meth:`close`. ``close()`` is idempotent: the workers
+env is then broken (every later call says so) until :meth:`close`; so is an interrupted wait (Ctrl-C: the
+workers ignore SIGINT, the main process handles it). ``close()`` is idempotent: the workers
 write the episodes still running (as ``MenuArrayEnv.close``: ended by ``"closed"``), this process puts them
 in the ledger, then the workers are joined (with a timeout, then terminated). A bad action or reset
 argument is refused here with ``MenuArrayEnv``'s own message before anything is sent.
