@@ -9,8 +9,8 @@ autoreset modes (``NEXT_STEP``; ``SAME_STEP`` with ``final_obs``/``final_info``;
 ``reset(options={"reset_mask": ...})``), info keys and ``_key`` masks, money arrays (:attr:`budget_left_usd`,
 :attr:`spent_usd`, :attr:`refusals`, :attr:`episodes`), ``ledger_path`` and ``write_episodes``. So the
 aggregate rate grows with the cores (EnvPool's and PufferLib's lever) where each worker has rows enough: every
-shard pays a step's fixed cost (~60 % of a one-process step at N = 256), so on 2 cores W = 2 gains from
-N ~ 1024 on and loses at N = 256; ``bench/README.md`` ("The vector sim, round 7") has the figures.
+shard pays a step's fixed cost (~60 % of a one-process step at N = 256), so on 2 shared cores W = 2 lost at
+N = 256, was 0.86–1.46x of W = 1 at N = 1024 and 1.17–1.50x at N = 4096 (masked actions); ``bench/README.md`` ("The vector sim, round 7") has the figures.
 
 **Parity by construction.** Rows are independent (row i depends on its seed and its actions only), so a
 shard computes exactly what the same rows compute in one ``MenuArrayEnv``: a worker gets its rows' seeds
