@@ -20,6 +20,18 @@ calls: on 2 shared cores that made the 256 x 50 forward pass take ~19 ms instead
 ``--fit 64,256,1024,4096`` measures instead the env's CPU time a step at each N (masked uniform, ``--fit-steps``
 steps after 20, ``step`` alone; a checksum of every observation, reward and end to compare two checkouts) and
 fits ``t(N) = a + b N`` per track by least squares: ``a`` the fixed cost of a step, ``b`` the cost of a row.
+
+``--workers 2`` measures instead the rows on worker processes (``num_workers``, ``MenuWorkersEnv``): at each N
+of ``--worker-sizes`` (default 256,1024), every track and both policies, the one-process env (W = 1) and W
+workers, each by WALL clock (aggregate steps/s, with the policy's time; and the env's own), against CartPole-v1's
+wall-clock steps/s measured for 1 s right before the row; "main CPU" is the main process's CPU a step (the
+policy's, the transport's and the ledger's: the workers' CPU is theirs); "start" the workers' start-up.
+``--overhead`` times the transport alone: the one-process env against one worker (``MenuWorkersEnv``,
+``num_workers=1``: the same work, plus the pipe, the shared buffer and the info built again) at N = 256, joint
+track, masked, interleaved, wall and main-process CPU a step.
+
+    python bench/bench_menu_array.py --workers 2 [--worker-sizes 256,1024] [--seconds 3]
+    python bench/bench_menu_array.py --overhead [--seconds 3]
 """
 
 from __future__ import annotations
@@ -118,6 +130,91 @@ def fit(tracks: list[str], sizes: list[int], steps: int) -> None:
         print(f"fit {track:7s}: t(N) = a + b N, a = {a * 1e3:.3f} ms, b = {b * 1e6:.3f} us a row-step", flush=True)
 
 
+def make(track: str, n: int, workers: int, **extra):
+    """The env of a row: ``make_vec(..., menu=True, num_workers=workers)`` (W = 1: ``MenuArrayEnv``)."""
+    env = gym.make_vec(IDS[track], num_envs=n, vectorization_mode="vector_entry_point", menu=True,
+                       num_workers=workers, **extra, **KWARGS)
+    assert type(env.unwrapped).__name__ == ("MenuArrayEnv" if workers == 1 else "MenuWorkersEnv")
+    return env
+
+
+def measure_wall(env, n: int, seconds: float, policy: str) -> tuple[float, float, float, int, float]:
+    """(aggregate steps/s by wall clock with the policy's time, the same in the env's reset and step alone, the
+    main process's CPU a step in ms, episodes ended, mean steps of those episodes)."""
+    params = shared_policy(default_policy_path())
+    rng = np.random.default_rng(0)
+    start, cpu = time.perf_counter(), time.process_time()
+    obs, info = env.reset(seed=0)
+    in_env = time.perf_counter() - start
+    steps, lengths, running = 0, [], np.zeros(n, np.int64)
+    while time.perf_counter() - start < seconds:
+        mask = info["action_mask"]
+        if policy == "masked":
+            actions = np.argmax(np.where(mask, rng.random(mask.shape), -1.0), axis=1)
+        else:
+            actions, _ = policy_actions(params, np.asarray(obs, np.float64), mask, None)
+        t = time.perf_counter()
+        obs, _, terminated, truncated, info = env.step(actions)
+        in_env += time.perf_counter() - t
+        steps += 1
+        running += 1
+        ended = terminated | truncated
+        lengths += running[ended].tolist()
+        running[ended] = -1
+    wall, main_cpu = time.perf_counter() - start, time.process_time() - cpu
+    mean = float(np.mean(lengths)) if lengths else float("nan")
+    return steps * n / wall, steps * n / in_env, main_cpu / steps * 1e3, len(lengths), mean
+
+
+def workers(count: int, sizes: list[int], tracks: list[str], seconds: float) -> None:
+    """W = 1 and W = ``count`` side by side at each N, track and policy (module docstring)."""
+    print(f"load before {os.getloadavg()}; {os.cpu_count()} cores", flush=True)
+    for policy in ("masked", "policy"):
+        for track in tracks:
+            for n in sizes:
+                for w in (1, count):
+                    near = cartpole(1.0)
+                    start = time.perf_counter()
+                    env = make(track, n, w)
+                    started = time.perf_counter() - start
+                    with threadpool_limits(limits=1, user_api="blas"):
+                        rate, env_rate, main_cpu, episodes, per_episode = measure_wall(env, n, seconds, policy)
+                    env.close()
+                    print(f"{policy:6s} {track:7s} N={n:5d} W={w}: {rate:9,.0f} steps/s ({rate / near:6.3f}x "
+                          f"CartPole's {near:,.0f}/s just before); env alone {env_rate:9,.0f} ({env_rate / near:6.3f}x); "
+                          f"main CPU {main_cpu:6.2f} ms a step; start {started:5.2f} s; {per_episode:5.1f} "
+                          f"steps/episode over {episodes} episodes; load {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"load after {os.getloadavg()}", flush=True)
+
+
+def overhead(seconds: float, n: int = 256, rounds: int = 3) -> None:
+    """The transport's cost a step: the one-process env against one worker, interleaved (module docstring)."""
+    from rsigym_env.menu_vector import MenuArrayEnv
+    from rsigym_env.menu_workers import MenuWorkersEnv
+
+    print(f"load before {os.getloadavg()}", flush=True)
+    kw = dict(track="joint", **KWARGS)
+    for r in range(rounds):
+        for name in ("in-process", "1 worker"):
+            env = MenuArrayEnv(n, **kw) if name == "in-process" else MenuWorkersEnv(n, num_workers=1, **kw)
+            rng = np.random.default_rng(0)
+            obs, info = env.reset(seed=0)
+            for _ in range(20):
+                obs, _, _, _, info = env.step(np.argmax(np.where(info["action_mask"], rng.random((n, len(info["action_mask"][0]))), -1.0), axis=1))
+            steps, wall, cpu = 0, 0.0, 0.0
+            while wall < seconds:
+                actions = np.argmax(np.where(info["action_mask"], rng.random(info["action_mask"].shape), -1.0), axis=1)
+                t, c = time.perf_counter(), time.process_time()
+                obs, _, _, _, info = env.step(actions)
+                wall += time.perf_counter() - t
+                cpu += time.process_time() - c
+                steps += 1
+            env.close()
+            print(f"round {r} {name:10s} N={n}: {wall / steps * 1e3:6.3f} ms wall a step, {cpu / steps * 1e3:6.3f} ms "
+                  f"CPU of the main process a step ({steps} steps); load {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"load after {os.getloadavg()}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0)
@@ -126,7 +223,16 @@ def main() -> None:
     parser.add_argument("--tracks", default="joint,data,harness")
     parser.add_argument("--fit", default="", help="sizes to fit t(N) = a + b N at instead of the rates (e.g. 64,256,1024,4096)")
     parser.add_argument("--fit-steps", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=0, help="rows on this many worker processes against W = 1")
+    parser.add_argument("--worker-sizes", default="256,1024")
+    parser.add_argument("--overhead", action="store_true", help="the transport's cost a step (one worker vs none)")
     args = parser.parse_args()
+    if args.overhead:
+        overhead(args.seconds)
+        return
+    if args.workers:
+        workers(args.workers, [int(n) for n in args.worker_sizes.split(",")], args.tracks.split(","), args.seconds)
+        return
     if args.fit:
         fit(args.tracks.split(","), [int(n) for n in args.fit.split(",")], args.fit_steps)
         return

@@ -123,7 +123,7 @@ from __future__ import annotations
 import math
 import secrets
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import gymnasium as gym
 
@@ -154,7 +154,8 @@ from .worlds.sim.world import TRANSFORM_SECONDS_PER_EXAMPLE, TRANSFORM_STARTUP_S
 from .wrappers.menu import (DEFAULT_LR, FEATURES, FIT_SHARE, FIXES, GEN_SIZES, MAX_CHUNKS,
                             MAX_RESERVE, MENU, MENU_INDEX, MISSING, TEACHERS, _option_line)
 
-__all__ = ["ARRAY_MACROS", "INFO_KEYS", "MenuArrayEnv"]
+__all__ = ["ARRAY_MACROS", "INFO_KEYS", "EpisodeRecords", "MenuArrayEnv", "menu_actions", "reset_args",
+           "write_episode_records"]
 
 ARRAY_MACROS: tuple[str, ...] = ("eval_latest", "eval_base", "fix", "wait", "submit_best", "submit_latest", "gen",
                                  "clean", "train")
@@ -353,6 +354,7 @@ class MenuArrayEnv(VectorEnv):
             raise ValueError(f"write_episodes is True, False, 'episode' or 'step', got {write_episodes!r}")
         self.write_episodes = "episode" if write_episodes is True else write_episodes
         self._key_secret, self._keys = secrets.token_hex(16), 0  # episode i's account: key_id(f"{secret}-{i}")
+        self._deferred: list[EpisodeRecords] | None = None  # defer_episodes(): records kept, not written
         self._tools: dict[tuple, Any] = {}  # a data call's arguments -> its authorized tool (or refusal)
         self._drawn: list[tuple[np.ndarray, ...]] = []  # a gen macro's draws, made at its end (_record_generations)
         # datasets: slot j of a row is the j-th dataset its episode made (counts as the sim's Dataset; the
@@ -380,21 +382,7 @@ class MenuArrayEnv(VectorEnv):
               options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         """Reset every env (or those in ``options["reset_mask"]``); ``seed``: an int (env i gets ``seed + i``)
         or one seed per env. An episode cut short here is written to the ledger as ended by ``"reset"``."""
-        n = self.num_envs
-        if seed is None or isinstance(seed, (int, np.integer)):
-            seeds: list[int | None] = [None if seed is None else int(seed) + i for i in range(n)]
-        else:
-            seeds = list(seed)
-            if len(seeds) != n:
-                raise ValueError(f"give one seed per env ({n}), got {len(seeds)}")
-        options = dict(options or {})
-        mask = np.asarray(options.pop("reset_mask", np.ones(n, dtype=bool)))
-        if mask.shape != (n,) or mask.dtype != bool:
-            raise ValueError(f"reset_mask must be a bool array of shape ({n},)")
-        if options:
-            raise ValueError(f"unknown reset options {sorted(options)} (the array env takes reset_mask only)")
-        if not self._started and not mask.all():
-            raise ValueError("the first reset must reset every env")
+        seeds, mask = reset_args(self.num_envs, seed, options, started=self._started)
         rows = np.flatnonzero(mask)
         self._abandon(rows, "reset")
         self._reset_rows(rows, [seeds[i] for i in rows.tolist()])
@@ -410,16 +398,11 @@ class MenuArrayEnv(VectorEnv):
         if not self._started:
             raise gym.error.ResetNeeded("call reset() before step()")
         n = self.num_envs
-        given = np.asarray(actions)
-        if (given.shape != (n,) or not np.issubdtype(given.dtype, np.integer)
-                or ((given < 0) | (given >= len(MENU))).any()):  # no silent cast: 1.5 is not entry 1
-            raise ValueError(f"give one menu index (an integer 0..{len(MENU) - 1}) per env ({n}), got {actions!r}")
-        actions = given.astype(np.int64)
+        actions = menu_actions(actions, n)
         resetting = np.flatnonzero(self.done)
         if resetting.size:
             if self.autoreset_mode == AutoresetMode.DISABLED:
-                raise gym.error.ResetNeeded(f"envs {resetting.tolist()} have ended: reset them "
-                                            "(options={'reset_mask': ...})")
+                raise _reset_needed(resetting)
             self._reset_rows(resetting, [None] * resetting.size, official=False)
         self._reward = np.zeros(n)
         self._terminated, self._truncated = np.zeros(n, bool), np.zeros(n, bool)
@@ -1276,52 +1259,41 @@ class MenuArrayEnv(VectorEnv):
             self._write(rows, result=False)
 
     def _write(self, rows: np.ndarray, *, result: bool = True) -> None:
-        """Write the episodes of ``rows`` (ended) to the ledger. Per episode (the default): one account each
-        (the scenario's budget, a key id of its own), the episode's whole spend reserved and settled, the
-        settlement audited with its seed, steps, refusals, end and (for an episode that ended here, not one
-        cut short) its official result; an episode that spent nothing is one audit record. Per step
-        (``write_episodes="step"``): one account for the episodes of the step (their budgets together), their
-        spend reserved and settled at once, one audited entry listing each episode as above with its spend;
-        each episode's spend is checked against its own budget first. Either way the step's entries are one
-        :meth:`~rsigym_env.platform.ledger.Ledger.open_settled` (one transaction, the same records as writing each
-        account, reserve and settle in turn). The chain is ``rsigym audit verify``'s; the ledger's own guards
-        check again that no account spent more than its budget."""
+        """Write the episodes of ``rows`` (ended; ``result``: with their official result, not cut short) to the
+        ledger: their :class:`EpisodeRecords` (:meth:`episode_records`) through :func:`write_episode_records`,
+        which says how (per episode or per step, one transaction). With :meth:`defer_episodes` the records wait
+        for :meth:`take_episodes` instead (a worker of ``MenuWorkersEnv``, whose main process writes them)."""
         if not self.write_episodes or not rows.size:
             self._open[rows] = False
             return
-        ledger, budget = self.platform.ledger, self.scenario.budget_usd
-        spent_n = self.spent_n[rows]
-        per_step = self.write_episodes == "step"
-        if per_step and (spent_n > self.budget_n).any():  # the arrays' guard failed: never write such an entry
-            raise RuntimeError(f"episodes {rows[spent_n > self.budget_n].tolist()} spent more than their budget")
-        # the events' columns as Python values (clock / 3600 in NumPy: the same IEEE division); an ended episode's
-        # normalized gain is its reward (_end stored normalized_gain(initial, final) of these very values)
-        columns = [self.episode_seeds[rows].tolist(), self.steps[rows].tolist(), self.refusals[rows].tolist(),
-                   [str(reason) for reason in self.end_reason[rows].tolist()], (self.clock[rows] / 3600.0).tolist()]
-        if result:
-            columns += [self.initial_official[rows].tolist(), self._final[rows].tolist(), self._reward[rows].tolist()]
-            events = [{"seed": seed, "steps": steps, "refusals": refusals, "end_reason": reason, "elapsed_h": hours,
-                       "initial_score": initial, "official_score": final, "normalized_gain": gain}
-                      for seed, steps, refusals, reason, hours, initial, final, gain in zip(*columns)]
+        records = self.episode_records(rows, result=result)
+        if self._deferred is not None:
+            self._deferred.append(records)
         else:
-            events = [{"seed": seed, "steps": steps, "refusals": refusals, "end_reason": reason, "elapsed_h": hours}
-                      for seed, steps, refusals, reason, hours in zip(*columns)]
-        first, secret = self._keys + 1, self._key_secret
-        if per_step:
-            for event, nano in zip(events, spent_n.tolist()):
-                event["spend_usd"] = nano / NANO
-            key = PlatformKey.key_id(f"{secret}-{first}")
-            entries = [(key, rows.size * self.budget_n / NANO, int(spent_n.sum()) / NANO,
-                        {"tool": "episodes", "decision": "allowed", "episodes": events, "key": key})]
-        else:
-            entries = []
-            for i, event, nano in zip(range(first, first + rows.size), events, spent_n.tolist()):
-                key = event["key"] = PlatformKey.key_id(f"{secret}-{i}")
-                event["tool"], event["decision"] = "episode", "allowed"
-                entries.append((key, budget, nano / NANO, event))
-        self._keys += len(entries)
-        ledger.open_settled(entries)  # one transaction: as open_account, reserve and settle (or record) each
+            self._keys += write_episode_records(self.platform.ledger, records, per_step=self.write_episodes == "step",
+                                                budget_usd=self.scenario.budget_usd, budget_n=self.budget_n,
+                                                secret=self._key_secret, first=self._keys + 1)
         self._open[rows] = False
+
+    def episode_records(self, rows: np.ndarray, *, result: bool = True) -> EpisodeRecords:
+        """The ledger's columns of the episodes of ``rows``, read from the arrays (clock / 3600 in NumPy: the same
+        IEEE division); an ended episode's normalized gain is its reward (``_end`` stored
+        ``normalized_gain(initial, final)`` of these very values)."""
+        return EpisodeRecords(
+            rows.astype(np.int64), self.episode_seeds[rows].tolist(), self.steps[rows].tolist(),
+            self.refusals[rows].tolist(), [str(reason) for reason in self.end_reason[rows].tolist()],
+            (self.clock[rows] / 3600.0).tolist(), self.spent_n[rows].copy(),
+            (self.initial_official[rows].tolist(), self._final[rows].tolist(), self._reward[rows].tolist())
+            if result else None)
+
+    def defer_episodes(self) -> None:
+        """Keep finished episodes' records (:meth:`take_episodes`) instead of writing them to this env's ledger."""
+        self._deferred = []
+
+    def take_episodes(self) -> list[EpisodeRecords]:
+        """The records kept since the last call (one per ``_write``: a step's, a reset's or ``close``'s)."""
+        taken, self._deferred = self._deferred or [], []
+        return taken
 
     # ------------------------------------------------------------------ state
 
@@ -1484,8 +1456,17 @@ class MenuArrayEnv(VectorEnv):
     def _end_info(self, info: dict[str, Any], rows: np.ndarray) -> None:
         """The end keys of the rows whose episode ended this step (``_key`` masks mark them)."""
         n = self.num_envs
-        s = self.scenario
-        values = {
+        values = self.end_values()
+        present = np.zeros(n, bool)
+        present[rows] = True
+        for key in END_KEYS:
+            info[key], info[f"_{key}"] = np.array(values[key], copy=True), present.copy()
+
+    def end_values(self) -> dict[str, np.ndarray]:
+        """Every row's value of each of ``END_KEYS`` as the arrays hold them now (what ``info`` gets for the rows
+        that ended; the arrays themselves, not copies)."""
+        n, s = self.num_envs, self.scenario
+        return {
             "initial_score": self.initial_official, "official_score": self._final,
             "normalized_gain": self._reward, "best_dev_score": np.where(self.best_dev < 0, np.nan, self.best_dev),
             "initial_dev_score": np.where(self.initial_dev < 0, np.nan, self.initial_dev),
@@ -1494,11 +1475,138 @@ class MenuArrayEnv(VectorEnv):
             "refusals": self.refusals, "spend_usd": self.spent_n / NANO, "budget_usd": np.full(n, s.budget_usd),
             "elapsed_h": self.clock / 3600.0,
         }
-        present = np.zeros(n, bool)
-        present[rows] = True
-        for key in END_KEYS:
-            info[key], info[f"_{key}"] = np.array(values[key], copy=True), present.copy()
 
+
+
+class EpisodeRecords(NamedTuple):
+    """Finished episodes as the ledger gets them, a column per field and an entry per episode (in row order):
+    what :meth:`MenuArrayEnv.episode_records` reads from the arrays and :func:`write_episode_records` writes.
+    ``result`` (initial official score, final official score, normalized gain) is None for episodes a reset or
+    ``close`` cut short. Plain lists and two small arrays, so a worker process can hand them over a pipe."""
+
+    rows: np.ndarray  # int64: the episodes' rows (for messages)
+    seeds: list[int]
+    steps: list[int]
+    refusals: list[int]
+    end_reasons: list[str]
+    elapsed_h: list[float]
+    spent_n: np.ndarray  # int64 nano-dollars
+    result: tuple[list[float], list[float], list[float]] | None
+
+    @staticmethod
+    def concat(parts: Sequence[EpisodeRecords], offsets: Sequence[int]) -> EpisodeRecords:
+        """One record of several (the same ``result`` kind), ``offsets[j]`` added to part j's rows.
+
+        >>> a = EpisodeRecords(np.array([0]), [7], [3], [0], ["submitted"], [0.5], np.array([10]), None)
+        >>> b = a._replace(seeds=[8])
+        >>> both = EpisodeRecords.concat([a, b], [0, 4])
+        >>> both.rows.tolist(), both.seeds, both.spent_n.tolist()
+        ([0, 4], [7, 8], [10, 10])
+        """
+        if len({part.result is None for part in parts}) > 1:
+            raise ValueError("records of ended episodes and of episodes cut short are written apart")
+        result = None if parts[0].result is None else tuple(
+            [value for part in parts for value in part.result[j]] for j in range(3))  # type: ignore[index]
+        return EpisodeRecords(
+            np.concatenate([part.rows + offset for part, offset in zip(parts, offsets)]),
+            *([value for part in parts for value in getattr(part, field)]
+              for field in ("seeds", "steps", "refusals", "end_reasons", "elapsed_h")),
+            np.concatenate([part.spent_n for part in parts]), result)  # type: ignore[arg-type]
+
+
+def write_episode_records(ledger: Ledger, records: EpisodeRecords, *, per_step: bool, budget_usd: float,
+                          budget_n: int, secret: str, first: int) -> int:
+    """Write finished episodes to ``ledger``; returns how many key ids it numbered (episode keys are
+    ``PlatformKey.key_id(f"{secret}-{i}")`` from ``i = first``).
+
+    Per episode (``per_step=False``, the default of ``MenuArrayEnv``): one account each (the scenario's budget,
+    a key id of its own), the episode's whole spend reserved and settled, the settlement audited with its seed,
+    steps, refusals, end and (for an episode that ended, not one cut short) its official result; an episode that
+    spent nothing is one audit record. Per step (``write_episodes="step"``): one account for the episodes of the
+    step (their budgets together), their spend reserved and settled at once, one audited entry listing each
+    episode as above with its spend; each episode's spend is checked against its own budget first. Either way
+    the entries are one :meth:`~rsigym_env.platform.ledger.Ledger.open_settled` (one transaction, the same records
+    as writing each account, reserve and settle in turn). The chain is ``rsigym audit verify``'s; the ledger's
+    own guards check again that no account spent more than its budget.
+
+    >>> ledger = Ledger(None)
+    >>> ended = EpisodeRecords(np.array([0, 1]), [11, 12], [4, 9], [0, 1], ["submitted", "step limit"], [0.25, 1.5],
+    ...                        np.array([2_000_000_000, 0]), ([0.1, 0.2], [0.3, 0.2], [0.25, 0.0]))
+    >>> write_episode_records(ledger, ended, per_step=False, budget_usd=20.0, budget_n=20 * NANO, secret="s",
+    ...                       first=1)
+    2
+    >>> sorted(a.balance.spent_usd for a in ledger.accounts()), ledger.books().ok
+    ([0.0, 2.0], True)
+    """
+    spent_n = records.spent_n
+    if per_step and (spent_n > budget_n).any():  # the arrays' guard failed: never write such an entry
+        raise RuntimeError(f"episodes {records.rows[spent_n > budget_n].tolist()} spent more than their budget")
+    columns: list[list[Any]] = [records.seeds, records.steps, records.refusals, records.end_reasons, records.elapsed_h]
+    if records.result is not None:
+        columns += list(records.result)
+        events = [{"seed": seed, "steps": steps, "refusals": refusals, "end_reason": reason, "elapsed_h": hours,
+                   "initial_score": initial, "official_score": final, "normalized_gain": gain}
+                  for seed, steps, refusals, reason, hours, initial, final, gain in zip(*columns)]
+    else:
+        events = [{"seed": seed, "steps": steps, "refusals": refusals, "end_reason": reason, "elapsed_h": hours}
+                  for seed, steps, refusals, reason, hours in zip(*columns)]
+    if per_step:
+        for event, nano in zip(events, spent_n.tolist()):
+            event["spend_usd"] = nano / NANO
+        key = PlatformKey.key_id(f"{secret}-{first}")
+        entries = [(key, len(events) * budget_n / NANO, int(spent_n.sum()) / NANO,
+                    {"tool": "episodes", "decision": "allowed", "episodes": events, "key": key})]
+    else:
+        entries = []
+        for i, event, nano in zip(range(first, first + len(events)), events, spent_n.tolist()):
+            key = event["key"] = PlatformKey.key_id(f"{secret}-{i}")
+            event["tool"], event["decision"] = "episode", "allowed"
+            entries.append((key, budget_usd, nano / NANO, event))
+    ledger.open_settled(entries)  # one transaction: as open_account, reserve and settle (or record) each
+    return len(entries)
+
+
+def reset_args(num_envs: int, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None, *,
+               started: bool) -> tuple[list[int | None], np.ndarray]:
+    """``reset``'s arguments checked: (one seed per env, the reset mask). An int ``seed`` gives env i ``seed + i``.
+
+    >>> reset_args(3, 5, None, started=False)[0], reset_args(2, [1, None], {"reset_mask": np.array([True, False])},
+    ...                                                    started=True)[1].tolist()
+    ([5, 6, 7], [True, False])
+    """
+    n = num_envs
+    if seed is None or isinstance(seed, (int, np.integer)):
+        seeds: list[int | None] = [None if seed is None else int(seed) + i for i in range(n)]
+    else:
+        seeds = list(seed)
+        if len(seeds) != n:
+            raise ValueError(f"give one seed per env ({n}), got {len(seeds)}")
+    options = dict(options or {})
+    mask = np.asarray(options.pop("reset_mask", np.ones(n, dtype=bool)))
+    if mask.shape != (n,) or mask.dtype != bool:
+        raise ValueError(f"reset_mask must be a bool array of shape ({n},)")
+    if options:
+        raise ValueError(f"unknown reset options {sorted(options)} (the array env takes reset_mask only)")
+    if not started and not mask.all():
+        raise ValueError("the first reset must reset every env")
+    return seeds, mask
+
+
+def menu_actions(actions: Any, num_envs: int) -> np.ndarray:
+    """``step``'s actions checked: one menu index per env, as int64 (no silent cast: 1.5 is not entry 1).
+
+    >>> menu_actions([0, 3], 2).dtype, menu_actions(np.array([1]), 1).tolist()
+    (dtype('int64'), [1])
+    """
+    given = np.asarray(actions)
+    if (given.shape != (num_envs,) or not np.issubdtype(given.dtype, np.integer)
+            or ((given < 0) | (given >= len(MENU))).any()):
+        raise ValueError(f"give one menu index (an integer 0..{len(MENU) - 1}) per env ({num_envs}), got {actions!r}")
+    return given.astype(np.int64)
+
+
+def _reset_needed(rows: np.ndarray) -> gym.error.ResetNeeded:
+    return gym.error.ResetNeeded(f"envs {rows.tolist()} have ended: reset them (options={{'reset_mask': ...}})")
 
 
 def _fit(n: np.ndarray, needs: np.ndarray, available: np.ndarray, reserve: np.ndarray) -> np.ndarray:

@@ -82,7 +82,7 @@ ARRAY_ARGS = frozenset({"scenario", "track", "world", "benchmark", "budget_usd",
 
 
 def make_vector_env(num_envs: int = 1, *, menu: bool = False, array: bool | None = None,
-                    include_log: bool | None = None, **kwargs: Any) -> VectorEnv:
+                    include_log: bool | None = None, num_workers: int = 1, **kwargs: Any) -> VectorEnv:
     """What ``gym.make_vec(id, num_envs=N, vectorization_mode="vector_entry_point", ...)`` builds (the ids'
     vector entry point).
 
@@ -92,6 +92,10 @@ def make_vector_env(num_envs: int = 1, *, menu: bool = False, array: bool | None
       argument outside :data:`ARRAY_ARGS`): :class:`ResearchVectorEnv` over ``DiscreteMenu`` sub-envs, the
       scalar env itself per row, with its whole ``info`` (``result``, ``message``, ``events``, ``calls``
       ...). ``array=True`` insists on the array env and says why when it cannot be built.
+    * ``num_workers=W`` (array env only; 1..N, default 1: this process): W > 1 cuts the N rows into W contiguous
+      shards, each a ``MenuArrayEnv`` in a worker process (:class:`~rsigym_env.menu_workers.MenuWorkersEnv`:
+      the same interface and, row for row, the same results; one ledger, in this process), so the aggregate
+      rate grows with the cores.
     * ``menu=False``: :class:`ResearchVectorEnv` (tool calls; ``include_log`` defaults to True).
 
     >>> import gymnasium as gym, rsigym_env
@@ -112,12 +116,19 @@ def make_vector_env(num_envs: int = 1, *, menu: bool = False, array: bool | None
     if menu and array is not False:
         why = _not_array(include_log, kwargs)
         if why is None:
+            if isinstance(num_workers, bool) or num_workers != 1:  # MenuWorkersEnv checks it (1..N)
+                from .menu_workers import MenuWorkersEnv
+
+                return MenuWorkersEnv(num_envs, num_workers=num_workers, **kwargs)
             from .menu_vector import MenuArrayEnv  # the policy layer, only when asked for
 
             return MenuArrayEnv(num_envs, **kwargs)
         if array:
             raise ValueError(f"the array env (array=True) cannot run this: {why}; use array=False for the "
                              "per-env route (ResearchVectorEnv over DiscreteMenu)")
+    if isinstance(num_workers, bool) or num_workers != 1:
+        raise ValueError("num_workers runs the array env's rows on processes: it needs menu=True on the sim world "
+                         f"with the array env's arguments (here: {why if menu and array is not False else 'menu=False or array=False'})")
     return ResearchVectorEnv(num_envs, include_log=True if include_log is None else include_log, menu=menu, **kwargs)
 
 
