@@ -241,6 +241,17 @@ def round_digits(x: np.ndarray, digits: int) -> np.ndarray:
     return out
 
 
+def _normalized_gains(initial: np.ndarray, final: np.ndarray) -> np.ndarray:
+    """:func:`~rsigym_env.scoring.normalized_gain` of each pair (the same IEEE operations, element-wise).
+
+    >>> i, f = np.array([0.2, 1.0, 0.5]), np.array([0.6, 1.0, 0.25])
+    >>> _normalized_gains(i, f).tolist() == [normalized_gain(a, b) for a, b in zip(i.tolist(), f.tolist())]
+    True
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(initial >= 1.0, 0.0, (final - initial) / (1.0 - initial))
+
+
 def _first_true(mask: np.ndarray, count: int) -> np.ndarray:
     """(M, count): the column indices of the first ``count`` True entries of each row, in order (-1 past the
     row's last).
@@ -1250,8 +1261,7 @@ class MenuArrayEnv(VectorEnv):
         self.done[rows] = True
         self.end_reason[rows] = reason
         self._final[rows] = final
-        self._reward[rows] = [normalized_gain(i, f) for i, f in zip(self.initial_official[rows].tolist(),
-                                                                   np.asarray(final, float).tolist())]
+        self._reward[rows] = _normalized_gains(self.initial_official[rows], np.asarray(final, float))
         (self._terminated if terminated else self._truncated)[rows] = True
 
     def _bill_running(self, rows: np.ndarray) -> None:

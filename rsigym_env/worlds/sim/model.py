@@ -414,7 +414,9 @@ def draw_worlds(benchmark: Benchmark, seeds: Sequence[int] | np.ndarray) -> Worl
 
     present, severity, z, u_threshold, half = systems(block)
     ceiling = _minimal_ceiling(table, present, severity, half)
-    redraw = np.flatnonzero(FEASIBLE_MODEL_ALONE * ceiling.mean(axis=-1) <= target)
+    n_tasks = ceiling.shape[-1]
+    ceiling_mean = np.add.reduce(ceiling, axis=-1) / n_tasks  # ceiling.mean(axis=-1): the same floats
+    redraw = np.flatnonzero(FEASIBLE_MODEL_ALONE * ceiling_mean <= target)
     attempt = 0
     while redraw.size:  # the (rare) systems whose defects alone forbid the paper's score
         attempt += 1
@@ -424,14 +426,15 @@ def draw_worlds(benchmark: Benchmark, seeds: Sequence[int] | np.ndarray) -> Worl
         for whole, part in zip((present, severity, z, u_threshold, half), more):
             whole[redraw] = part
         ceiling[redraw] = _minimal_ceiling(table, present[redraw], severity[redraw], half[redraw])
-        redraw = redraw[FEASIBLE_MODEL_ALONE * ceiling[redraw].mean(axis=-1) <= target]
+        ceiling_mean[redraw] = np.add.reduce(ceiling[redraw], axis=-1) / n_tasks
+        redraw = redraw[FEASIBLE_MODEL_ALONE * ceiling_mean[redraw] <= target]
     harm = np.where(relevant, np.minimum(SEVERITY_MAX, HARM_RATIO * severity), 0.0)
     shift = TEACHER_SPREAD * z[:, n_defects : n_defects + teachers]
     transfer = TRANSFER_MEAN + TRANSFER_SD * z[:, n_defects + teachers]
     low, high = THRESHOLD_RANGE
     threshold = low + (high - low) * u_threshold
     damage_scale = DAMAGE_SCALE_MEDIAN * np.exp(DAMAGE_SCALE_SPREAD * z[:, -1])
-    base_skill = calibrate_worlds(benchmark.id, half, ceiling, target)
+    base_skill = calibrate_worlds(benchmark.id, half, ceiling, target, factor_mean=ceiling_mean)
     return Worlds(table, present, severity, harm, shift, transfer, threshold, damage_scale, half, base_skill)
 
 
@@ -439,6 +442,22 @@ CODES = 2 ** len(DEFECTS)
 """Exposure codes of a task: 5 bits (its four flags, then whether its reply is cut off)."""
 CODE_BITS = np.array([[(c >> 4) & 1, *((c >> j) & 1 for j in range(4))] for c in range(CODES)], dtype=float)
 """(32, 5): which defects (``DEFECTS`` order) a task with each exposure code is exposed to."""
+_CODE_BITS_3 = np.ascontiguousarray(CODE_BITS)[:, None, :]  # (32, 1, 5), for :func:`per_defect`
+
+
+def per_defect(weighted: np.ndarray) -> np.ndarray:
+    """(N, 5): for each defect the sum of ``weighted`` (N, 32) over the exposure codes that have it, added in
+    code order one after the other (what ``(weighted[:, None, :] * CODE_BITS.T).sum(axis=-1)`` gives: its
+    product is laid out (N, 32, 5), so NumPy reduces the codes axis as a running sum; here the running sum is
+    over the outer axis of a (32, N, 5) product: the same floats, in long contiguous passes).
+
+    >>> w = np.arange(64.0).reshape(2, 32) / 7
+    >>> bool((per_defect(w) == (w[:, None, :] * CODE_BITS.T).sum(axis=-1)).all()), per_defect(w).shape
+    (True, (2, 5))
+    """
+    size = len(weighted)
+    product = np.multiply(np.ascontiguousarray(weighted.T)[:, :, None], _CODE_BITS_3, out=np.empty((CODES, size, 5)))
+    return np.add.reduce(product, axis=0)
 
 
 CODE_AXES = (1, 5, 4, 3, 2)
@@ -525,11 +544,12 @@ def solve_curve(benchmark_id: str) -> np.ndarray:
 
 
 def calibrate_worlds(benchmark_id: str, half: np.ndarray, factor: np.ndarray, target: float,
-                     steps: int = 3) -> np.ndarray:
+                     steps: int = 3, factor_mean: np.ndarray | None = None) -> np.ndarray:
     """The skill ``s`` with ``mean(sigmoid(s - d) * factor) == target`` per world, ``d`` the official half
     ``half`` (N,) of the benchmark's table and ``factor`` (N, n): the tabulated inverse of the half's mean
     solve rate at ``target / mean(factor)`` (:func:`solve_curve`), refined by ``steps`` Newton steps on every
-    row at once (a fixed count: no row waits for another).
+    row at once (a fixed count: no row waits for another). ``factor_mean``: ``factor.mean(axis=-1)`` if the
+    caller has it.
 
     >>> s = calibrate_worlds("aime", np.array([0, 1]), np.ones((2, 60)), 0.3167)
     >>> d = task_table("aime").difficulty
@@ -538,13 +558,18 @@ def calibrate_worlds(benchmark_id: str, half: np.ndarray, factor: np.ndarray, ta
     """
     curve = solve_curve(benchmark_id)
     exp_difficulty = task_table(benchmark_id).exp_difficulty[half]
-    ratio = target / factor.mean(axis=-1)
+    n = factor.shape[-1]  # a mean is np.mean's: the sum (add.reduce), then / n
+    ratio = target / (np.add.reduce(factor, axis=-1) / n if factor_mean is None else factor_mean)
     s = np.where(half == 1, np.interp(ratio, curve[1], SKILL_GRID), np.interp(ratio, curve[0], SKILL_GRID))
-    for _ in range(steps):
-        q = 1.0 / (1.0 + exp_difficulty * np.exp(-s)[:, None])
+    for _ in range(steps):  # the same operations as written out, in place (1 + x is x + 1)
+        q = exp_difficulty * np.exp(-s)[:, None]
+        q += 1.0
+        np.divide(1.0, q, out=q)  # q = 1 / (1 + exp(d) exp(-s))
         qf = q * factor
-        gap = qf.mean(axis=-1) - target
-        slope = (qf * (1.0 - q)).mean(axis=-1)
+        gap = np.add.reduce(qf, axis=-1) / n - target
+        np.subtract(1.0, q, out=q)
+        q *= qf  # qf * (1 - q)
+        slope = np.add.reduce(q, axis=-1) / n
         s = s - gap / slope
     return s
 
@@ -638,9 +663,13 @@ def evaluation_stats(
     e = exposure(table, half, variant, present, severity, max_output_tokens, active, m)
     p = e.task_pass()
     unneeded = applied & ~present
-    if unneeded.any():
+    hit = np.flatnonzero(unneeded.any(axis=1))  # the other rows' factor is exp(0) = 1 for every task: p * 1.0 is p
+    if hit.size == size:
         interference = np.exp(per_code(np.where(unneeded, np.log1p(-harm), 0.0), INTERFERENCE_AXES))
         p *= np.take(interference, table.interference_codes[half, :m] + CODES * np.arange(size)[:, None])
+    elif hit.size:
+        interference = np.exp(per_code(np.where(unneeded[hit], np.log1p(-harm[hit]), 0.0), INTERFERENCE_AXES))
+        p[hit] *= np.take(interference, table.interference_codes[half[hit], :m] + CODES * np.arange(hit.size)[:, None])
     odds = table.exp_difficulty[half, :m]
     odds *= np.exp(-skill)[:, None]
     odds += 1.0
@@ -654,7 +683,7 @@ def evaluation_stats(
         blame *= 1.0 - memory[:, None]
     weighted = np.bincount(e.cell.ravel(), minlength=CODES * size).reshape(size, CODES) * blame
     causes = np.empty((size, OUTCOMES - 1))
-    causes[:, :5] = (weighted[:, None, :] * CODE_BITS.T).sum(axis=-1)  # per defect, a sum over its codes
+    causes[:, :5] = per_defect(weighted)  # per defect, a sum over its codes
     causes[:, :5] *= e.trip
     mean = success.sum(axis=-1)
     causes[:, 5] = np.maximum(m - mean - causes[:, :5].sum(axis=-1), 0.0)
