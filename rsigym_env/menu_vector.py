@@ -143,11 +143,10 @@ from .env import resolve_scenario
 from .platform.core import Platform, PlatformKey
 from .platform.ledger import Ledger
 from .scenario import Scenario
-from .scoring import normalized_gain
 from .tools import GenerateData, Train, parse_action
 from .worlds.sim.batch import HarnessArrays, SimBatch
 from .worlds.sim.benchmarks import TEACHER_DUPLICATES
-from .worlds.sim.draws import benchmark_key, binomial, norm_ppf, streams_keys, uniforms
+from .worlds.sim.draws import binomial, norm_ppf, uniforms
 from .worlds.sim.model import (DEDUPE_RECALL, DUPLICATE_WEIGHT, FILTER_FALSE_PASS, FILTER_RECALL, GENERATE_DRAWS,
                                INTENSITY_SCALE, TRAIN_NOISE, TrainSettings, calibrate_skill, truncated_mean_tokens)
 from .worlds.sim.world import TRANSFORM_SECONDS_PER_EXAMPLE, TRANSFORM_STARTUP_S
@@ -174,6 +173,13 @@ _GEN_N = np.array([m.arg[1] if m.kind == "gen" else 0 for m in MENU], np.int64)
 _MEAN_EXACT = 8  # from this many scores on, a candidate's mean is NumPy's (pairwise), below it a running sum
 _MAX_TOKENS = GenerateData.model_fields["max_tokens_per_example"].default  # the menu's generations leave it
 _SEEDS_AHEAD = 32  # episode seeds drawn at once per row: a batch of integers() draws is the same draws in turn
+_EPISODE_START: tuple[tuple[str, float], ...] = (  # what a new episode starts with (MenuArrayEnv._reset_rows)
+    *((name, 0) for name in ("clock", "spent_n", "reserved_n", "steps", "refusals", "fixed", "harness_read",
+                             "last_error", "n_candidates", "running", "fail_shares", "eval_cost", "evaluations", "done",
+                             "n_ckpt", "n_ds", "generations", "trainings", "data_counter", "train_counter")),
+    *((name, -1) for name in ("train_set", "ckpt_ds", "job_ds", "pools", "pass_rates", "initial_dev", "best_dev",
+                              "last_dev")),
+    ("usd_per_example", np.nan), ("teacher_skill", np.nan))
 
 
 def harness_versions(batch: SimBatch) -> tuple[list[str], list[dict[str, str]]]:
@@ -244,6 +250,7 @@ def round_digits(x: np.ndarray, digits: int) -> np.ndarray:
 def _normalized_gains(initial: np.ndarray, final: np.ndarray) -> np.ndarray:
     """:func:`~rsigym_env.scoring.normalized_gain` of each pair (the same IEEE operations, element-wise).
 
+    >>> from rsigym_env.scoring import normalized_gain
     >>> i, f = np.array([0.2, 1.0, 0.5]), np.array([0.6, 1.0, 0.25])
     >>> _normalized_gains(i, f).tolist() == [normalized_gain(a, b) for a, b in zip(i.tolist(), f.tolist())]
     True
@@ -383,7 +390,25 @@ class MenuArrayEnv(VectorEnv):
         self.data_counter, self.train_counter = z(np.uint64), z(np.uint64)
         self._data_constants()
         self._size_table = _log1p_table(1 << 16)
+        self._episode_blocks()
         self._started = False
+
+    def _episode_blocks(self) -> None:
+        """The arrays an episode's reset sets to their start values (``_EPISODE_START``) become column views of
+        one block per dtype, so a reset writes each block's rows once (``_blocks``: block and its start row)."""
+        n, by_dtype = self.num_envs, {}
+        for name, start in _EPISODE_START:
+            by_dtype.setdefault(getattr(self, name).dtype, []).append((name, start))
+        self._blocks = []
+        for dtype, members in by_dtype.items():
+            widths = [1 if getattr(self, name).ndim == 1 else getattr(self, name).shape[1] for name, _ in members]
+            block, at = np.empty((n, sum(widths)), dtype), 0
+            for (name, _), width in zip(members, widths):
+                view = block[:, at] if getattr(self, name).ndim == 1 else block[:, at:at + width]
+                view[...] = getattr(self, name)
+                setattr(self, name, view)
+                at += width
+            self._blocks.append((block, np.repeat([start for _, start in members], widths).astype(dtype)))
 
     # ------------------------------------------------------------------ gymnasium API
 
@@ -1351,29 +1376,20 @@ class MenuArrayEnv(VectorEnv):
             gone = set(rows.tolist())
             self._score_lists = {key: v for key, v in self._score_lists.items() if key[0] not in gone}
         self.episode_seeds[rows] = episode
-        self.batch.reset(rows, episode)
+        self.data_keys[rows], self.train_keys[rows] = self.batch.reset(rows, episode, streams=("data", "train"))
         # the candidates an episode scored are those of its checkpoints (index <= n_ckpt): the rest is still 0
         used = (int(self.n_ckpt[rows].max(initial=0)) + 1) * N_VERSIONS
         for name in ("n_scores", "means", "first_scored", "score_sum"):
             getattr(self, name)[rows, :used] = 0
         self.ds_n[rows, :int(self.n_ds[rows].max(initial=0))] = 0  # the slots it made; the others are still 0
-        for name in ("clock", "spent_n", "reserved_n", "steps", "refusals", "fixed", "harness_read", "last_error",
-                     "n_candidates", "running", "fail_shares", "eval_cost", "evaluations", "done", "n_ckpt", "n_ds",
-                     "generations", "trainings", "data_counter", "train_counter"):
-            getattr(self, name)[rows] = 0
-        for name in ("train_set", "ckpt_ds", "job_ds", "pools", "pass_rates"):
-            getattr(self, name)[rows] = -1
-        self.usd_per_example[rows] = self.teacher_skill[rows] = np.nan
-        seeds_u = self.batch.seeds[rows]
-        key = benchmark_key(self.scenario.benchmark)
-        self.data_keys[rows], self.train_keys[rows] = streams_keys(seeds_u, key, ("data", "train"))
+        for block, start in self._blocks:  # counters, money, clock, flags, slots, teacher records: _EPISODE_START
+            block[rows] = start
         shift = self.batch.worlds.teacher_shift[rows][:, self._shift_column]
         self.teacher_acc[rows] = 1.0 / (1.0 + np.exp(-(self._acc_logit + shift)))  # SimWorld.teacher_accuracy
         self.ckpt_skill[rows] = self.ckpt_memory[rows] = np.nan
         self.ckpt_skill[rows, 0], self.ckpt_memory[rows, 0] = self.batch.base_skill[rows], 0.0
         self.end_reason[rows] = ""
         self._open[rows] = True
-        self.initial_dev[rows] = self.best_dev[rows] = self.last_dev[rows] = -1.0
         if official:
             self.initial_official[rows] = self._official(rows, np.zeros(rows.size, np.int64))
 

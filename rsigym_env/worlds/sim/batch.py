@@ -196,13 +196,16 @@ class SimBatch:
     def initial_harness(self) -> dict[str, str]:
         return self.model.initial_harness()
 
-    def reset(self, rows: Sequence[int] | np.ndarray, seeds: Sequence[int] | np.ndarray) -> None:
+    def reset(self, rows: Sequence[int] | np.ndarray, seeds: Sequence[int] | np.ndarray,
+              streams: tuple[str, ...] = ()) -> np.ndarray:
         """Draw new worlds in place at ``rows`` (one seed each): what an autoreset of those envs needs.
         Each redrawn row is the world its seed gives alone (:func:`~.model.draw_worlds`), its ``eval``
-        stream at its first draw; the other rows are untouched.
+        stream at its first draw; the other rows are untouched. Returns the new worlds' keys of ``streams``
+        ((len(streams), rows), :func:`~.draws.streams_keys`: made with the world's own in one pass).
 
         >>> batch = SimBatch.make("aime", [0, 1, 2])
-        >>> batch.reset([1], [7])
+        >>> batch.reset([1], [7], streams=("data",)).shape
+        (1, 1)
         >>> bool(batch.base_skill[1] == SimBatch.make("aime", [7]).base_skill[0]), batch.seeds.tolist()
         (True, [0, 7, 2])
         """
@@ -211,15 +214,16 @@ class SimBatch:
         if rows.shape != seeds.shape:
             raise ValueError(f"give one seed per row: {rows.size} rows, {seeds.size} seeds")
         if not rows.size:
-            return
-        drawn = draw_worlds(self.model.benchmark, seeds)
+            return np.zeros((len(streams), 0), np.uint64)
+        keys = streams_keys(seeds, benchmark_key(self.model.benchmark.id), ("world", "eval", "official", *streams))
+        drawn = draw_worlds(self.model.benchmark, seeds, world_keys=keys[0])
         for name in _WORLD_ARRAYS:
             getattr(self.worlds, name)[rows] = getattr(drawn, name)
         self.seeds[rows] = seeds
-        key = benchmark_key(self.model.benchmark.id)
-        self.eval_keys[rows], self.official_keys[rows] = streams_keys(seeds, key, ("eval", "official"))
+        self.eval_keys[rows], self.official_keys[rows] = keys[1], keys[2]
         self.eval_counters[rows] = 0
         self._forget(rows)
+        return keys[3:]
 
     def world(self, row: int) -> SimWorld:
         """Row ``row``'s world as a :class:`~.world.SimWorld` (``SimWorld(benchmark, seed, ...)``, from the row's

@@ -384,7 +384,8 @@ SYSTEM_DRAWS = 2 * len(DEFECTS) + 3 + 1  # uniforms of a system besides its teac
 # transfer, threshold, damage scale, the official half
 
 
-def draw_worlds(benchmark: Benchmark, seeds: Sequence[int] | np.ndarray) -> Worlds:
+def draw_worlds(benchmark: Benchmark, seeds: Sequence[int] | np.ndarray, world_keys: np.ndarray | None = None
+                ) -> Worlds:
     """N worlds (one per seed) from a few uniforms each, every transform batched over N.
 
     A world is a target system (each defect the domain can have present with its prevalence, a severity
@@ -392,14 +393,15 @@ def draw_worlds(benchmark: Benchmark, seeds: Sequence[int] | np.ndarray) -> Worl
     teacher's accuracy shifted in logits; a transfer share), its model's robustness, which half of the
     benchmark's fixed task table is its official split, and the base skill calibrated on that split
     (:func:`calibrate_worlds`). A system whose defects alone forbid the paper's score is redrawn (rarely)
-    from the world's next block. Row i depends on seed i only.
+    from the world's next block. Row i depends on seed i only. ``world_keys``: the seeds' ``world`` stream keys
+    if the caller has them (:func:`~.draws.streams_keys`).
     """
     domain = benchmark.domain
     seeds = seed_array(seeds)
     size, n_defects = len(seeds), len(DEFECTS)
     teachers = len(domain.teacher_accuracy)
     table = task_table(benchmark.id)
-    key_world = stream_keys(seeds, benchmark_key(benchmark.id), "world")
+    key_world = stream_keys(seeds, benchmark_key(benchmark.id), "world") if world_keys is None else world_keys
     width = SYSTEM_DRAWS + teachers
     block = uniforms(key_world, np.zeros(size, np.uint64), width)
     relevant = np.asarray(domain.exposure) > 0
