@@ -174,7 +174,7 @@ _MEAN_EXACT = 8  # from this many scores on, a candidate's mean is NumPy's (pair
 _MAX_TOKENS = GenerateData.model_fields["max_tokens_per_example"].default  # the menu's generations leave it
 _SEEDS_AHEAD = 32  # episode seeds drawn at once per row: a batch of integers() draws is the same draws in turn
 _EPISODE_START: tuple[tuple[str, float], ...] = (  # what a new episode starts with (MenuArrayEnv._reset_rows)
-    *((name, 0) for name in ("clock", "spent_n", "reserved_n", "steps", "refusals", "fixed", "harness_read",
+    *((name, 0) for name in ("clock", "spent_n", "reserved_n", "steps", "refusals", "fixed", "version", "harness_read",
                              "last_error", "n_candidates", "running", "fail_shares", "eval_cost", "evaluations", "done",
                              "n_ckpt", "n_ds", "generations", "trainings", "data_counter", "train_counter")),
     *((name, -1) for name in ("train_set", "ckpt_ds", "job_ds", "pools", "pass_rates", "initial_dev", "best_dev",
@@ -331,6 +331,8 @@ class MenuArrayEnv(VectorEnv):
         self.batch.remember_stats()  # a row re-evaluating a candidate (a submit of an evaluated one, ...) skips its stats
         self.version_ids, files = harness_versions(self.batch)
         self.harness_table = HarnessArrays.of(files)
+        for derived in ("active", "applied", "bill_code", "memo_code"):  # made once: _harness gathers them
+            getattr(self.harness_table, derived)
         self.n_dev = self.batch.n_tasks
         self._static_mask = self._mask_constants()
         self._rngs: list[np.random.Generator | None] = [None] * n
@@ -344,6 +346,7 @@ class MenuArrayEnv(VectorEnv):
         self.spent_n, self.reserved_n, self.steps, self.refusals = z(np.int64), z(np.int64), z(np.int64), z(np.int64)
         self.end_reason = np.full(n, "", dtype=object)
         self.fixed = np.zeros((n, len(DEFECTS)), bool)
+        self.version = z(np.int64)  # fixed as bits: the latest harness version
         self.harness_read, self.last_error = z(bool), z(bool)
         # checkpoints: index 0 is base; n_ckpt finished ones follow (skill and dev memory of each)
         self.ckpt_skill, self.ckpt_memory, self.n_ckpt = np.zeros((n, 1)), np.zeros((n, 1)), z(np.int64)
@@ -560,6 +563,7 @@ class MenuArrayEnv(VectorEnv):
             self._refuse(rows[done], "harness_patch_failed")
             edit = rows[~done]
             self.fixed[edit, defect[~done]] = True
+            self.version[edit] |= 1 << defect[~done]  # _version: bit j of a version is DEFECTS[j] fixed
             self._ran(edit)
         self._after_call(rows)
 
@@ -1400,12 +1404,11 @@ class MenuArrayEnv(VectorEnv):
                                    k=self.scenario.official_k, split="official", rows=rows).score
 
     def _version(self, rows: np.ndarray) -> np.ndarray:
-        """The latest harness version (its bit pattern) of each row."""
-        return self.fixed[rows] @ (1 << np.arange(len(DEFECTS)))
+        """The latest harness version (its bit pattern, ``fixed`` as bits) of each row."""
+        return self.version[rows]
 
     def _harness(self, version: np.ndarray) -> HarnessArrays:
-        t = self.harness_table
-        return HarnessArrays(*(getattr(t, f)[version] for f in HarnessArrays.__dataclass_fields__))
+        return self.harness_table.take(version)  # with its derived arrays, made once per version in __init__
 
     def _available_usd(self, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
         return (self.budget_n - self.spent_n[rows] - self.reserved_n[rows]) / NANO

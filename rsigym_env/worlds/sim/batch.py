@@ -23,7 +23,8 @@ True
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -93,16 +94,51 @@ class HarnessArrays:
             valid=np.array([isinstance(h, Harness) for h in parsed]),
         )
 
-    @property
+    # The derived arrays are made once per object (read-only); :meth:`take` gathers them with the options.
+
+    @cached_property
     def active(self) -> np.ndarray:
         """(N, 5): the defects (``DEFECTS`` order) each harness leaves in place (``Harness.active``)."""
-        return ~np.column_stack([self.cont, self.verify, self.persistent, self.detect, self.check])
+        return _read_only(~np.column_stack([self.cont, self.verify, self.persistent, self.detect, self.check]))
 
-    @property
+    @cached_property
     def applied(self) -> np.ndarray:
         """(N, 5): the remedies each harness applies (``Harness.applied``)."""
         longer = self.cont | (self.max_output_tokens > Harness().max_output_tokens)
-        return np.column_stack([longer, self.verify, self.persistent, self.detect, self.check])
+        return _read_only(np.column_stack([longer, self.verify, self.persistent, self.detect, self.check]))
+
+    @cached_property
+    def bill_code(self) -> np.ndarray:
+        """(N,) int: each harness's part of its evaluation bill's key (:meth:`SimBatch.bill`)."""
+        return _read_only(self.max_output_tokens.astype(np.int64) * 1024 + 4 * self.cont + 8 * self.verify
+                          + 16 * self.check + 32 * self.valid)
+
+    @cached_property
+    def memo_code(self) -> np.ndarray:
+        """(N,) int: each harness's part of its remembered statistics' key (:meth:`SimBatch.remember_stats`)."""
+        bits = self.cont + 2 * self.verify + 4 * self.persistent + 8 * self.detect + 16 * self.check
+        return _read_only((self.max_output_tokens.astype(np.int64) * 64 + bits) * 4096)
+
+    def take(self, index: np.ndarray) -> HarnessArrays:
+        """The harnesses at ``index`` (an index array: a copy), with the derived arrays made so far.
+
+        >>> table = HarnessArrays.of([{"harness.toml": ""}, {"harness.toml": "[loop]\ndetect = true"}])
+        >>> table.active.shape, table.take(np.array([1, 1, 0])).active[:, 3].tolist()
+        ((2, 5), [False, False, True])
+        """
+        out = HarnessArrays(*(getattr(self, f.name)[index] for f in fields(self)))
+        for name in _DERIVED:
+            if name in self.__dict__:
+                out.__dict__[name] = self.__dict__[name][index]
+        return out
+
+
+_DERIVED = ("active", "applied", "bill_code", "memo_code")
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
 
 
 def task_exposure(tasks: TaskSet, harness: HarnessArrays) -> tuple[np.ndarray, np.ndarray]:
@@ -316,8 +352,7 @@ class SimBatch:
         inputs lately (:meth:`remember_stats`), computed for the others (rows are independent) and remembered.
         Only the fields :func:`~.model.draw_outcomes` reads are filled (``success`` is a placeholder of its shape)."""
         skills, memories, codes, values, upcoming = self._memo
-        bits = harness.cont + 2 * harness.verify + 4 * harness.persistent + 8 * harness.detect + 16 * harness.check
-        code = ((harness.max_output_tokens.astype(np.int64) * 2 + official) * 32 + bits) * 4096 + m
+        code = harness.memo_code + official * (32 * 4096) + m  # ((tokens * 2 + official) * 32 + options) * 4096 + m
         match = (codes[picked] == code[:, None]) & (skills[picked] == skill[:, None]) & (memories[picked] == memory[:, None])
         hit = match.any(axis=1)
         out = values[picked, np.argmax(match, axis=1)]  # (M, 8); the misses' rows are filled below
@@ -325,7 +360,7 @@ class SimBatch:
         if miss.size:
             every = miss.size == picked.size
             r = picked if every else picked[miss]
-            h = harness if every else HarnessArrays(*(getattr(harness, f)[miss] for f in HarnessArrays.__dataclass_fields__))
+            h = harness if every else harness.take(miss)
             w = self.worlds
             fresh = evaluation_stats(self.table, half[miss], variant[miss], present[miss], w.severity[r], w.harm[r],
                                      skill[miss], memory[miss], h.max_output_tokens, h.active, h.applied, m)
@@ -344,9 +379,8 @@ class SimBatch:
         table half ``half`` in reply variant ``variant`` (one each per world) k times: the scalar sim's
         :func:`~.world.evaluation_bill`, looked up per distinct (half, variant, harness options, k)."""
         k = np.asarray(k, dtype=np.int64)
-        bits = (half + 2 * variant + 4 * harness.cont + 8 * harness.verify + 16 * harness.check + 32 * harness.valid
-                + 64 * k)
-        codes = (harness.max_output_tokens.astype(np.int64) * 1024 + bits) * 4096 + n_tasks
+        # (tokens * 1024 + half + 2 variant + 4 cont + 8 verify + 16 check + 32 valid + 64 k) * 4096 + n_tasks
+        codes = (harness.bill_code + half + 2 * variant + 64 * k) * 4096 + n_tasks
         at = np.searchsorted(self._bill_keys, codes)
         known = at < len(self._bill_keys)
         known[known] = self._bill_keys[at[known]] == codes[known]
