@@ -189,6 +189,7 @@ class SimBatch:
         self._bills: dict[int, tuple[float, float, int, float]] = {}  # bill code -> the bill
         self._bill_keys, self._bill_values = np.zeros(0, np.int64), np.zeros((0, 4))
         self._memo: tuple[np.ndarray, ...] | None = None  # remember_stats: per world its latest evaluations' stats
+        self._nothing = np.zeros((0, 0))  # the placeholder of the stats' per-task fields draw_outcomes does not read
 
     def remember_stats(self, slots: int = 2) -> None:
         """Remember, per world, the statistics of its last ``slots`` distinct evaluations (what an evaluation is
@@ -369,9 +370,11 @@ class SimBatch:
             upcoming[r] = (slot + 1) % skills.shape[1]
             skills[r, slot], memories[r, slot], codes[r, slot], values[r, slot] = skill[miss], memory[miss], code[miss], out[miss]
         size = picked.size
-        nothing = np.broadcast_to(np.zeros(1, np.int64), (size, m))
-        return EvalStats(np.broadcast_to(np.zeros(1), (size, m)), nothing, np.zeros((size, 0)), np.zeros((size, 0)),
-                         out[:, 0], out[:, 1], out[:, 2:])
+        if self._nothing.shape[0] < size or self._nothing.shape[1] != m:  # a read-only placeholder of (size, m)
+            self._nothing = np.zeros((max(size, 2 * self._nothing.shape[0]), m))
+            self._nothing.flags.writeable = False
+        nothing = self._nothing[:size]
+        return EvalStats(nothing, nothing, nothing[:, :0], nothing[:, :0], out[:, 0], out[:, 1], out[:, 2:])
 
     def bill(self, half: np.ndarray, variant: np.ndarray, harness: HarnessArrays, k: int | np.ndarray,
              n_tasks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -310,6 +310,7 @@ class TaskTable:
     exp_difficulty: np.ndarray  # (2, n): exp(difficulty), so that sigmoid(s - d) = 1 / (1 + exp(d) exp(-s))
     codes: np.ndarray  # (2, n) int: each task's flags as bits (bit j - 1: defect j's flag, j = 1..4)
     interference_codes: np.ndarray  # (2, n) int: each task's interference flags as bits (bit j: remedy j)
+    minimal_codes: np.ndarray  # (2 variants, 2, n) int: ``codes`` + 16 where a reply is cut off at the minimal limit
 
     @property
     def n(self) -> int:
@@ -337,6 +338,7 @@ def task_table(benchmark_id: str) -> TaskTable:
     arrays = (drawn.difficulty, reply, drawn.flags, drawn.interference, np.exp(drawn.difficulty),
               (drawn.flags << np.arange(len(DEFECTS) - 1)).sum(axis=-1),
               (drawn.interference << np.arange(len(DEFECTS))).sum(axis=-1))
+    arrays += (arrays[5] + 16 * (reply > MINIMAL_MAX_OUTPUT_TOKENS),)
     for array in arrays:
         array.flags.writeable = False
     return TaskTable(*arrays)
@@ -501,6 +503,18 @@ class Exposure:
         return np.take(self.passing, self.cell)
 
 
+_OFFSETS = np.zeros((0, 1), np.int64)
+
+
+def _row_offsets(size: int) -> np.ndarray:
+    """(size, 1): ``CODES * row``, the start of each row's codes in a flattened (size, 32) table (read-only)."""
+    global _OFFSETS
+    if len(_OFFSETS) < size:
+        _OFFSETS = CODES * np.arange(max(size, 2 * len(_OFFSETS)), dtype=np.int64)[:, None]
+        _OFFSETS.flags.writeable = False
+    return _OFFSETS[:size]
+
+
 def exposure(table: TaskTable, half: np.ndarray, variant: np.ndarray, present: np.ndarray, severity: np.ndarray,
              max_output_tokens: np.ndarray, active: np.ndarray, m: int) -> Exposure:
     """The :class:`Exposure` of N worlds (one table half, reply variant, system and harness each): a reply
@@ -513,9 +527,12 @@ def exposure(table: TaskTable, half: np.ndarray, variant: np.ndarray, present: n
     >>> e.code.shape, float(e.passing[0, 0]), float(e.passing[0, 16]), float(e.trips[0, 31])
     ((1, 60), 1.0, 0.5, 2.5)
     """
-    truncated = table.reply_tokens[variant, half, :m] > np.asarray(max_output_tokens)[:, None]
-    code = table.codes[half, :m] + 16 * truncated
-    cell = code + CODES * np.arange(len(half))[:, None]
+    max_output_tokens = np.asarray(max_output_tokens)
+    if (max_output_tokens == MINIMAL_MAX_OUTPUT_TOKENS).all():  # the usual limit: the codes are tabulated
+        code = table.minimal_codes[variant, half, :m]
+    else:
+        code = table.codes[half, :m] + 16 * (table.reply_tokens[variant, half, :m] > max_output_tokens[:, None])
+    cell = code + _row_offsets(len(half))
     counts = np.concatenate([active[:, :1], present[:, 1:] & active[:, 1:]], axis=1)
     trip = np.where(counts, severity, 0.0)
     size = len(half)  # both tables in one per_code pass (its rows are independent)
@@ -668,10 +685,10 @@ def evaluation_stats(
     hit = np.flatnonzero(unneeded.any(axis=1))  # the other rows' factor is exp(0) = 1 for every task: p * 1.0 is p
     if hit.size == size:
         interference = np.exp(per_code(np.where(unneeded, np.log1p(-harm), 0.0), INTERFERENCE_AXES))
-        p *= np.take(interference, table.interference_codes[half, :m] + CODES * np.arange(size)[:, None])
+        p *= np.take(interference, table.interference_codes[half, :m] + _row_offsets(size))
     elif hit.size:
         interference = np.exp(per_code(np.where(unneeded[hit], np.log1p(-harm[hit]), 0.0), INTERFERENCE_AXES))
-        p[hit] *= np.take(interference, table.interference_codes[half[hit], :m] + CODES * np.arange(hit.size)[:, None])
+        p[hit] *= np.take(interference, table.interference_codes[half[hit], :m] + _row_offsets(hit.size))
     odds = table.exp_difficulty[half, :m]
     odds *= np.exp(-skill)[:, None]
     odds += 1.0
