@@ -172,7 +172,9 @@ _TEACHER = np.array([TEACHERS.index(m.arg[0]) if m.kind == "gen" else -1 for m i
 _GEN_N = np.array([m.arg[1] if m.kind == "gen" else 0 for m in MENU], np.int64)
 _MEAN_EXACT = 8  # from this many scores on, a candidate's mean is NumPy's (pairwise), below it a running sum
 _MAX_TOKENS = GenerateData.model_fields["max_tokens_per_example"].default  # the menu's generations leave it
-_SEEDS_AHEAD = 32  # episode seeds drawn at once per row: a batch of integers() draws is the same draws in turn
+_SEEDS_AHEAD = 16  # a row's window of episode seeds (and worlds) drawn ahead: integers() in batches is the same draws
+_WORLDS_AHEAD = 8  # an autoresetting row's worlds drawn ahead when some row runs out (MenuArrayEnv._draw_ahead)
+_DRAW_CHUNK = 2048  # worlds drawn (and officially evaluated) per pass ahead: bounds the passes' memory
 _EPISODE_START: tuple[tuple[str, float], ...] = (  # what a new episode starts with (MenuArrayEnv._reset_rows)
     *((name, 0) for name in ("clock", "spent_n", "reserved_n", "steps", "refusals", "fixed", "version", "harness_read",
                              "last_error", "n_candidates", "running", "fail_shares", "eval_cost", "evaluations", "done",
@@ -336,12 +338,18 @@ class MenuArrayEnv(VectorEnv):
         self.n_dev = self.batch.n_tasks
         self._static_mask = self._mask_constants()
         self._rngs: list[np.random.Generator | None] = [None] * n
-        # each row's next episode seeds, drawn _SEEDS_AHEAD at a time from its generator (the same numbers as
-        # one integers() call per reset, which is what ResearchEnv.reset makes); _seed_at: the next one's index
-        self._seeds_ahead = np.zeros((n, _SEEDS_AHEAD), np.int64)
-        self._seed_at = np.full(n, _SEEDS_AHEAD, np.int64)
-        self.episode_seeds = np.zeros(n, np.int64)
         z = lambda dtype=float: np.zeros(n, dtype)  # noqa: E731
+        # each row's next episode seeds, drawn from its generator ahead (the same numbers as one integers() call
+        # per reset, which is what ResearchEnv.reset makes), and the worlds they give with their initial official
+        # scores, drawn ahead in passes over many rows (_draw_ahead): slot j of row i is _store row i * S + j.
+        # Row i's seeds are in slots [_seed_at, _seed_end), its worlds in [_seed_at, _world_end); _auto: it was
+        # reset without a seed since its generator was made (worlds are drawn ahead only for such rows)
+        self._seeds_ahead = np.zeros((n, _SEEDS_AHEAD), np.int64)
+        self._seed_at, self._seed_end, self._world_end, self._auto = z(np.int64), z(np.int64), z(np.int64), z(bool)
+        self._store = SimBatch.repeat(s.benchmark, 0, n * _SEEDS_AHEAD, **self.world_kwargs)
+        self._store.remember_stats()  # the initial official evaluation's stats come along to the episode's world
+        self._store_initial, self._store_keys = np.zeros(n * _SEEDS_AHEAD), np.zeros((2, n * _SEEDS_AHEAD), np.uint64)
+        self.episode_seeds = np.zeros(n, np.int64)
         self.initial_official, self._final, self.clock, self.done = z(), z(), z(), z(bool)
         self.spent_n, self.reserved_n, self.steps, self.refusals = z(np.int64), z(np.int64), z(np.int64), z(np.int64)
         self.end_reason = np.full(n, "", dtype=object)
@@ -459,7 +467,7 @@ class MenuArrayEnv(VectorEnv):
             if self.autoreset_mode == AutoresetMode.DISABLED:
                 raise gym.error.ResetNeeded(f"envs {resetting.tolist()} have ended: reset them "
                                             "(options={'reset_mask': ...})")
-            self._reset_rows(resetting, [None] * resetting.size, official=False)
+            self._reset_rows(resetting, [None] * resetting.size)
         self._reward = np.zeros(n)
         self._terminated, self._truncated = np.zeros(n, bool), np.zeros(n, bool)
         self._ok, self._spent_before = np.ones(n, bool), self.spent_n.copy()
@@ -472,7 +480,7 @@ class MenuArrayEnv(VectorEnv):
         for kind in sorted(set(kinds[acting].tolist())):
             rows = np.flatnonzero(acting & (kinds == kind))
             getattr(self, "_macro_" + kind)(rows, actions[rows])
-        self._evaluations(resetting)  # every evaluation of the step, one pass
+        self._evaluations()  # every evaluation of the step, one pass
         self.last_error[acting] = ~self._ok[acting]
         obs, action_mask = self._view()
         info: dict[str, Any] = {"action_mask": action_mask, "n_calls": self._calls.copy(),
@@ -1131,11 +1139,11 @@ class MenuArrayEnv(VectorEnv):
         tokens = np.rint(tokens * share).astype(np.int64)
         return kept, correct, np.minimum(duplicate, kept), tokens
 
-    def _evaluations(self, resetting: np.ndarray) -> None:
+    def _evaluations(self) -> None:
         """The step's evaluations in one ``SimBatch.evaluate`` pass (rows are independent, so this is what
         each gives alone): the staged ``evaluate`` calls (reserve the quote or refuse it; draw the result; a
-        job, then ``wait`` for it), the staged ``submit`` calls (the official score ends the episode) and the
-        initial official score of the episodes reset at the start of the step."""
+        job, then ``wait`` for it) and the staged ``submit`` calls (the official score ends the episode). (The
+        initial official score of a new episode comes with its world, drawn ahead: ``_draw_ahead``.)"""
         empty = np.zeros(0, np.int64)
         rows, k, ckpt = self._staged.get("eval", (empty, empty, empty))
         go = hold = version = empty
@@ -1161,17 +1169,16 @@ class MenuArrayEnv(VectorEnv):
                 submits, cand = empty, empty
             else:
                 self._ran(submits)
-        every = np.concatenate([go, submits, resetting])
+        every = np.concatenate([go, submits])
         if every.size:
             official = np.arange(every.size) >= go.size
-            which = np.concatenate([ckpt * N_VERSIONS + version, cand, np.zeros(resetting.size, np.int64)])
+            which = np.concatenate([ckpt * N_VERSIONS + version, cand])
             c, v = np.divmod(which, N_VERSIONS)
             out = self.batch.evaluate(self.ckpt_skill[every, c], np.where(official, 0.0, self.ckpt_memory[every, c]),
                                       self._harness(v), k=np.concatenate([k, np.full(every.size - go.size,
                                                                                      self.scenario.official_k)]),
                                       split=official, rows=every)
             g, s = go.size, go.size + submits.size
-            self.initial_official[resetting] = out.score[s:]
             if g:
                 self.reserved_n[go] += hold
                 self.running[go], self.job_train[go] = True, False
@@ -1364,23 +1371,31 @@ class MenuArrayEnv(VectorEnv):
 
     # ------------------------------------------------------------------ state
 
-    def _reset_rows(self, rows: np.ndarray, seeds: Sequence[int | None], official: bool = True) -> None:
-        """New episodes at ``rows``: the episode seed as ``ResearchEnv.reset`` draws it, the world it gives, and
-        (``official``; else the step's evaluation pass does it) the initial system's official score."""
+    def _reset_rows(self, rows: np.ndarray, seeds: Sequence[int | None]) -> None:
+        """New episodes at ``rows``: the episode seed as ``ResearchEnv.reset`` draws it, the world it gives and
+        the initial system's official score (drawn ahead, :meth:`_draw_ahead`; taken from there)."""
+        fresh = []
         for i, seed in zip(rows.tolist(), seeds):
             if seed is not None or self._rngs[i] is None:
                 self._rngs[i], _ = seeding.np_random(seed)
-                self._seed_at[i] = _SEEDS_AHEAD  # none drawn yet from the new generator
-        for i in rows[self._seed_at[rows] == _SEEDS_AHEAD].tolist():
-            self._seeds_ahead[i] = self._rngs[i].integers(2**31 - 1, size=_SEEDS_AHEAD)
-            self._seed_at[i] = 0
-        episode = self._seeds_ahead[rows, self._seed_at[rows]]
+                fresh.append(i)
+        self._auto[rows] = True
+        if fresh:  # a new generator: nothing drawn from it yet
+            self._seed_at[fresh] = self._seed_end[fresh] = self._world_end[fresh] = 0
+            self._auto[fresh] = False
+        missing = rows[self._world_end[rows] <= self._seed_at[rows]]
+        if missing.size:
+            self._draw_ahead(missing)
+        at = self._seed_at[rows]
+        episode, source = self._seeds_ahead[rows, at], rows * _SEEDS_AHEAD + at
         self._seed_at[rows] += 1
         if self._score_lists:
             gone = set(rows.tolist())
             self._score_lists = {key: v for key, v in self._score_lists.items() if key[0] not in gone}
         self.episode_seeds[rows] = episode
-        self.data_keys[rows], self.train_keys[rows] = self.batch.reset(rows, episode, streams=("data", "train"))
+        self.batch.take(rows, self._store, source)  # the world its seed gives, streams and remembered stats
+        self.data_keys[rows], self.train_keys[rows] = self._store_keys[:, source]
+        self.initial_official[rows] = self._store_initial[source]
         # the candidates an episode scored are those of its checkpoints (index <= n_ckpt): the rest is still 0
         used = (int(self.n_ckpt[rows].max(initial=0)) + 1) * N_VERSIONS
         for name in ("n_scores", "means", "first_scored", "score_sum"):
@@ -1394,14 +1409,51 @@ class MenuArrayEnv(VectorEnv):
         self.ckpt_skill[rows, 0], self.ckpt_memory[rows, 0] = self.batch.base_skill[rows], 0.0
         self.end_reason[rows] = ""
         self._open[rows] = True
-        if official:
-            self.initial_official[rows] = self._official(rows, np.zeros(rows.size, np.int64))
 
-    def _official(self, rows: np.ndarray, cand: np.ndarray) -> np.ndarray:
-        """The official avg@k of a candidate (checkpoint and harness version; the world's fixed draw)."""
-        ckpt, version = np.divmod(cand, N_VERSIONS)
-        return self.batch.evaluate(self.ckpt_skill[rows, ckpt], np.zeros(rows.size), self._harness(version),
-                                   k=self.scenario.official_k, split="official", rows=rows).score
+    def _draw_ahead(self, missing: np.ndarray) -> None:
+        """Worlds ahead: for the rows in ``missing`` their next seed's world, and for every row that autoresets
+        up to ``_WORLDS_AHEAD`` worlds ahead, each with its initial official score (base skill, the initial
+        harness, the world's fixed official draw), in passes of many rows (rows are independent: each world is
+        what its seed gives alone, as ``SimBatch.reset`` draws it). A row's seed window moves to the front of its
+        slots when the worlds would pass its end; seeds are drawn from the row's generator as the window needs."""
+        size = _SEEDS_AHEAD
+        want = np.where(self._auto & (self._world_end - self._seed_at < _WORLDS_AHEAD), _WORLDS_AHEAD, 0)
+        want[missing] = np.maximum(want[missing], 1)  # worlds wanted ahead of each row's next seed
+        grow = np.flatnonzero(self._seed_at + want > self._world_end)
+        move = grow[self._seed_at[grow] + want[grow] > size]
+        if move.size:  # the window to the front: the seeds and the worlds not used yet
+            src, dst = [], []
+            for i, at, seeds_end, worlds_end in zip(move.tolist(), self._seed_at[move].tolist(),
+                                                    self._seed_end[move].tolist(), self._world_end[move].tolist()):
+                self._seeds_ahead[i, :seeds_end - at] = self._seeds_ahead[i, at:seeds_end].copy()
+                src += range(i * size + at, i * size + max(worlds_end, at))
+                dst += range(i * size, i * size + max(worlds_end, at) - at)
+            if src:
+                src_a, dst_a = np.array(src), np.array(dst)
+                self._store.take(dst_a, self._store, src_a)
+                self._store_initial[dst_a] = self._store_initial[src_a]
+                self._store_keys[:, dst_a] = self._store_keys[:, src_a]
+            at = self._seed_at[move]
+            self._seed_end[move] -= at
+            self._world_end[move] = np.maximum(self._world_end[move] - at, 0)
+            self._seed_at[move] = 0
+        stop = self._seed_at[grow] + want[grow]
+        for i, have, need in zip(grow.tolist(), self._seed_end[grow].tolist(), stop.tolist()):
+            if have < need:  # the rest of the window from the row's generator (in a batch: the same draws)
+                self._seeds_ahead[i, have:] = self._rngs[i].integers(2**31 - 1, size=size - have)
+                self._seed_end[i] = size
+        start = np.maximum(self._world_end[grow], self._seed_at[grow])
+        counts = stop - start
+        row = np.repeat(grow, counts)
+        slot = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts - start, counts)
+        index, seeds = row * size + slot, self._seeds_ahead[row, slot]
+        for first in range(0, index.size, _DRAW_CHUNK):
+            part, part_seeds = index[first:first + _DRAW_CHUNK], seeds[first:first + _DRAW_CHUNK]
+            self._store_keys[:, part] = self._store.reset(part, part_seeds, streams=("data", "train"))
+            self._store_initial[part] = self._store.evaluate(
+                self._store.base_skill[part], np.zeros(part.size), self._harness(np.zeros(part.size, np.intp)),
+                k=self.scenario.official_k, split="official", rows=part).score
+        self._world_end[grow] = stop
 
     def _version(self, rows: np.ndarray) -> np.ndarray:
         """The latest harness version (its bit pattern, ``fixed`` as bits) of each row."""

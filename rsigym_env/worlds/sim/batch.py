@@ -223,6 +223,23 @@ class SimBatch:
         """One world per seed."""
         return cls(benchmark, seeds, **world_kwargs)
 
+    @classmethod
+    def repeat(cls, benchmark: str, seed: int, size: int, **world_kwargs: Any) -> SimBatch:
+        """``size`` copies of one seed's world (drawn once): room for worlds to :meth:`reset` or :meth:`take` into.
+
+        >>> room = SimBatch.repeat("aime", 3, 4)
+        >>> len(room), bool((room.base_skill == SimBatch.make("aime", [3]).base_skill[0]).all())
+        (4, True)
+        """
+        if size < 1:
+            raise ValueError(f"a SimBatch needs at least one world, got size {size}")
+        batch = cls(benchmark, [seed], **world_kwargs)
+        w = batch.worlds
+        batch.worlds = Worlds(table=w.table, **{name: np.repeat(getattr(w, name), size, axis=0) for name in _WORLD_ARRAYS})
+        for name in ("seeds", "eval_keys", "official_keys", "eval_counters"):
+            setattr(batch, name, np.repeat(getattr(batch, name), size))
+        return batch
+
     def __len__(self) -> int:
         return len(self.seeds)
 
@@ -279,7 +296,9 @@ class SimBatch:
     def take(self, rows: Sequence[int] | np.ndarray, source: SimBatch, source_rows: Sequence[int] | np.ndarray
              ) -> None:
         """Put ``source``'s worlds at ``source_rows`` (same benchmark) in place at ``rows``, streams and all:
-        an autoreset from worlds drawn ahead in one larger batch (the same worlds as :meth:`reset` draws).
+        an autoreset from worlds drawn ahead in one larger batch (the same worlds as :meth:`reset` draws). Where
+        both batches remember statistics (:meth:`remember_stats`, as many slots), the source's memory of those
+        worlds comes along (what they evaluated there, remembered here).
 
         >>> batch, ahead = SimBatch.make("aime", [0, 1]), SimBatch.make("aime", [5, 6, 7])
         >>> batch.take([1], ahead, [2])
@@ -293,7 +312,11 @@ class SimBatch:
             getattr(self.worlds, name)[rows] = getattr(source.worlds, name)[source_rows]
         for name in ("seeds", "eval_keys", "official_keys", "eval_counters"):
             getattr(self, name)[rows] = getattr(source, name)[source_rows]
-        self._forget(rows)
+        if self._memo is not None and source._memo is not None and source._memo[0].shape[1] == self._memo[0].shape[1]:
+            for mine, theirs in zip(self._memo, source._memo):
+                mine[rows] = theirs[source_rows]
+        else:
+            self._forget(rows)
 
     def evaluate(self, skill: np.ndarray, memory: np.ndarray, harness: HarnessArrays, k: int | np.ndarray,
                  split: str | np.ndarray = "dev", n_tasks: int | None = None,
