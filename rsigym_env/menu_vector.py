@@ -67,9 +67,12 @@ operation), quote, reserve or refuse, the world's aggregate draw from its own ``
 NumPy over the rows), bill, time, the adapter's record, the run's limits. ``train`` always starts from
 base, so ``train_model``'s lineage terms vanish and a checkpoint is a closed form of the dataset's counts
 and the world's ``train`` draw (its ``math.exp`` and ``**`` stay Python's, per training row). The step's
-evaluations (dev ones, submits' official ones and the reset episodes' initial official score) are one
-``SimBatch.evaluate`` pass; each row's stats of its last two distinct evaluations are remembered
-(``SimBatch.remember_stats``: a submit of the unchanged initial system, a dev evaluation repeated). Python's
+evaluations (dev ones and submits' official ones) are one ``SimBatch.evaluate`` pass; each row's stats of its
+last two distinct evaluations are remembered (``SimBatch.remember_stats``: a submit of the unchanged initial
+system, a dev evaluation repeated). A new episode's world and its initial official score are drawn ahead
+(:meth:`MenuArrayEnv._draw_ahead`): the seeds a row's generator will give are known, so when some row runs out,
+every autoresetting row gets up to ``_WORLDS_AHEAD`` worlds ahead in one pass over all of them (each world is
+what its seed gives alone) and a reset takes its world from there (``SimBatch.take``, remembered stats and all). Python's
 own ``round``, ``_nano_up`` and ``_nano_near`` are NumPy passes that give the same floats (``round_digits``,
 ``nano_up``, ``nano_near``).
 
@@ -105,7 +108,7 @@ Autoreset: ``NEXT_STEP`` (default), ``SAME_STEP`` (``final_obs``/``final_info``)
 Not here (use ``array=False``): the text log and the rest of the scalar ``info`` (``result``, ``message``,
 ``events``, ``calls``, ``macro``, ``metrics``, the reset keys but ``seed``), ``blocking=False``, non-sim
 worlds. Speed: ``bench/README.md`` ("The vector sim"). Per-row Python left on the path: a row's episode
-seeds, drawn from its Gymnasium generator 32 at a time, a training row's two ``math`` calls, Python's ``round`` where a
+seeds, drawn from its Gymnasium generator a window at a time, a training row's two ``math`` calls, Python's ``round`` where a
 value is within float noise of a half, and the audit event (its JSON and hash) per finished episode (default).
 
 >>> env = MenuArrayEnv(2, track="harness", benchmark="aime", budget_usd=500)
