@@ -122,7 +122,7 @@ class HarnessArrays:
     def take(self, index: np.ndarray) -> HarnessArrays:
         """The harnesses at ``index`` (an index array: a copy), with the derived arrays made so far.
 
-        >>> table = HarnessArrays.of([{"harness.toml": ""}, {"harness.toml": "[loop]\ndetect = true"}])
+        >>> table = HarnessArrays.of([{"harness.toml": ""}, {"harness.toml": "[loop]\\ndetect = true"}])
         >>> table.active.shape, table.take(np.array([1, 1, 0])).active[:, 3].tolist()
         ((2, 5), [False, False, True])
         """
