@@ -170,6 +170,8 @@ _ARG = [m.arg for m in MENU]
 _F = {name: i for i, name in enumerate(FEATURES)}
 _GROUP = np.array([{"eval_latest": "eval", "eval_base": "eval", "submit_best": "submit",
                     "submit_latest": "submit"}.get(m.kind, m.kind) for m in MENU])
+_GROUPS = sorted(set(_GROUP.tolist()))  # the macro groups in the order a step runs them
+_GROUP_ID = np.array([_GROUPS.index(group) for group in _GROUP.tolist()], np.int64)
 _K = np.array([m.arg if m.kind in ("eval_latest", "eval_base") else 0 for m in MENU], np.int64)
 _TEACHER = np.array([TEACHERS.index(m.arg[0]) if m.kind == "gen" else -1 for m in MENU], np.int64)
 _GEN_N = np.array([m.arg[1] if m.kind == "gen" else 0 for m in MENU], np.int64)
@@ -478,11 +480,15 @@ class MenuArrayEnv(VectorEnv):
         self._calls = np.zeros(n, np.int64)
         acting = np.ones(n, bool)
         acting[resetting] = False
-        kinds = _GROUP[actions]
+        group = np.where(acting, _GROUP_ID[actions], -1)
+        by_group = np.argsort(group, kind="stable")  # each group's rows in order, after the resetting ones (-1)
+        at = resetting.size
         self._staged: dict[str, tuple[np.ndarray, ...]] = {}
-        for kind in sorted(set(kinds[acting].tolist())):
-            rows = np.flatnonzero(acting & (kinds == kind))
-            getattr(self, "_macro_" + kind)(rows, actions[rows])
+        for kind, count in zip(_GROUPS, np.bincount(group[acting], minlength=len(_GROUPS)).tolist()):
+            if count:
+                rows = by_group[at:at + count]
+                at += count
+                getattr(self, "_macro_" + kind)(rows, actions[rows])
         self._evaluations()  # every evaluation of the step, one pass
         self.last_error[acting] = ~self._ok[acting]
         obs, action_mask = self._view()
@@ -1563,7 +1569,8 @@ class MenuArrayEnv(VectorEnv):
         f[:, _F[f"track:{s.track}"]] = 1.0
         f[:, _F["last_error"]] = self.last_error
         f[:, _F["harness_read"]] = self.harness_read
-        return np.clip(f, -1.0, 1.0, out=f)
+        np.maximum(f, -1.0, out=f)  # np.clip(f, -1, 1): the same floats, without clip's Python wrapper
+        return np.minimum(f, 1.0, out=f)
 
     def _end_info(self, info: dict[str, Any], rows: np.ndarray) -> None:
         """The end keys of the rows whose episode ended this step (``_key`` masks mark them)."""

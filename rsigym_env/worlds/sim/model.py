@@ -729,7 +729,7 @@ def draw_outcomes(stats: EvalStats, k: int | np.ndarray, u: np.ndarray, valid: n
     attempts = m * k
     z = norm_ppf(u)
     wins = np.floor(k * stats.mean + np.sqrt(k * stats.var) * z[:, 0] + 0.5)
-    wins = np.clip(wins, 0.0, attempts)
+    wins = np.minimum(np.maximum(wins, 0.0), attempts)  # as np.clip (a zero's sign aside: the counts are integers)
     out = np.zeros((size, len(FAILURE_MODES) + 1), np.int64)
     out[:, 0] = wins
     left = attempts - wins
