@@ -446,22 +446,24 @@ CODES = 2 ** len(DEFECTS)
 """Exposure codes of a task: 5 bits (its four flags, then whether its reply is cut off)."""
 CODE_BITS = np.array([[(c >> 4) & 1, *((c >> j) & 1 for j in range(4))] for c in range(CODES)], dtype=float)
 """(32, 5): which defects (``DEFECTS`` order) a task with each exposure code is exposed to."""
-_CODE_BITS_3 = np.ascontiguousarray(CODE_BITS)[:, None, :]  # (32, 1, 5), for :func:`per_defect`
+_DEFECT_CODES = np.array([np.flatnonzero(CODE_BITS[:, j]) for j in range(len(DEFECTS))])  # (5, 16), ascending
 
 
 def per_defect(weighted: np.ndarray) -> np.ndarray:
-    """(N, 5): for each defect the sum of ``weighted`` (N, 32) over the exposure codes that have it, added in
-    code order one after the other (what ``(weighted[:, None, :] * CODE_BITS.T).sum(axis=-1)`` gives: its
-    product is laid out (N, 32, 5), so NumPy reduces the codes axis as a running sum; here the running sum is
-    over the outer axis of a (32, N, 5) product: the same floats, in long contiguous passes).
+    """(N, 5): for each defect the sum of ``weighted`` (N, 32, every value >= 0) over the exposure codes that have
+    it, added in code order one after the other: what ``(weighted[:, None, :] * CODE_BITS.T).sum(axis=-1)`` gives
+    (its product is laid out (N, 32, 5), so NumPy reduces the codes axis as a running sum, the zero terms adding
+    nothing). Here each defect's 16 codes are gathered as (5, 16, N) and reduced over the middle axis, again a
+    running sum, one row of N at a time; a single row is reduced as two, since NumPy would sum a lone row's 16
+    contiguous codes pairwise.
 
     >>> w = np.arange(64.0).reshape(2, 32) / 7
-    >>> bool((per_defect(w) == (w[:, None, :] * CODE_BITS.T).sum(axis=-1)).all()), per_defect(w).shape
-    (True, (2, 5))
+    >>> bool((per_defect(w) == (w[:, None, :] * CODE_BITS.T).sum(axis=-1)).all()), per_defect(w[:1]).shape
+    (True, (1, 5))
     """
-    size = len(weighted)
-    product = np.multiply(np.ascontiguousarray(weighted.T)[:, :, None], _CODE_BITS_3, out=np.empty((CODES, size, 5)))
-    return np.add.reduce(product, axis=0)
+    if len(weighted) == 1:
+        return per_defect(np.concatenate([weighted, weighted]))[:1]
+    return np.add.reduce(np.ascontiguousarray(weighted.T)[_DEFECT_CODES], axis=1).T
 
 
 CODE_AXES = (1, 5, 4, 3, 2)

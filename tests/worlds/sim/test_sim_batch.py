@@ -185,11 +185,11 @@ def test_remembered_stats_give_every_evaluation_bit_for_bit(monkeypatch, benchma
 
 def test_per_defect_is_the_strided_running_sum() -> None:
     """``per_defect`` (a running sum over a (32, N, 5) product) gives the floats of the (N, 32, 5) product's reduce
-    it replaced, zeros and all, for any number of rows (one row too, where NumPy would reorder the axes)."""
+    it replaced, zeros and all, for any number of rows (one row too, where NumPy would sum the codes pairwise)."""
     from rsigym_env.worlds.sim.model import CODE_BITS, per_defect
 
     rng = np.random.default_rng(7)
-    for size in (1, 2, 3, 17, 130):
+    for size in (0, 1, 2, 3, 17, 130, 2500):
         for _ in range(20):
             w = rng.random((size, 32)) * 10.0 ** rng.uniform(-6, 3, (size, 32))
             w[rng.random((size, 32)) < rng.random()] = 0.0
