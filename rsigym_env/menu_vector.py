@@ -1430,21 +1430,19 @@ class MenuArrayEnv(VectorEnv):
         want[missing] = np.maximum(want[missing], 1)  # worlds wanted ahead of each row's next seed
         grow = np.flatnonzero(self._seed_at + want > self._world_end)
         move = grow[self._seed_at[grow] + want[grow] > size]
-        if move.size:  # the window to the front: the seeds and the worlds not used yet
-            src, dst = [], []
-            for i, at, seeds_end, worlds_end in zip(move.tolist(), self._seed_at[move].tolist(),
-                                                    self._seed_end[move].tolist(), self._world_end[move].tolist()):
-                self._seeds_ahead[i, :seeds_end - at] = self._seeds_ahead[i, at:seeds_end].copy()
-                src += range(i * size + at, i * size + max(worlds_end, at))
-                dst += range(i * size, i * size + max(worlds_end, at) - at)
-            if src:
-                src_a, dst_a = np.array(src), np.array(dst)
-                self._store.take(dst_a, self._store, src_a)
-                self._store_initial[dst_a] = self._store_initial[src_a]
-                self._store_keys[:, dst_a] = self._store_keys[:, src_a]
+        if move.size:  # the window to the front: the seeds and the worlds not used yet (slots past them: unread)
             at = self._seed_at[move]
+            self._seeds_ahead[move] = self._seeds_ahead[move[:, None], np.minimum(at[:, None] + np.arange(size), size - 1)]
+            keep = np.maximum(self._world_end[move] - at, 0)
+            if keep.any():
+                row, first = np.repeat(move, keep), np.repeat(at, keep)
+                offset = np.arange(int(keep.sum())) - np.repeat(np.cumsum(keep) - keep, keep)
+                src, dst = row * size + first + offset, row * size + offset
+                self._store.take(dst, self._store, src)
+                self._store_initial[dst] = self._store_initial[src]
+                self._store_keys[:, dst] = self._store_keys[:, src]
             self._seed_end[move] -= at
-            self._world_end[move] = np.maximum(self._world_end[move] - at, 0)
+            self._world_end[move] = keep
             self._seed_at[move] = 0
         stop = self._seed_at[grow] + want[grow]
         for i, have, need in zip(grow.tolist(), self._seed_end[grow].tolist(), stop.tolist()):
