@@ -67,9 +67,12 @@ operation), quote, reserve or refuse, the world's aggregate draw from its own ``
 NumPy over the rows), bill, time, the adapter's record, the run's limits. ``train`` always starts from
 base, so ``train_model``'s lineage terms vanish and a checkpoint is a closed form of the dataset's counts
 and the world's ``train`` draw (its ``math.exp`` and ``**`` stay Python's, per training row). The step's
-evaluations (dev ones, submits' official ones and the reset episodes' initial official score) are one
-``SimBatch.evaluate`` pass; each row's stats of its last two distinct evaluations are remembered
-(``SimBatch.remember_stats``: a submit of the unchanged initial system, a dev evaluation repeated). Python's
+evaluations (dev ones and submits' official ones) are one ``SimBatch.evaluate`` pass; each row's stats of its
+last two distinct evaluations are remembered (``SimBatch.remember_stats``: a submit of the unchanged initial
+system, a dev evaluation repeated). A new episode's world and its initial official score are drawn ahead
+(:meth:`MenuArrayEnv._draw_ahead`): the seeds a row's generator will give are known, so when some row runs out,
+every autoresetting row gets up to ``_WORLDS_AHEAD`` worlds ahead in one pass over all of them (each world is
+what its seed gives alone) and a reset takes its world from there (``SimBatch.take``, remembered stats and all). Python's
 own ``round``, ``_nano_up`` and ``_nano_near`` are NumPy passes that give the same floats (``round_digits``,
 ``nano_up``, ``nano_near``).
 
@@ -105,7 +108,7 @@ Autoreset: ``NEXT_STEP`` (default), ``SAME_STEP`` (``final_obs``/``final_info``)
 Not here (use ``array=False``): the text log and the rest of the scalar ``info`` (``result``, ``message``,
 ``events``, ``calls``, ``macro``, ``metrics``, the reset keys but ``seed``), ``blocking=False``, non-sim
 worlds. Speed: ``bench/README.md`` ("The vector sim"). Per-row Python left on the path: a row's episode
-seeds, drawn from its Gymnasium generator 32 at a time, a training row's two ``math`` calls, Python's ``round`` where a
+seeds, drawn from its Gymnasium generator a window at a time, a training row's two ``math`` calls, Python's ``round`` where a
 value is within float noise of a half, and the audit event (its JSON and hash) per finished episode (default).
 
 >>> env = MenuArrayEnv(2, track="harness", benchmark="aime", budget_usd=500)
@@ -143,11 +146,10 @@ from .env import resolve_scenario
 from .platform.core import Platform, PlatformKey
 from .platform.ledger import Ledger
 from .scenario import Scenario
-from .scoring import normalized_gain
 from .tools import GenerateData, Train, parse_action
 from .worlds.sim.batch import HarnessArrays, SimBatch
 from .worlds.sim.benchmarks import TEACHER_DUPLICATES
-from .worlds.sim.draws import benchmark_key, binomial, norm_ppf, streams_keys, uniforms
+from .worlds.sim.draws import binomial, norm_ppf, uniforms
 from .worlds.sim.model import (DEDUPE_RECALL, DUPLICATE_WEIGHT, FILTER_FALSE_PASS, FILTER_RECALL, GENERATE_DRAWS,
                                INTENSITY_SCALE, TRAIN_NOISE, TrainSettings, calibrate_skill, truncated_mean_tokens)
 from .worlds.sim.world import TRANSFORM_SECONDS_PER_EXAMPLE, TRANSFORM_STARTUP_S
@@ -169,12 +171,23 @@ _ARG = [m.arg for m in MENU]
 _F = {name: i for i, name in enumerate(FEATURES)}
 _GROUP = np.array([{"eval_latest": "eval", "eval_base": "eval", "submit_best": "submit",
                     "submit_latest": "submit"}.get(m.kind, m.kind) for m in MENU])
+_GROUPS = sorted(set(_GROUP.tolist()))  # the macro groups in the order a step runs them
+_GROUP_ID = np.array([_GROUPS.index(group) for group in _GROUP.tolist()], np.int64)
 _K = np.array([m.arg if m.kind in ("eval_latest", "eval_base") else 0 for m in MENU], np.int64)
 _TEACHER = np.array([TEACHERS.index(m.arg[0]) if m.kind == "gen" else -1 for m in MENU], np.int64)
 _GEN_N = np.array([m.arg[1] if m.kind == "gen" else 0 for m in MENU], np.int64)
 _MEAN_EXACT = 8  # from this many scores on, a candidate's mean is NumPy's (pairwise), below it a running sum
 _MAX_TOKENS = GenerateData.model_fields["max_tokens_per_example"].default  # the menu's generations leave it
-_SEEDS_AHEAD = 32  # episode seeds drawn at once per row: a batch of integers() draws is the same draws in turn
+_SEEDS_AHEAD = 16  # a row's window of episode seeds (and worlds) drawn ahead: integers() in batches is the same draws
+_WORLDS_AHEAD = 8  # an autoresetting row's worlds drawn ahead when some row runs out (MenuArrayEnv._draw_ahead)
+_DRAW_CHUNK = 2048  # worlds drawn (and officially evaluated) per pass ahead: bounds the passes' memory
+_EPISODE_START: tuple[tuple[str, float], ...] = (  # what a new episode starts with (MenuArrayEnv._reset_rows)
+    *((name, 0) for name in ("clock", "spent_n", "reserved_n", "steps", "refusals", "fixed", "version", "harness_read",
+                             "last_error", "n_candidates", "running", "fail_shares", "eval_cost", "evaluations", "done",
+                             "n_ckpt", "n_ds", "generations", "trainings", "data_counter", "train_counter")),
+    *((name, -1) for name in ("train_set", "ckpt_ds", "job_ds", "pools", "pass_rates", "initial_dev", "best_dev",
+                              "last_dev")),
+    ("usd_per_example", np.nan), ("teacher_skill", np.nan))
 
 
 def harness_versions(batch: SimBatch) -> tuple[list[str], list[dict[str, str]]]:
@@ -240,6 +253,18 @@ def round_digits(x: np.ndarray, digits: int) -> np.ndarray:
     if near_half.any():
         out[near_half] = [round(v, digits) for v in x[near_half].tolist()]
     return out
+
+
+def _normalized_gains(initial: np.ndarray, final: np.ndarray) -> np.ndarray:
+    """:func:`~rsigym_env.scoring.normalized_gain` of each pair (the same IEEE operations, element-wise).
+
+    >>> from rsigym_env.scoring import normalized_gain
+    >>> i, f = np.array([0.2, 1.0, 0.5]), np.array([0.6, 1.0, 0.25])
+    >>> _normalized_gains(i, f).tolist() == [normalized_gain(a, b) for a, b in zip(i.tolist(), f.tolist())]
+    True
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(initial >= 1.0, 0.0, (final - initial) / (1.0 - initial))
 
 
 def _first_true(mask: np.ndarray, count: int) -> np.ndarray:
@@ -314,19 +339,28 @@ class MenuArrayEnv(VectorEnv):
         self.batch.remember_stats()  # a row re-evaluating a candidate (a submit of an evaluated one, ...) skips its stats
         self.version_ids, files = harness_versions(self.batch)
         self.harness_table = HarnessArrays.of(files)
+        for derived in ("active", "applied", "bill_code", "memo_code"):  # made once: _harness gathers them
+            getattr(self.harness_table, derived)
         self.n_dev = self.batch.n_tasks
         self._static_mask = self._mask_constants()
         self._rngs: list[np.random.Generator | None] = [None] * n
-        # each row's next episode seeds, drawn _SEEDS_AHEAD at a time from its generator (the same numbers as
-        # one integers() call per reset, which is what ResearchEnv.reset makes); _seed_at: the next one's index
-        self._seeds_ahead = np.zeros((n, _SEEDS_AHEAD), np.int64)
-        self._seed_at = np.full(n, _SEEDS_AHEAD, np.int64)
-        self.episode_seeds = np.zeros(n, np.int64)
         z = lambda dtype=float: np.zeros(n, dtype)  # noqa: E731
+        # each row's next episode seeds, drawn from its generator ahead (the same numbers as one integers() call
+        # per reset, which is what ResearchEnv.reset makes), and the worlds they give with their initial official
+        # scores, drawn ahead in passes over many rows (_draw_ahead): slot j of row i is _store row i * S + j.
+        # Row i's seeds are in slots [_seed_at, _seed_end), its worlds in [_seed_at, _world_end); _auto: it was
+        # reset without a seed since its generator was made (worlds are drawn ahead only for such rows)
+        self._seeds_ahead = np.zeros((n, _SEEDS_AHEAD), np.int64)
+        self._seed_at, self._seed_end, self._world_end, self._auto = z(np.int64), z(np.int64), z(np.int64), z(bool)
+        self._store = SimBatch.repeat(s.benchmark, 0, n * _SEEDS_AHEAD, **self.world_kwargs)
+        self._store.remember_stats()  # the initial official evaluation's stats come along to the episode's world
+        self._store_initial, self._store_keys = np.zeros(n * _SEEDS_AHEAD), np.zeros((2, n * _SEEDS_AHEAD), np.uint64)
+        self.episode_seeds = np.zeros(n, np.int64)
         self.initial_official, self._final, self.clock, self.done = z(), z(), z(), z(bool)
         self.spent_n, self.reserved_n, self.steps, self.refusals = z(np.int64), z(np.int64), z(np.int64), z(np.int64)
         self.end_reason = np.full(n, "", dtype=object)
         self.fixed = np.zeros((n, len(DEFECTS)), bool)
+        self.version = z(np.int64)  # fixed as bits: the latest harness version
         self.harness_read, self.last_error = z(bool), z(bool)
         # checkpoints: index 0 is base; n_ckpt finished ones follow (skill and dev memory of each)
         self.ckpt_skill, self.ckpt_memory, self.n_ckpt = np.zeros((n, 1)), np.zeros((n, 1)), z(np.int64)
@@ -374,7 +408,25 @@ class MenuArrayEnv(VectorEnv):
         self.data_counter, self.train_counter = z(np.uint64), z(np.uint64)
         self._data_constants()
         self._size_table = _log1p_table(1 << 16)
+        self._episode_blocks()
         self._started = False
+
+    def _episode_blocks(self) -> None:
+        """The arrays an episode's reset sets to their start values (``_EPISODE_START``) become column views of
+        one block per dtype, so a reset writes each block's rows once (``_blocks``: block and its start row)."""
+        n, by_dtype = self.num_envs, {}
+        for name, start in _EPISODE_START:
+            by_dtype.setdefault(getattr(self, name).dtype, []).append((name, start))
+        self._blocks = []
+        for dtype, members in by_dtype.items():
+            widths = [1 if getattr(self, name).ndim == 1 else getattr(self, name).shape[1] for name, _ in members]
+            block, at = np.empty((n, sum(widths)), dtype), 0
+            for (name, _), width in zip(members, widths):
+                view = block[:, at] if getattr(self, name).ndim == 1 else block[:, at:at + width]
+                view[...] = getattr(self, name)
+                setattr(self, name, view)
+                at += width
+            self._blocks.append((block, np.repeat([start for _, start in members], widths).astype(dtype)))
 
     # ------------------------------------------------------------------ gymnasium API
 
@@ -403,7 +455,7 @@ class MenuArrayEnv(VectorEnv):
         if resetting.size:
             if self.autoreset_mode == AutoresetMode.DISABLED:
                 raise _reset_needed(resetting)
-            self._reset_rows(resetting, [None] * resetting.size, official=False)
+            self._reset_rows(resetting, [None] * resetting.size)
         self._reward = np.zeros(n)
         self._terminated, self._truncated = np.zeros(n, bool), np.zeros(n, bool)
         self._ok, self._spent_before = np.ones(n, bool), self.spent_n.copy()
@@ -411,12 +463,16 @@ class MenuArrayEnv(VectorEnv):
         self._calls = np.zeros(n, np.int64)
         acting = np.ones(n, bool)
         acting[resetting] = False
-        kinds = _GROUP[actions]
+        group = np.where(acting, _GROUP_ID[actions], -1)
+        by_group = np.argsort(group, kind="stable")  # each group's rows in order, after the resetting ones (-1)
+        at = resetting.size
         self._staged: dict[str, tuple[np.ndarray, ...]] = {}
-        for kind in sorted(set(kinds[acting].tolist())):
-            rows = np.flatnonzero(acting & (kinds == kind))
-            getattr(self, "_macro_" + kind)(rows, actions[rows])
-        self._evaluations(resetting)  # every evaluation of the step, one pass
+        for kind, count in zip(_GROUPS, np.bincount(group[acting], minlength=len(_GROUPS)).tolist()):
+            if count:
+                rows = by_group[at:at + count]
+                at += count
+                getattr(self, "_macro_" + kind)(rows, actions[rows])
+        self._evaluations()  # every evaluation of the step, one pass
         self.last_error[acting] = ~self._ok[acting]
         obs, action_mask = self._view()
         info: dict[str, Any] = {"action_mask": action_mask, "n_calls": self._calls.copy(),
@@ -507,6 +563,7 @@ class MenuArrayEnv(VectorEnv):
             self._refuse(rows[done], "harness_patch_failed")
             edit = rows[~done]
             self.fixed[edit, defect[~done]] = True
+            self.version[edit] |= 1 << defect[~done]  # _version: bit j of a version is DEFECTS[j] fixed
             self._ran(edit)
         self._after_call(rows)
 
@@ -1074,11 +1131,11 @@ class MenuArrayEnv(VectorEnv):
         tokens = np.rint(tokens * share).astype(np.int64)
         return kept, correct, np.minimum(duplicate, kept), tokens
 
-    def _evaluations(self, resetting: np.ndarray) -> None:
+    def _evaluations(self) -> None:
         """The step's evaluations in one ``SimBatch.evaluate`` pass (rows are independent, so this is what
         each gives alone): the staged ``evaluate`` calls (reserve the quote or refuse it; draw the result; a
-        job, then ``wait`` for it), the staged ``submit`` calls (the official score ends the episode) and the
-        initial official score of the episodes reset at the start of the step."""
+        job, then ``wait`` for it) and the staged ``submit`` calls (the official score ends the episode). (The
+        initial official score of a new episode comes with its world, drawn ahead: ``_draw_ahead``.)"""
         empty = np.zeros(0, np.int64)
         rows, k, ckpt = self._staged.get("eval", (empty, empty, empty))
         go = hold = version = empty
@@ -1104,17 +1161,16 @@ class MenuArrayEnv(VectorEnv):
                 submits, cand = empty, empty
             else:
                 self._ran(submits)
-        every = np.concatenate([go, submits, resetting])
+        every = np.concatenate([go, submits])
         if every.size:
             official = np.arange(every.size) >= go.size
-            which = np.concatenate([ckpt * N_VERSIONS + version, cand, np.zeros(resetting.size, np.int64)])
+            which = np.concatenate([ckpt * N_VERSIONS + version, cand])
             c, v = np.divmod(which, N_VERSIONS)
             out = self.batch.evaluate(self.ckpt_skill[every, c], np.where(official, 0.0, self.ckpt_memory[every, c]),
                                       self._harness(v), k=np.concatenate([k, np.full(every.size - go.size,
                                                                                      self.scenario.official_k)]),
                                       split=official, rows=every)
             g, s = go.size, go.size + submits.size
-            self.initial_official[resetting] = out.score[s:]
             if g:
                 self.reserved_n[go] += hold
                 self.running[go], self.job_train[go] = True, False
@@ -1233,8 +1289,7 @@ class MenuArrayEnv(VectorEnv):
         self.done[rows] = True
         self.end_reason[rows] = reason
         self._final[rows] = final
-        self._reward[rows] = [normalized_gain(i, f) for i, f in zip(self.initial_official[rows].tolist(),
-                                                                   np.asarray(final, float).tolist())]
+        self._reward[rows] = _normalized_gains(self.initial_official[rows], np.asarray(final, float))
         (self._terminated if terminated else self._truncated)[rows] = True
 
     def _bill_running(self, rows: np.ndarray) -> None:
@@ -1297,61 +1352,94 @@ class MenuArrayEnv(VectorEnv):
 
     # ------------------------------------------------------------------ state
 
-    def _reset_rows(self, rows: np.ndarray, seeds: Sequence[int | None], official: bool = True) -> None:
-        """New episodes at ``rows``: the episode seed as ``ResearchEnv.reset`` draws it, the world it gives, and
-        (``official``; else the step's evaluation pass does it) the initial system's official score."""
+    def _reset_rows(self, rows: np.ndarray, seeds: Sequence[int | None]) -> None:
+        """New episodes at ``rows``: the episode seed as ``ResearchEnv.reset`` draws it, the world it gives and
+        the initial system's official score (drawn ahead, :meth:`_draw_ahead`; taken from there)."""
+        fresh = []
         for i, seed in zip(rows.tolist(), seeds):
             if seed is not None or self._rngs[i] is None:
                 self._rngs[i], _ = seeding.np_random(seed)
-                self._seed_at[i] = _SEEDS_AHEAD  # none drawn yet from the new generator
-        for i in rows[self._seed_at[rows] == _SEEDS_AHEAD].tolist():
-            self._seeds_ahead[i] = self._rngs[i].integers(2**31 - 1, size=_SEEDS_AHEAD)
-            self._seed_at[i] = 0
-        episode = self._seeds_ahead[rows, self._seed_at[rows]]
+                fresh.append(i)
+        self._auto[rows] = True
+        if fresh:  # a new generator: nothing drawn from it yet
+            self._seed_at[fresh] = self._seed_end[fresh] = self._world_end[fresh] = 0
+            self._auto[fresh] = False
+        missing = rows[self._world_end[rows] <= self._seed_at[rows]]
+        if missing.size:
+            self._draw_ahead(missing)
+        at = self._seed_at[rows]
+        episode, source = self._seeds_ahead[rows, at], rows * _SEEDS_AHEAD + at
         self._seed_at[rows] += 1
         if self._score_lists:
             gone = set(rows.tolist())
             self._score_lists = {key: v for key, v in self._score_lists.items() if key[0] not in gone}
         self.episode_seeds[rows] = episode
-        self.batch.reset(rows, episode)
+        self.batch.take(rows, self._store, source)  # the world its seed gives, streams and remembered stats
+        self.data_keys[rows], self.train_keys[rows] = self._store_keys[:, source]
+        self.initial_official[rows] = self._store_initial[source]
         # the candidates an episode scored are those of its checkpoints (index <= n_ckpt): the rest is still 0
         used = (int(self.n_ckpt[rows].max(initial=0)) + 1) * N_VERSIONS
         for name in ("n_scores", "means", "first_scored", "score_sum"):
             getattr(self, name)[rows, :used] = 0
         self.ds_n[rows, :int(self.n_ds[rows].max(initial=0))] = 0  # the slots it made; the others are still 0
-        for name in ("clock", "spent_n", "reserved_n", "steps", "refusals", "fixed", "harness_read", "last_error",
-                     "n_candidates", "running", "fail_shares", "eval_cost", "evaluations", "done", "n_ckpt", "n_ds",
-                     "generations", "trainings", "data_counter", "train_counter"):
-            getattr(self, name)[rows] = 0
-        for name in ("train_set", "ckpt_ds", "job_ds", "pools", "pass_rates"):
-            getattr(self, name)[rows] = -1
-        self.usd_per_example[rows] = self.teacher_skill[rows] = np.nan
-        seeds_u = self.batch.seeds[rows]
-        key = benchmark_key(self.scenario.benchmark)
-        self.data_keys[rows], self.train_keys[rows] = streams_keys(seeds_u, key, ("data", "train"))
+        for block, start in self._blocks:  # counters, money, clock, flags, slots, teacher records: _EPISODE_START
+            block[rows] = start
         shift = self.batch.worlds.teacher_shift[rows][:, self._shift_column]
         self.teacher_acc[rows] = 1.0 / (1.0 + np.exp(-(self._acc_logit + shift)))  # SimWorld.teacher_accuracy
         self.ckpt_skill[rows] = self.ckpt_memory[rows] = np.nan
         self.ckpt_skill[rows, 0], self.ckpt_memory[rows, 0] = self.batch.base_skill[rows], 0.0
         self.end_reason[rows] = ""
         self._open[rows] = True
-        self.initial_dev[rows] = self.best_dev[rows] = self.last_dev[rows] = -1.0
-        if official:
-            self.initial_official[rows] = self._official(rows, np.zeros(rows.size, np.int64))
 
-    def _official(self, rows: np.ndarray, cand: np.ndarray) -> np.ndarray:
-        """The official avg@k of a candidate (checkpoint and harness version; the world's fixed draw)."""
-        ckpt, version = np.divmod(cand, N_VERSIONS)
-        return self.batch.evaluate(self.ckpt_skill[rows, ckpt], np.zeros(rows.size), self._harness(version),
-                                   k=self.scenario.official_k, split="official", rows=rows).score
+    def _draw_ahead(self, missing: np.ndarray) -> None:
+        """Worlds ahead: for the rows in ``missing`` their next seed's world, and for every row that autoresets
+        up to ``_WORLDS_AHEAD`` worlds ahead, each with its initial official score (base skill, the initial
+        harness, the world's fixed official draw), in passes of many rows (rows are independent: each world is
+        what its seed gives alone, as ``SimBatch.reset`` draws it). A row's seed window moves to the front of its
+        slots when the worlds would pass its end; seeds are drawn from the row's generator as the window needs."""
+        size = _SEEDS_AHEAD
+        want = np.where(self._auto & (self._world_end - self._seed_at < _WORLDS_AHEAD), _WORLDS_AHEAD, 0)
+        want[missing] = np.maximum(want[missing], 1)  # worlds wanted ahead of each row's next seed
+        grow = np.flatnonzero(self._seed_at + want > self._world_end)
+        move = grow[self._seed_at[grow] + want[grow] > size]
+        if move.size:  # the window to the front: the seeds and the worlds not used yet (slots past them: unread)
+            at = self._seed_at[move]
+            self._seeds_ahead[move] = self._seeds_ahead[move[:, None], np.minimum(at[:, None] + np.arange(size), size - 1)]
+            keep = np.maximum(self._world_end[move] - at, 0)
+            if keep.any():
+                row, first = np.repeat(move, keep), np.repeat(at, keep)
+                offset = np.arange(int(keep.sum())) - np.repeat(np.cumsum(keep) - keep, keep)
+                src, dst = row * size + first + offset, row * size + offset
+                self._store.take(dst, self._store, src)
+                self._store_initial[dst] = self._store_initial[src]
+                self._store_keys[:, dst] = self._store_keys[:, src]
+            self._seed_end[move] -= at
+            self._world_end[move] = keep
+            self._seed_at[move] = 0
+        stop = self._seed_at[grow] + want[grow]
+        for i, have, need in zip(grow.tolist(), self._seed_end[grow].tolist(), stop.tolist()):
+            if have < need:  # the rest of the window from the row's generator (in a batch: the same draws)
+                self._seeds_ahead[i, have:] = self._rngs[i].integers(2**31 - 1, size=size - have)
+                self._seed_end[i] = size
+        start = np.maximum(self._world_end[grow], self._seed_at[grow])
+        counts = stop - start
+        row = np.repeat(grow, counts)
+        slot = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts - start, counts)
+        index, seeds = row * size + slot, self._seeds_ahead[row, slot]
+        for first in range(0, index.size, _DRAW_CHUNK):
+            part, part_seeds = index[first:first + _DRAW_CHUNK], seeds[first:first + _DRAW_CHUNK]
+            self._store_keys[:, part] = self._store.reset(part, part_seeds, streams=("data", "train"))
+            self._store_initial[part] = self._store.evaluate(
+                self._store.base_skill[part], np.zeros(part.size), self._harness(np.zeros(part.size, np.intp)),
+                k=self.scenario.official_k, split="official", rows=part).score
+        self._world_end[grow] = stop
 
     def _version(self, rows: np.ndarray) -> np.ndarray:
-        """The latest harness version (its bit pattern) of each row."""
-        return self.fixed[rows] @ (1 << np.arange(len(DEFECTS)))
+        """The latest harness version (its bit pattern, ``fixed`` as bits) of each row."""
+        return self.version[rows]
 
     def _harness(self, version: np.ndarray) -> HarnessArrays:
-        t = self.harness_table
-        return HarnessArrays(*(getattr(t, f)[version] for f in HarnessArrays.__dataclass_fields__))
+        return self.harness_table.take(version)  # with its derived arrays, made once per version in __init__
 
     def _available_usd(self, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
         return (self.budget_n - self.spent_n[rows] - self.reserved_n[rows]) / NANO
@@ -1451,7 +1539,8 @@ class MenuArrayEnv(VectorEnv):
         f[:, _F[f"track:{s.track}"]] = 1.0
         f[:, _F["last_error"]] = self.last_error
         f[:, _F["harness_read"]] = self.harness_read
-        return np.clip(f, -1.0, 1.0, out=f)
+        np.maximum(f, -1.0, out=f)  # np.clip(f, -1, 1): the same floats, without clip's Python wrapper
+        return np.minimum(f, 1.0, out=f)
 
     def _end_info(self, info: dict[str, Any], rows: np.ndarray) -> None:
         """The end keys of the rows whose episode ended this step (``_key`` masks mark them)."""

@@ -77,3 +77,42 @@ def test_episode_seeds_drawn_ahead_are_the_draws_one_per_reset():
             seen.append(env.episode_seeds.tolist())
             want.append(expected())
     assert seen == want and len(seen) > 40  # more than one batch of 32 per row
+
+
+def test_worlds_drawn_ahead_are_the_worlds_their_seeds_give_in_few_passes(monkeypatch):
+    """An autoresetting row's next worlds (and their initial official scores) are drawn ahead, many rows a pass: over
+    80 harness steps of 24 rows (~5 episodes each) a few passes draw every world, and each episode's world and
+    initial score are what its seed gives alone (``SimBatch.make`` of that seed, evaluated there). A row reset with
+    a seed draws only the world it needs."""
+    from rsigym_env.worlds.sim import batch as batch_module
+    from rsigym_env.worlds.sim.batch import HarnessArrays, SimBatch
+
+    passes, real = [], batch_module.draw_worlds
+    monkeypatch.setattr(batch_module, "draw_worlds",
+                        lambda benchmark, seeds, **kw: passes.append(len(seeds)) or real(benchmark, seeds, **kw))
+    n, rng = 24, np.random.default_rng(3)
+    env = MenuArrayEnv(n, track="harness", benchmark="gpqa-diamond", budget_usd=50)
+    del passes[:]  # (the env's batch and the room for the worlds ahead)
+    obs, info = env.reset(seed=5)
+    assert passes == [n]  # seeded resets: the worlds they need
+    seen = {(i, int(s)): float(v) for i, (s, v) in enumerate(zip(env.episode_seeds, env.initial_official))}
+    episodes = 0
+    for _ in range(80):
+        mask = info["action_mask"]
+        obs, _, terminated, truncated, info = env.step(np.argmax(np.where(mask, rng.random(mask.shape), -1.0), axis=1))
+        episodes += int((terminated | truncated).sum())
+        seen.update({(i, int(s)): float(v) for i, (s, v) in enumerate(zip(env.episode_seeds, env.initial_official))})
+    assert episodes > 3 * n and len(passes) <= 1 + 80 // 8  # a pass per step would be one per step with an episode's end
+    seeds = sorted({s for _, s in seen})
+    alone = SimBatch.make("gpqa-diamond", seeds)
+    harness = HarnessArrays.of([alone.initial_harness()] * len(seeds))
+    scores = alone.evaluate(alone.base_skill, np.zeros(len(seeds)), harness, k=env.scenario.official_k,
+                            split="official").score
+    by_seed = dict(zip(seeds, scores.tolist()))
+    assert all(by_seed[s] == v for (_, s), v in seen.items())
+    env.reset(seed=[None] * (n - 2) + [8, 9], options={"reset_mask": np.arange(n) >= n - 2})
+    assert (env._world_end[-2:] == env._seed_at[-2:]).all()  # the reseeded rows: their world, none ahead
+    del passes[:]
+    for seed in (1, 2, 3):  # resets with seeds only: the worlds they need, as one draw per reset would
+        env.reset(seed=seed)
+    assert passes == [n, n, n]

@@ -23,7 +23,8 @@ True
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -93,16 +94,51 @@ class HarnessArrays:
             valid=np.array([isinstance(h, Harness) for h in parsed]),
         )
 
-    @property
+    # The derived arrays are made once per object (read-only); :meth:`take` gathers them with the options.
+
+    @cached_property
     def active(self) -> np.ndarray:
         """(N, 5): the defects (``DEFECTS`` order) each harness leaves in place (``Harness.active``)."""
-        return ~np.column_stack([self.cont, self.verify, self.persistent, self.detect, self.check])
+        return _read_only(~np.column_stack([self.cont, self.verify, self.persistent, self.detect, self.check]))
 
-    @property
+    @cached_property
     def applied(self) -> np.ndarray:
         """(N, 5): the remedies each harness applies (``Harness.applied``)."""
         longer = self.cont | (self.max_output_tokens > Harness().max_output_tokens)
-        return np.column_stack([longer, self.verify, self.persistent, self.detect, self.check])
+        return _read_only(np.column_stack([longer, self.verify, self.persistent, self.detect, self.check]))
+
+    @cached_property
+    def bill_code(self) -> np.ndarray:
+        """(N,) int: each harness's part of its evaluation bill's key (:meth:`SimBatch.bill`)."""
+        return _read_only(self.max_output_tokens.astype(np.int64) * 1024 + 4 * self.cont + 8 * self.verify
+                          + 16 * self.check + 32 * self.valid)
+
+    @cached_property
+    def memo_code(self) -> np.ndarray:
+        """(N,) int: each harness's part of its remembered statistics' key (:meth:`SimBatch.remember_stats`)."""
+        bits = self.cont + 2 * self.verify + 4 * self.persistent + 8 * self.detect + 16 * self.check
+        return _read_only((self.max_output_tokens.astype(np.int64) * 64 + bits) * 4096)
+
+    def take(self, index: np.ndarray) -> HarnessArrays:
+        """The harnesses at ``index`` (an index array: a copy), with the derived arrays made so far.
+
+        >>> table = HarnessArrays.of([{"harness.toml": ""}, {"harness.toml": "[loop]\\ndetect = true"}])
+        >>> table.active.shape, table.take(np.array([1, 1, 0])).active[:, 3].tolist()
+        ((2, 5), [False, False, True])
+        """
+        out = HarnessArrays(*(getattr(self, f.name)[index] for f in fields(self)))
+        for name in _DERIVED:
+            if name in self.__dict__:
+                out.__dict__[name] = self.__dict__[name][index]
+        return out
+
+
+_DERIVED = ("active", "applied", "bill_code", "memo_code")
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
 
 
 def task_exposure(tasks: TaskSet, harness: HarnessArrays) -> tuple[np.ndarray, np.ndarray]:
@@ -153,6 +189,7 @@ class SimBatch:
         self._bills: dict[int, tuple[float, float, int, float]] = {}  # bill code -> the bill
         self._bill_keys, self._bill_values = np.zeros(0, np.int64), np.zeros((0, 4))
         self._memo: tuple[np.ndarray, ...] | None = None  # remember_stats: per world its latest evaluations' stats
+        self._nothing = np.zeros((0, 0))  # the placeholder of the stats' per-task fields draw_outcomes does not read
 
     def remember_stats(self, slots: int = 2) -> None:
         """Remember, per world, the statistics of its last ``slots`` distinct evaluations (what an evaluation is
@@ -186,6 +223,23 @@ class SimBatch:
         """One world per seed."""
         return cls(benchmark, seeds, **world_kwargs)
 
+    @classmethod
+    def repeat(cls, benchmark: str, seed: int, size: int, **world_kwargs: Any) -> SimBatch:
+        """``size`` copies of one seed's world (drawn once): room for worlds to :meth:`reset` or :meth:`take` into.
+
+        >>> room = SimBatch.repeat("aime", 3, 4)
+        >>> len(room), bool((room.base_skill == SimBatch.make("aime", [3]).base_skill[0]).all())
+        (4, True)
+        """
+        if size < 1:
+            raise ValueError(f"a SimBatch needs at least one world, got size {size}")
+        batch = cls(benchmark, [seed], **world_kwargs)
+        w = batch.worlds
+        batch.worlds = Worlds(table=w.table, **{name: np.repeat(getattr(w, name), size, axis=0) for name in _WORLD_ARRAYS})
+        for name in ("seeds", "eval_keys", "official_keys", "eval_counters"):
+            setattr(batch, name, np.repeat(getattr(batch, name), size))
+        return batch
+
     def __len__(self) -> int:
         return len(self.seeds)
 
@@ -196,13 +250,16 @@ class SimBatch:
     def initial_harness(self) -> dict[str, str]:
         return self.model.initial_harness()
 
-    def reset(self, rows: Sequence[int] | np.ndarray, seeds: Sequence[int] | np.ndarray) -> None:
+    def reset(self, rows: Sequence[int] | np.ndarray, seeds: Sequence[int] | np.ndarray,
+              streams: tuple[str, ...] = ()) -> np.ndarray:
         """Draw new worlds in place at ``rows`` (one seed each): what an autoreset of those envs needs.
         Each redrawn row is the world its seed gives alone (:func:`~.model.draw_worlds`), its ``eval``
-        stream at its first draw; the other rows are untouched.
+        stream at its first draw; the other rows are untouched. Returns the new worlds' keys of ``streams``
+        ((len(streams), rows), :func:`~.draws.streams_keys`: made with the world's own in one pass).
 
         >>> batch = SimBatch.make("aime", [0, 1, 2])
-        >>> batch.reset([1], [7])
+        >>> batch.reset([1], [7], streams=("data",)).shape
+        (1, 1)
         >>> bool(batch.base_skill[1] == SimBatch.make("aime", [7]).base_skill[0]), batch.seeds.tolist()
         (True, [0, 7, 2])
         """
@@ -211,15 +268,16 @@ class SimBatch:
         if rows.shape != seeds.shape:
             raise ValueError(f"give one seed per row: {rows.size} rows, {seeds.size} seeds")
         if not rows.size:
-            return
-        drawn = draw_worlds(self.model.benchmark, seeds)
+            return np.zeros((len(streams), 0), np.uint64)
+        keys = streams_keys(seeds, benchmark_key(self.model.benchmark.id), ("world", "eval", "official", *streams))
+        drawn = draw_worlds(self.model.benchmark, seeds, world_keys=keys[0])
         for name in _WORLD_ARRAYS:
             getattr(self.worlds, name)[rows] = getattr(drawn, name)
         self.seeds[rows] = seeds
-        key = benchmark_key(self.model.benchmark.id)
-        self.eval_keys[rows], self.official_keys[rows] = streams_keys(seeds, key, ("eval", "official"))
+        self.eval_keys[rows], self.official_keys[rows] = keys[1], keys[2]
         self.eval_counters[rows] = 0
         self._forget(rows)
+        return keys[3:]
 
     def world(self, row: int) -> SimWorld:
         """Row ``row``'s world as a :class:`~.world.SimWorld` (``SimWorld(benchmark, seed, ...)``, from the row's
@@ -238,7 +296,9 @@ class SimBatch:
     def take(self, rows: Sequence[int] | np.ndarray, source: SimBatch, source_rows: Sequence[int] | np.ndarray
              ) -> None:
         """Put ``source``'s worlds at ``source_rows`` (same benchmark) in place at ``rows``, streams and all:
-        an autoreset from worlds drawn ahead in one larger batch (the same worlds as :meth:`reset` draws).
+        an autoreset from worlds drawn ahead in one larger batch (the same worlds as :meth:`reset` draws). Where
+        both batches remember statistics (:meth:`remember_stats`, as many slots), the source's memory of those
+        worlds comes along (what they evaluated there, remembered here).
 
         >>> batch, ahead = SimBatch.make("aime", [0, 1]), SimBatch.make("aime", [5, 6, 7])
         >>> batch.take([1], ahead, [2])
@@ -252,7 +312,11 @@ class SimBatch:
             getattr(self.worlds, name)[rows] = getattr(source.worlds, name)[source_rows]
         for name in ("seeds", "eval_keys", "official_keys", "eval_counters"):
             getattr(self, name)[rows] = getattr(source, name)[source_rows]
-        self._forget(rows)
+        if self._memo is not None and source._memo is not None and source._memo[0].shape[1] == self._memo[0].shape[1]:
+            for mine, theirs in zip(self._memo, source._memo):
+                mine[rows] = theirs[source_rows]
+        else:
+            self._forget(rows)
 
     def evaluate(self, skill: np.ndarray, memory: np.ndarray, harness: HarnessArrays, k: int | np.ndarray,
                  split: str | np.ndarray = "dev", n_tasks: int | None = None,
@@ -312,8 +376,7 @@ class SimBatch:
         inputs lately (:meth:`remember_stats`), computed for the others (rows are independent) and remembered.
         Only the fields :func:`~.model.draw_outcomes` reads are filled (``success`` is a placeholder of its shape)."""
         skills, memories, codes, values, upcoming = self._memo
-        bits = harness.cont + 2 * harness.verify + 4 * harness.persistent + 8 * harness.detect + 16 * harness.check
-        code = ((harness.max_output_tokens.astype(np.int64) * 2 + official) * 32 + bits) * 4096 + m
+        code = harness.memo_code + official * (32 * 4096) + m  # ((tokens * 2 + official) * 32 + options) * 4096 + m
         match = (codes[picked] == code[:, None]) & (skills[picked] == skill[:, None]) & (memories[picked] == memory[:, None])
         hit = match.any(axis=1)
         out = values[picked, np.argmax(match, axis=1)]  # (M, 8); the misses' rows are filled below
@@ -321,7 +384,7 @@ class SimBatch:
         if miss.size:
             every = miss.size == picked.size
             r = picked if every else picked[miss]
-            h = harness if every else HarnessArrays(*(getattr(harness, f)[miss] for f in HarnessArrays.__dataclass_fields__))
+            h = harness if every else harness.take(miss)
             w = self.worlds
             fresh = evaluation_stats(self.table, half[miss], variant[miss], present[miss], w.severity[r], w.harm[r],
                                      skill[miss], memory[miss], h.max_output_tokens, h.active, h.applied, m)
@@ -330,9 +393,11 @@ class SimBatch:
             upcoming[r] = (slot + 1) % skills.shape[1]
             skills[r, slot], memories[r, slot], codes[r, slot], values[r, slot] = skill[miss], memory[miss], code[miss], out[miss]
         size = picked.size
-        nothing = np.broadcast_to(np.zeros(1, np.int64), (size, m))
-        return EvalStats(np.broadcast_to(np.zeros(1), (size, m)), nothing, np.zeros((size, 0)), np.zeros((size, 0)),
-                         out[:, 0], out[:, 1], out[:, 2:])
+        if self._nothing.shape[0] < size or self._nothing.shape[1] != m:  # a read-only placeholder of (size, m)
+            self._nothing = np.zeros((max(size, 2 * self._nothing.shape[0]), m))
+            self._nothing.flags.writeable = False
+        nothing = self._nothing[:size]
+        return EvalStats(nothing, nothing, nothing[:, :0], nothing[:, :0], out[:, 0], out[:, 1], out[:, 2:])
 
     def bill(self, half: np.ndarray, variant: np.ndarray, harness: HarnessArrays, k: int | np.ndarray,
              n_tasks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -340,9 +405,8 @@ class SimBatch:
         table half ``half`` in reply variant ``variant`` (one each per world) k times: the scalar sim's
         :func:`~.world.evaluation_bill`, looked up per distinct (half, variant, harness options, k)."""
         k = np.asarray(k, dtype=np.int64)
-        bits = (half + 2 * variant + 4 * harness.cont + 8 * harness.verify + 16 * harness.check + 32 * harness.valid
-                + 64 * k)
-        codes = (harness.max_output_tokens.astype(np.int64) * 1024 + bits) * 4096 + n_tasks
+        # (tokens * 1024 + half + 2 variant + 4 cont + 8 verify + 16 check + 32 valid + 64 k) * 4096 + n_tasks
+        codes = (harness.bill_code + half + 2 * variant + 64 * k) * 4096 + n_tasks
         at = np.searchsorted(self._bill_keys, codes)
         known = at < len(self._bill_keys)
         known[known] = self._bill_keys[at[known]] == codes[known]

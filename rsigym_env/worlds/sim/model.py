@@ -310,6 +310,7 @@ class TaskTable:
     exp_difficulty: np.ndarray  # (2, n): exp(difficulty), so that sigmoid(s - d) = 1 / (1 + exp(d) exp(-s))
     codes: np.ndarray  # (2, n) int: each task's flags as bits (bit j - 1: defect j's flag, j = 1..4)
     interference_codes: np.ndarray  # (2, n) int: each task's interference flags as bits (bit j: remedy j)
+    minimal_codes: np.ndarray  # (2 variants, 2, n) int: ``codes`` + 16 where a reply is cut off at the minimal limit
 
     @property
     def n(self) -> int:
@@ -337,6 +338,7 @@ def task_table(benchmark_id: str) -> TaskTable:
     arrays = (drawn.difficulty, reply, drawn.flags, drawn.interference, np.exp(drawn.difficulty),
               (drawn.flags << np.arange(len(DEFECTS) - 1)).sum(axis=-1),
               (drawn.interference << np.arange(len(DEFECTS))).sum(axis=-1))
+    arrays += (arrays[5] + 16 * (reply > MINIMAL_MAX_OUTPUT_TOKENS),)
     for array in arrays:
         array.flags.writeable = False
     return TaskTable(*arrays)
@@ -384,7 +386,8 @@ SYSTEM_DRAWS = 2 * len(DEFECTS) + 3 + 1  # uniforms of a system besides its teac
 # transfer, threshold, damage scale, the official half
 
 
-def draw_worlds(benchmark: Benchmark, seeds: Sequence[int] | np.ndarray) -> Worlds:
+def draw_worlds(benchmark: Benchmark, seeds: Sequence[int] | np.ndarray, world_keys: np.ndarray | None = None
+                ) -> Worlds:
     """N worlds (one per seed) from a few uniforms each, every transform batched over N.
 
     A world is a target system (each defect the domain can have present with its prevalence, a severity
@@ -392,14 +395,15 @@ def draw_worlds(benchmark: Benchmark, seeds: Sequence[int] | np.ndarray) -> Worl
     teacher's accuracy shifted in logits; a transfer share), its model's robustness, which half of the
     benchmark's fixed task table is its official split, and the base skill calibrated on that split
     (:func:`calibrate_worlds`). A system whose defects alone forbid the paper's score is redrawn (rarely)
-    from the world's next block. Row i depends on seed i only.
+    from the world's next block. Row i depends on seed i only. ``world_keys``: the seeds' ``world`` stream keys
+    if the caller has them (:func:`~.draws.streams_keys`).
     """
     domain = benchmark.domain
     seeds = seed_array(seeds)
     size, n_defects = len(seeds), len(DEFECTS)
     teachers = len(domain.teacher_accuracy)
     table = task_table(benchmark.id)
-    key_world = stream_keys(seeds, benchmark_key(benchmark.id), "world")
+    key_world = stream_keys(seeds, benchmark_key(benchmark.id), "world") if world_keys is None else world_keys
     width = SYSTEM_DRAWS + teachers
     block = uniforms(key_world, np.zeros(size, np.uint64), width)
     relevant = np.asarray(domain.exposure) > 0
@@ -414,7 +418,9 @@ def draw_worlds(benchmark: Benchmark, seeds: Sequence[int] | np.ndarray) -> Worl
 
     present, severity, z, u_threshold, half = systems(block)
     ceiling = _minimal_ceiling(table, present, severity, half)
-    redraw = np.flatnonzero(FEASIBLE_MODEL_ALONE * ceiling.mean(axis=-1) <= target)
+    n_tasks = ceiling.shape[-1]
+    ceiling_mean = np.add.reduce(ceiling, axis=-1) / n_tasks  # ceiling.mean(axis=-1): the same floats
+    redraw = np.flatnonzero(FEASIBLE_MODEL_ALONE * ceiling_mean <= target)
     attempt = 0
     while redraw.size:  # the (rare) systems whose defects alone forbid the paper's score
         attempt += 1
@@ -424,14 +430,15 @@ def draw_worlds(benchmark: Benchmark, seeds: Sequence[int] | np.ndarray) -> Worl
         for whole, part in zip((present, severity, z, u_threshold, half), more):
             whole[redraw] = part
         ceiling[redraw] = _minimal_ceiling(table, present[redraw], severity[redraw], half[redraw])
-        redraw = redraw[FEASIBLE_MODEL_ALONE * ceiling[redraw].mean(axis=-1) <= target]
+        ceiling_mean[redraw] = np.add.reduce(ceiling[redraw], axis=-1) / n_tasks
+        redraw = redraw[FEASIBLE_MODEL_ALONE * ceiling_mean[redraw] <= target]
     harm = np.where(relevant, np.minimum(SEVERITY_MAX, HARM_RATIO * severity), 0.0)
     shift = TEACHER_SPREAD * z[:, n_defects : n_defects + teachers]
     transfer = TRANSFER_MEAN + TRANSFER_SD * z[:, n_defects + teachers]
     low, high = THRESHOLD_RANGE
     threshold = low + (high - low) * u_threshold
     damage_scale = DAMAGE_SCALE_MEDIAN * np.exp(DAMAGE_SCALE_SPREAD * z[:, -1])
-    base_skill = calibrate_worlds(benchmark.id, half, ceiling, target)
+    base_skill = calibrate_worlds(benchmark.id, half, ceiling, target, factor_mean=ceiling_mean)
     return Worlds(table, present, severity, harm, shift, transfer, threshold, damage_scale, half, base_skill)
 
 
@@ -439,6 +446,24 @@ CODES = 2 ** len(DEFECTS)
 """Exposure codes of a task: 5 bits (its four flags, then whether its reply is cut off)."""
 CODE_BITS = np.array([[(c >> 4) & 1, *((c >> j) & 1 for j in range(4))] for c in range(CODES)], dtype=float)
 """(32, 5): which defects (``DEFECTS`` order) a task with each exposure code is exposed to."""
+_DEFECT_CODES = np.array([np.flatnonzero(CODE_BITS[:, j]) for j in range(len(DEFECTS))])  # (5, 16), ascending
+
+
+def per_defect(weighted: np.ndarray) -> np.ndarray:
+    """(N, 5): for each defect the sum of ``weighted`` (N, 32, every value >= 0) over the exposure codes that have
+    it, added in code order one after the other: what ``(weighted[:, None, :] * CODE_BITS.T).sum(axis=-1)`` gives
+    (its product is laid out (N, 32, 5), so NumPy reduces the codes axis as a running sum, the zero terms adding
+    nothing). Here each defect's 16 codes are gathered as (5, 16, N) and reduced over the middle axis, again a
+    running sum, one row of N at a time; a single row is reduced as two, since NumPy would sum a lone row's 16
+    contiguous codes pairwise.
+
+    >>> w = np.arange(64.0).reshape(2, 32) / 7
+    >>> bool((per_defect(w) == (w[:, None, :] * CODE_BITS.T).sum(axis=-1)).all()), per_defect(w[:1]).shape
+    (True, (1, 5))
+    """
+    if len(weighted) == 1:
+        return per_defect(np.concatenate([weighted, weighted]))[:1]
+    return np.add.reduce(np.ascontiguousarray(weighted.T)[_DEFECT_CODES], axis=1).T
 
 
 CODE_AXES = (1, 5, 4, 3, 2)
@@ -480,6 +505,18 @@ class Exposure:
         return np.take(self.passing, self.cell)
 
 
+_OFFSETS = np.zeros((0, 1), np.int64)
+
+
+def _row_offsets(size: int) -> np.ndarray:
+    """(size, 1): ``CODES * row``, the start of each row's codes in a flattened (size, 32) table (read-only)."""
+    global _OFFSETS
+    if len(_OFFSETS) < size:
+        _OFFSETS = CODES * np.arange(max(size, 2 * len(_OFFSETS)), dtype=np.int64)[:, None]
+        _OFFSETS.flags.writeable = False
+    return _OFFSETS[:size]
+
+
 def exposure(table: TaskTable, half: np.ndarray, variant: np.ndarray, present: np.ndarray, severity: np.ndarray,
              max_output_tokens: np.ndarray, active: np.ndarray, m: int) -> Exposure:
     """The :class:`Exposure` of N worlds (one table half, reply variant, system and harness each): a reply
@@ -492,9 +529,12 @@ def exposure(table: TaskTable, half: np.ndarray, variant: np.ndarray, present: n
     >>> e.code.shape, float(e.passing[0, 0]), float(e.passing[0, 16]), float(e.trips[0, 31])
     ((1, 60), 1.0, 0.5, 2.5)
     """
-    truncated = table.reply_tokens[variant, half, :m] > np.asarray(max_output_tokens)[:, None]
-    code = table.codes[half, :m] + 16 * truncated
-    cell = code + CODES * np.arange(len(half))[:, None]
+    max_output_tokens = np.asarray(max_output_tokens)
+    if (max_output_tokens == MINIMAL_MAX_OUTPUT_TOKENS).all():  # the usual limit: the codes are tabulated
+        code = table.minimal_codes[variant, half, :m]
+    else:
+        code = table.codes[half, :m] + 16 * (table.reply_tokens[variant, half, :m] > max_output_tokens[:, None])
+    cell = code + _row_offsets(len(half))
     counts = np.concatenate([active[:, :1], present[:, 1:] & active[:, 1:]], axis=1)
     trip = np.where(counts, severity, 0.0)
     size = len(half)  # both tables in one per_code pass (its rows are independent)
@@ -525,11 +565,12 @@ def solve_curve(benchmark_id: str) -> np.ndarray:
 
 
 def calibrate_worlds(benchmark_id: str, half: np.ndarray, factor: np.ndarray, target: float,
-                     steps: int = 3) -> np.ndarray:
+                     steps: int = 3, factor_mean: np.ndarray | None = None) -> np.ndarray:
     """The skill ``s`` with ``mean(sigmoid(s - d) * factor) == target`` per world, ``d`` the official half
     ``half`` (N,) of the benchmark's table and ``factor`` (N, n): the tabulated inverse of the half's mean
     solve rate at ``target / mean(factor)`` (:func:`solve_curve`), refined by ``steps`` Newton steps on every
-    row at once (a fixed count: no row waits for another).
+    row at once (a fixed count: no row waits for another). ``factor_mean``: ``factor.mean(axis=-1)`` if the
+    caller has it.
 
     >>> s = calibrate_worlds("aime", np.array([0, 1]), np.ones((2, 60)), 0.3167)
     >>> d = task_table("aime").difficulty
@@ -538,13 +579,18 @@ def calibrate_worlds(benchmark_id: str, half: np.ndarray, factor: np.ndarray, ta
     """
     curve = solve_curve(benchmark_id)
     exp_difficulty = task_table(benchmark_id).exp_difficulty[half]
-    ratio = target / factor.mean(axis=-1)
+    n = factor.shape[-1]  # a mean is np.mean's: the sum (add.reduce), then / n
+    ratio = target / (np.add.reduce(factor, axis=-1) / n if factor_mean is None else factor_mean)
     s = np.where(half == 1, np.interp(ratio, curve[1], SKILL_GRID), np.interp(ratio, curve[0], SKILL_GRID))
-    for _ in range(steps):
-        q = 1.0 / (1.0 + exp_difficulty * np.exp(-s)[:, None])
+    for _ in range(steps):  # the same operations as written out, in place (1 + x is x + 1)
+        q = exp_difficulty * np.exp(-s)[:, None]
+        q += 1.0
+        np.divide(1.0, q, out=q)  # q = 1 / (1 + exp(d) exp(-s))
         qf = q * factor
-        gap = qf.mean(axis=-1) - target
-        slope = (qf * (1.0 - q)).mean(axis=-1)
+        gap = np.add.reduce(qf, axis=-1) / n - target
+        np.subtract(1.0, q, out=q)
+        q *= qf  # qf * (1 - q)
+        slope = np.add.reduce(q, axis=-1) / n
         s = s - gap / slope
     return s
 
@@ -638,9 +684,13 @@ def evaluation_stats(
     e = exposure(table, half, variant, present, severity, max_output_tokens, active, m)
     p = e.task_pass()
     unneeded = applied & ~present
-    if unneeded.any():
+    hit = np.flatnonzero(unneeded.any(axis=1))  # the other rows' factor is exp(0) = 1 for every task: p * 1.0 is p
+    if hit.size == size:
         interference = np.exp(per_code(np.where(unneeded, np.log1p(-harm), 0.0), INTERFERENCE_AXES))
-        p *= np.take(interference, table.interference_codes[half, :m] + CODES * np.arange(size)[:, None])
+        p *= np.take(interference, table.interference_codes[half, :m] + _row_offsets(size))
+    elif hit.size:
+        interference = np.exp(per_code(np.where(unneeded[hit], np.log1p(-harm[hit]), 0.0), INTERFERENCE_AXES))
+        p[hit] *= np.take(interference, table.interference_codes[half[hit], :m] + _row_offsets(hit.size))
     odds = table.exp_difficulty[half, :m]
     odds *= np.exp(-skill)[:, None]
     odds += 1.0
@@ -654,7 +704,7 @@ def evaluation_stats(
         blame *= 1.0 - memory[:, None]
     weighted = np.bincount(e.cell.ravel(), minlength=CODES * size).reshape(size, CODES) * blame
     causes = np.empty((size, OUTCOMES - 1))
-    causes[:, :5] = (weighted[:, None, :] * CODE_BITS.T).sum(axis=-1)  # per defect, a sum over its codes
+    causes[:, :5] = per_defect(weighted)  # per defect, a sum over its codes
     causes[:, :5] *= e.trip
     mean = success.sum(axis=-1)
     causes[:, 5] = np.maximum(m - mean - causes[:, :5].sum(axis=-1), 0.0)
@@ -681,7 +731,7 @@ def draw_outcomes(stats: EvalStats, k: int | np.ndarray, u: np.ndarray, valid: n
     attempts = m * k
     z = norm_ppf(u)
     wins = np.floor(k * stats.mean + np.sqrt(k * stats.var) * z[:, 0] + 0.5)
-    wins = np.clip(wins, 0.0, attempts)
+    wins = np.minimum(np.maximum(wins, 0.0), attempts)  # as np.clip (a zero's sign aside: the counts are integers)
     out = np.zeros((size, len(FAILURE_MODES) + 1), np.int64)
     out[:, 0] = wins
     left = attempts - wins

@@ -181,3 +181,73 @@ def test_remembered_stats_give_every_evaluation_bit_for_bit(monkeypatch, benchma
                 else:
                     b.take(rows[:1], ahead, [step % 2])
     assert computed[id(memo)] < computed[id(plain)] / 2  # most evaluations were remembered ones
+
+
+def test_per_defect_is_the_strided_running_sum() -> None:
+    """``per_defect`` (a running sum over a (32, N, 5) product) gives the floats of the (N, 32, 5) product's reduce
+    it replaced, zeros and all, for any number of rows (one row too, where NumPy would sum the codes pairwise)."""
+    from rsigym_env.worlds.sim.model import CODE_BITS, per_defect
+
+    rng = np.random.default_rng(7)
+    for size in (0, 1, 2, 3, 17, 130, 2500):
+        for _ in range(20):
+            w = rng.random((size, 32)) * 10.0 ** rng.uniform(-6, 3, (size, 32))
+            w[rng.random((size, 32)) < rng.random()] = 0.0
+            assert per_defect(w).tobytes() == (w[:, None, :] * CODE_BITS.T).sum(axis=-1).tobytes()
+
+
+def test_exposure_codes_at_the_minimal_limit_are_the_tabulated_ones() -> None:
+    """The codes tabulated per task table (replies cut off at the minimal limit) are the ones worked out per row;
+    a row with another limit in the same call is worked out (and the others' codes do not change)."""
+    from rsigym_env.worlds.sim.model import MINIMAL_MAX_OUTPUT_TOKENS, exposure, task_table
+
+    table = task_table("swe-bench-verified")
+    half, variant = np.array([0, 1, 1, 0]), np.array([1, 1, 0, 0])
+    present, severity, active = np.ones((4, 5), bool), np.full((4, 5), 0.3), np.ones((4, 5), bool)
+    expected = table.codes[half] + 16 * (table.reply_tokens[variant, half] > MINIMAL_MAX_OUTPUT_TOKENS)
+    assert (table.minimal_codes[variant, half] == expected).all()
+    usual = exposure(table, half, variant, present, severity, np.full(4, MINIMAL_MAX_OUTPUT_TOKENS), active, table.n)
+    mixed = exposure(table, half, variant, present, severity, np.array([4096, 512, 4096, 65536]), active, table.n)
+    assert (usual.code == expected).all() and (mixed.code[[0, 2]] == expected[[0, 2]]).all()
+    assert (mixed.code[1] == table.codes[1] + 16 * (table.reply_tokens[1, 1] > 512)).all()
+    assert (mixed.code[3] == table.codes[0]).all()  # nothing is cut off at 65536 tokens
+
+
+def test_harness_take_gathers_the_derived_arrays() -> None:
+    """``HarnessArrays.take`` gives the options at the index with the derived arrays (made once, read-only) of
+    those harnesses, as a new object computes them."""
+    world = SimWorld("aime", 0)
+    table = HarnessArrays.of([_files(world, toml) for toml in HARNESSES])
+    derived = ("active", "applied", "bill_code", "memo_code")
+    for name in derived:
+        assert not getattr(table, name).flags.writeable
+    index = np.array([4, 0, 2, 2, 1, 3])
+    taken = table.take(index)
+    fresh = HarnessArrays.of([_files(world, HARNESSES[i]) for i in index.tolist()])
+    for name in derived:
+        assert name in taken.__dict__  # gathered, not made again
+        assert getattr(taken, name).tobytes() == getattr(fresh, name).tobytes(), name
+    for field in ("max_output_tokens", "cont", "verify", "persistent", "detect", "check", "valid"):
+        assert (getattr(taken, field) == getattr(fresh, field)).all(), field
+
+
+def test_take_carries_the_remembered_stats_and_repeat_makes_room() -> None:
+    """Worlds taken from a batch that remembers their evaluations are remembered where they go: the same
+    evaluation there computes no stats and gives what a batch of those worlds alone gives."""
+    seeds = [11, 12, 13]
+    ahead, room = SimBatch.make("gpqa-diamond", seeds), SimBatch.repeat("gpqa-diamond", 0, 5)
+    assert len(room) == 5 and (room.seeds == 0).all()
+    ahead.remember_stats()
+    room.remember_stats()
+    harness = HarnessArrays.of([ahead.initial_harness()] * 3)
+    ahead.evaluate(ahead.base_skill, np.zeros(3), harness, k=3, split="official")
+    room.take([4, 0, 2], ahead, [0, 1, 2])
+    calls = []
+    real = batch_module.evaluation_stats
+    try:
+        batch_module.evaluation_stats = lambda *args: calls.append(len(args[1])) or real(*args)
+        out = room.evaluate(room.base_skill[[4, 0, 2]], np.zeros(3), harness, k=3, split="official", rows=[4, 0, 2])
+    finally:
+        batch_module.evaluation_stats = real
+    alone = SimBatch.make("gpqa-diamond", seeds).evaluate(ahead.base_skill, np.zeros(3), harness, k=3, split="official")
+    assert calls == [] and out.score.tobytes() == alone.score.tobytes() and out.counts.tobytes() == alone.counts.tobytes()
