@@ -30,6 +30,7 @@ import rsigym_env  # noqa: F401  (first: it pins NumPy's BLAS kernels)
 
 import numpy as np
 
+from rsigym_env.catalog import FAILURE_MODES
 from rsigym_env.services import EvalRequest
 from rsigym_env.worlds.sim import BENCHMARKS, SimWorld
 from rsigym_env.worlds.sim.batch import HarnessArrays, SimBatch
@@ -65,7 +66,9 @@ def measure(benchmark: str, n: int, seconds: float) -> dict[str, float | bool]:
     for i, (w, req) in enumerate(zip(twin, requests)):
         billed = w.evaluation._run(req, official=False)
         same &= bool(out.score[i] == billed.value.score and out.usd[i] == billed.cost_usd
-                     and out.success[i].astype(float).tolist() == billed.value.rewards)
+                     and out.counts[i, 0] == sum(map(sum, billed.value.rewards))
+                     and dict(zip(FAILURE_MODES, out.failure_counts[i].tolist())) == {
+                         mode: billed.value.failure_modes.get(mode, 0) for mode in FAILURE_MODES})
 
     def batched() -> int:
         batch.evaluate(skill, memory, harness, k=3)
