@@ -56,13 +56,16 @@ Left out, with what it would cost (estimates on this VM, ~1 us a NumPy call on 2
 Together ~20-40 us a step at N = 256: inside the figures' noise.
 
     python bench/bench_v7_prototype.py [--sizes 64,256,1024] [--seconds 3] [--profile-steps 200] [--real]
+    python bench/bench_v7_prototype.py --interleave 3 [--sizes 256,1024] [--seconds 2]
     python bench/bench_v7_prototype.py --check
 
 Each size: CartPole-v1 (``bench_env.cartpole``, wall, and the same loop per CPU-second) for 1 s right before,
-then the prototype with the per-step ledger entry and without a ledger (masked uniform actions, 20 steps of
-warm-up, ``--seconds`` of ``step`` by CPU time), and with ``--real`` today's ``MenuArrayEnv`` (harness track,
+then the prototype with the per-step ledger entry, without a ledger, and without a ledger nor world draws (new
+episodes recycle the first batch's worlds: the step's own arrays) (masked uniform actions, 20 steps of warm-up,
+``--seconds`` of ``step`` by CPU time), and with ``--real`` today's ``MenuArrayEnv`` (harness track,
 ``write_episodes="step"``) the same way; then the NumPy/Python calls a step (cProfile's total calls over
-``--profile-steps`` steps / steps) at each size. ``--check``: the per-code statistics against the model's per-task
+``--profile-steps`` steps / steps) at each size. ``--interleave R``: R rounds of the four rows one after the
+other at each size (CartPole's CPU rate before each round), and each row's medians: the A/B figures. ``--check``: the per-code statistics against the model's per-task
 ``evaluation_stats`` (300 worlds, every harness version, both splits; they differ by float rounding, ~3e-14).
 
 >>> env = V7HarnessEnv(4, ledger=True)
@@ -245,10 +248,11 @@ def per_code_stats(tables: np.ndarray, split: np.ndarray, world: np.ndarray, act
 class V7HarnessEnv:
     """N harness-track episodes stepped as arrays in the version-7 style (module docstring); ``reset``/``step`` as
     a Gymnasium vector env's (``NEXT_STEP`` autoreset). ``ledger``: one ``open_settled`` entry per step for the
-    episodes that ended in it, or none."""
+    episodes that ended in it, or none. ``recycle_worlds`` (a measurement, not a sim): new episodes take the first
+    batch's worlds over and over, so the step is timed without drawing worlds."""
 
     def __init__(self, num_envs: int, *, benchmark: str = "swe-bench-verified", budget_usd: float = 500.0,
-                 ledger: bool = True):
+                 ledger: bool = True, recycle_worlds: bool = False):
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
         real = MenuArrayEnv(1, track="harness", benchmark=benchmark, budget_usd=budget_usd, write_episodes=False)
@@ -270,6 +274,7 @@ class V7HarnessEnv:
         real.close()
         self.bkey = benchmark_key(benchmark)
         self.ledger = Ledger(None) if ledger else None
+        self.recycle = recycle_worlds
         self._keys = 0
         n = num_envs
         self.ints, self.floats = np.zeros((n, len(_INTS)), np.int64), np.zeros((n, len(_FLOATS)))
@@ -313,7 +318,10 @@ class V7HarnessEnv:
 
     def _new_episodes(self, rows: np.ndarray) -> None:
         if self._at + rows.size > AHEAD:
-            self._draw_ahead()
+            if self.recycle:
+                self._at = 0
+            else:
+                self._draw_ahead()
         take = slice(self._at, self._at + rows.size)
         self._at += rows.size
         for whole, part in zip((self.seeds, self.tables, self.world, self.keys, self.variant, self.half,
@@ -602,14 +610,18 @@ def run(env: Any, n: int, seconds: float) -> tuple[float, float, int]:
     return cpu / steps * 1e3, ended / steps, steps
 
 
-def calls_a_step(env: Any, steps: int) -> float:
-    """cProfile's total calls (Python functions and NumPy's C functions) over ``steps`` steps / steps."""
+PARTS = ("_draw_ahead", "_new_episodes", "_fix_pass", "_evaluations", "per_code_stats", "draw_outcomes", "_limits",
+         "_view", "_end_info", "_write")
+
+
+def calls_a_step(env: Any, steps: int) -> tuple[float, dict[str, float]]:
+    """(cProfile's total calls (Python functions and NumPy's C functions) over ``steps`` steps / steps, the share
+    of the profiled time in each of ``PARTS``, callees included)."""
     rng = np.random.default_rng(1)
     obs, info = env.reset(seed=1)
     for _ in range(20):
         mask = info["action_mask"]
         obs, _, _, _, info = env.step(np.argmax(np.where(mask, rng.random(mask.shape), -1.0), axis=1))
-    actions = []
     profile = cProfile.Profile()
     for _ in range(steps):
         mask = info["action_mask"]
@@ -617,7 +629,13 @@ def calls_a_step(env: Any, steps: int) -> float:
         profile.enable()
         obs, _, _, _, info = env.step(actions)
         profile.disable()
-    return pstats.Stats(profile).total_calls / steps
+    stats = pstats.Stats(profile)
+    total = stats.total_tt
+    shares = {}
+    for (_, _, name), (_, _, _, cumulative, _) in stats.stats.items():  # type: ignore[attr-defined]
+        if name in PARTS:
+            shares[name] = shares.get(name, 0.0) + cumulative / total
+    return stats.total_calls / steps, shares
 
 
 def check(benchmarks: tuple[str, ...] = ("swe-bench-verified", "aime"), worlds: int = 300) -> float:
@@ -649,24 +667,57 @@ def check(benchmarks: tuple[str, ...] = ("swe-bench-verified", "aime"), worlds: 
     return worst
 
 
+def interleaved(n: int, rounds: int, seconds: float) -> None:
+    """``rounds`` rounds of every row at N = ``n``, one after the other (CartPole's CPU rate before each round),
+    then each row's median CPU ms a step and median ratio to CartPole: the A/B figures (the VM's speed drifts)."""
+    makers = {"v7 ledger=step": partial(V7HarnessEnv, n, ledger=True),
+              "v7 ledger=off": partial(V7HarnessEnv, n, ledger=False),
+              "v7 off, no draw": partial(V7HarnessEnv, n, ledger=False, recycle_worlds=True),
+              "today, step": partial(gym.make_vec, "RSIGym/Harness-v0", num_envs=n,
+                                     vectorization_mode="vector_entry_point", menu=True,
+                                     benchmark="swe-bench-verified", budget_usd=500, write_episodes="step")}
+    ms: dict[str, list[float]] = {name: [] for name in makers}
+    ratio: dict[str, list[float]] = {name: [] for name in makers}
+    for r in range(rounds):
+        cpu = cartpole_cpu(1.0)
+        for name, make in makers.items():
+            with threadpool_limits(limits=1, user_api="blas"):
+                t, _, _ = run(make(), n, seconds)
+            ms[name].append(t)
+            ratio[name].append(n / (t / 1e3) / cpu)
+        print(f"round {r} N={n}: CartPole {cpu:,.0f} steps per CPU-s; " + "; ".join(
+            f"{name} {ms[name][-1]:.3f} ms" for name in makers) + f"; load {os.getloadavg()[0]:.2f}", flush=True)
+    for name in makers:
+        print(f"N={n:5d} {name:16s}: median {np.median(ms[name]):6.3f} ms CPU a step, {np.median(ratio[name]):5.2f}x "
+              f"CartPole per CPU-s (rounds {', '.join(f'{v:.2f}' for v in ratio[name])})", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="64,256,1024")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--profile-steps", type=int, default=200)
     parser.add_argument("--real", action="store_true", help="also today's MenuArrayEnv (harness, write_episodes='step')")
+    parser.add_argument("--interleave", type=int, default=0, help="rounds of every row, interleaved, at each size")
     parser.add_argument("--check", action="store_true", help="per-code statistics against the model's per-task ones")
     args = parser.parse_args()
     if args.check:
         print(f"per-code vs per-task statistics: largest difference {check():.3g}", flush=True)
         return
     sizes = [int(v) for v in args.sizes.split(",")]
+    if args.interleave:
+        print(f"load before {os.getloadavg()}; {time.strftime('%H:%M:%S', time.gmtime())} UTC", flush=True)
+        for n in sizes:
+            interleaved(n, args.interleave, args.seconds)
+        print(f"load after {os.getloadavg()}; {time.strftime('%H:%M:%S', time.gmtime())} UTC", flush=True)
+        return
     print(f"load before {os.getloadavg()}; {time.strftime('%H:%M:%S', time.gmtime())} UTC", flush=True)
     for n in sizes:
         wall, cpu = cartpole(1.0), cartpole_cpu(1.0)
         print(f"N={n:5d} CartPole-v1 just before: {wall:,.0f} steps/s wall, {cpu:,.0f} steps per CPU-s", flush=True)
         rows = [("v7 ledger=step", partial(V7HarnessEnv, n, ledger=True)),
-                ("v7 ledger=off ", partial(V7HarnessEnv, n, ledger=False))]
+                ("v7 ledger=off ", partial(V7HarnessEnv, n, ledger=False)),
+                ("v7 off, no draw", partial(V7HarnessEnv, n, ledger=False, recycle_worlds=True))]
         if args.real:
             rows.append(("today harness ", partial(gym.make_vec, "RSIGym/Harness-v0", num_envs=n,
                                                    vectorization_mode="vector_entry_point", menu=True,
@@ -680,12 +731,26 @@ def main() -> None:
             print(f"N={n:5d} {name}: {ms:7.3f} ms CPU a step ({steps} steps), {rate:10,.0f} steps per CPU-s = "
                   f"{rate / cpu:6.2f}x CartPole's; {ended:6.1f} episodes end a step; load {os.getloadavg()[0]:.2f}",
                   flush=True)
+    env = V7HarnessEnv(1, ledger=False)
+    env.reset(seed=0)
+    with threadpool_limits(limits=1, user_api="blas"):
+        start = time.process_time()
+        for _ in range(3):
+            env._draw_ahead()
+        whole = (time.process_time() - start) / 3
+        start = time.process_time()
+        for _ in range(3):
+            draw_worlds(env.benchmark, np.arange(AHEAD))
+        model = (time.process_time() - start) / 3
+    print(f"worlds ahead: {whole / AHEAD * 1e6:.2f} us CPU a world ({AHEAD} a batch), of which draw_worlds "
+          f"{model / AHEAD * 1e6:.2f} us (the model's draws and base-skill calibration)", flush=True)
     for n in sizes:
         for name, ledger in (("ledger=step", True), ("ledger=off", False)):
             with threadpool_limits(limits=1, user_api="blas"):
-                calls = calls_a_step(V7HarnessEnv(n, ledger=ledger), args.profile_steps)
-            print(f"N={n:5d} v7 {name:11s}: {calls:7.0f} calls a step (cProfile, {args.profile_steps} steps)",
-                  flush=True)
+                calls, shares = calls_a_step(V7HarnessEnv(n, ledger=ledger), args.profile_steps)
+            parts = ", ".join(f"{part} {shares.get(part, 0.0):.0%}" for part in PARTS)
+            print(f"N={n:5d} v7 {name:11s}: {calls:7.0f} calls a step (cProfile, {args.profile_steps} steps); profiled "
+                  f"time in: {parts}", flush=True)
     print(f"load after {os.getloadavg()}; {time.strftime('%H:%M:%S', time.gmtime())} UTC", flush=True)
 
 
