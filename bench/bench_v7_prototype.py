@@ -64,7 +64,8 @@ then the prototype with the per-step ledger entry, without a ledger, and without
 episodes recycle the first batch's worlds: the step's own arrays) (masked uniform actions, 20 steps of warm-up,
 ``--seconds`` of ``step`` by CPU time), and with ``--real`` today's ``MenuArrayEnv`` (harness track,
 ``write_episodes="step"``) the same way; then the NumPy/Python calls a step (cProfile's total calls over
-``--profile-steps`` steps / steps) at each size. ``--interleave R``: R rounds of the four rows one after the
+``--profile-steps`` steps / steps; cProfile does not see operators such as ``a + b`` or ``a[rows]``, so they are
+counted apart by opcode tracing) at each size. ``--interleave R``: R rounds of the four rows one after the
 other at each size (CartPole's CPU rate before each round), and each row's medians: the A/B figures. ``--check``: the per-code statistics against the model's per-task
 ``evaluation_stats`` (300 worlds, every harness version, both splits; they differ by float rounding, ~3e-14).
 
@@ -638,6 +639,43 @@ def calls_a_step(env: Any, steps: int) -> tuple[float, dict[str, float]]:
     return stats.total_calls / steps, shares
 
 
+_OPERATORS = frozenset(("BINARY_OP", "BINARY_SUBSCR", "STORE_SUBSCR", "COMPARE_OP", "UNARY_INVERT", "UNARY_NEGATIVE",
+                        "BINARY_SLICE", "STORE_SLICE"))
+
+
+def operators_a_step(env: Any, steps: int) -> float:
+    """Operators (arithmetic, comparisons, indexing: the NumPy work cProfile does not see as calls) executed in
+    Python code a step, by opcode tracing over ``steps`` steps; operators on Python scalars count too, so this is an
+    upper bound of the NumPy operators."""
+    import dis
+
+    rng = np.random.default_rng(2)
+    obs, info = env.reset(seed=2)
+    names: dict[Any, dict[int, str]] = {}
+    count = 0
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal count
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            code = frame.f_code
+            table = names.get(code)
+            if table is None:
+                table = names[code] = {i.offset: i.opname for i in dis.get_instructions(code)}
+            count += table.get(frame.f_lasti, "") in _OPERATORS
+        return tracer
+
+    for _ in range(steps):
+        mask = info["action_mask"]
+        actions = np.argmax(np.where(mask, rng.random(mask.shape), -1.0), axis=1)
+        sys.settrace(tracer)
+        try:
+            obs, _, _, _, info = env.step(actions)
+        finally:
+            sys.settrace(None)
+    return count / steps
+
+
 def check(benchmarks: tuple[str, ...] = ("swe-bench-verified", "aime"), worlds: int = 300) -> float:
     """The largest difference, over ``worlds`` worlds, the 32 harness versions and both splits, between
     :func:`per_code_stats` and the model's per-task :func:`~rsigym_env.worlds.sim.model.evaluation_stats` (mean,
@@ -748,9 +786,10 @@ def main() -> None:
         for name, ledger in (("ledger=step", True), ("ledger=off", False)):
             with threadpool_limits(limits=1, user_api="blas"):
                 calls, shares = calls_a_step(V7HarnessEnv(n, ledger=ledger), args.profile_steps)
+                operators = operators_a_step(V7HarnessEnv(n, ledger=ledger), 50)
             parts = ", ".join(f"{part} {shares.get(part, 0.0):.0%}" for part in PARTS)
-            print(f"N={n:5d} v7 {name:11s}: {calls:7.0f} calls a step (cProfile, {args.profile_steps} steps); profiled "
-                  f"time in: {parts}", flush=True)
+            print(f"N={n:5d} v7 {name:11s}: {calls:5.0f} calls a step (cProfile, {args.profile_steps} steps) and "
+                  f"{operators:5.0f} operators (opcode trace, 50 steps); profiled time in: {parts}", flush=True)
     print(f"load after {os.getloadavg()}; {time.strftime('%H:%M:%S', time.gmtime())} UTC", flush=True)
 
 
