@@ -111,6 +111,7 @@ from rsigym_env.wrappers.menu import FEATURES, MENU, MENU_INDEX
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_env import cartpole  # noqa: E402  (the same reference as bench_env.py and bench_menu_array.py)
+from bench_menu_array import cartpole_cpu as cartpole_rates  # noqa: E402  ((steps/s, steps per CPU-second))
 
 D = len(DEFECTS)
 VERSIONS = 1 << D  # harness versions the menu's fixes make (bit j: DEFECTS[j] fixed)
@@ -578,18 +579,8 @@ class V7HarnessEnv:
 
 
 def cartpole_cpu(seconds: float) -> float:
-    """CartPole-v1 steps per CPU-second of this process (``bench_env.cartpole``'s loop)."""
-    env = gym.make("CartPole-v1")
-    env.reset(seed=0)
-    env.action_space.seed(0)
-    steps, start, cpu = 0, time.perf_counter(), time.process_time()
-    while time.perf_counter() - start < seconds:
-        for _ in range(1000):
-            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
-            if terminated or truncated:
-                env.reset()
-        steps += 1000
-    return steps / (time.process_time() - cpu)
+    """CartPole-v1 steps per CPU-second of this process (``bench_menu_array.cartpole_cpu``'s)."""
+    return cartpole_rates(seconds)[1]
 
 
 def run(env: Any, n: int, seconds: float) -> tuple[float, float, int]:

@@ -285,6 +285,24 @@ def _log1p_table(size: int) -> np.ndarray:
     return np.array([math.log1p(n) / top for n in range(size)])
 
 
+def array_scenario(scenario: str | Path | Scenario | None = None, **kwargs: Any) -> Scenario:
+    """The scenario of an array env (``resolve_scenario``'s arguments); the world must be the sim.
+
+    >>> array_scenario(track="harness", benchmark="aime").world
+    'sim'
+    """
+    s = resolve_scenario(scenario, **kwargs)
+    if s.world != "sim":
+        raise ValueError(f"the array env runs the sim world only, not {s.world!r}")
+    return s
+
+
+def check_write_episodes(write_episodes: Any) -> None:
+    """``write_episodes`` is ``True``/``"episode"``, ``"step"`` or ``False``; anything else is a ValueError."""
+    if write_episodes not in (True, False, "episode", "step"):
+        raise ValueError(f"write_episodes is True, False, 'episode' or 'step', got {write_episodes!r}")
+
+
 class MenuArrayEnv(VectorEnv):
     """``num_envs`` sim episodes of one scenario through the menu interface, as arrays (module docstring).
 
@@ -314,11 +332,9 @@ class MenuArrayEnv(VectorEnv):
                  autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP, write_episodes: bool | str = True):
         if int(num_envs) < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
-        s = self.scenario = resolve_scenario(scenario, track=track, world=world, benchmark=benchmark,
-                                             budget_usd=budget_usd, max_steps=max_steps, time_limit_h=time_limit_h,
-                                             world_options=world_options)
-        if s.world != "sim":
-            raise ValueError(f"the array env runs the sim world only, not {s.world!r}")
+        s = self.scenario = array_scenario(scenario, track=track, world=world, benchmark=benchmark,
+                                           budget_usd=budget_usd, max_steps=max_steps, time_limit_h=time_limit_h,
+                                           world_options=world_options)
         self.autoreset_mode = AutoresetMode(autoreset_mode)
         self.metadata = {**self.metadata, "autoreset_mode": self.autoreset_mode}
         self.platform = Platform(Ledger(ledger_path))
@@ -384,8 +400,7 @@ class MenuArrayEnv(VectorEnv):
         self.eval_cost, self.evaluations = z(), z(np.int64)
         self.episodes = z(np.int64)
         self._open = z(bool)  # an episode is under way and not yet written to the ledger
-        if write_episodes not in (True, False, "episode", "step"):
-            raise ValueError(f"write_episodes is True, False, 'episode' or 'step', got {write_episodes!r}")
+        check_write_episodes(write_episodes)
         self.write_episodes = "episode" if write_episodes is True else write_episodes
         self._key_secret, self._keys = secrets.token_hex(16), 0  # episode i's account: key_id(f"{secret}-{i}")
         self._deferred: list[EpisodeRecords] | None = None  # defer_episodes(): records kept, not written

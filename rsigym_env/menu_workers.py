@@ -84,9 +84,8 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from .env import resolve_scenario
-from .menu_vector import (END_KEYS, EpisodeRecords, MenuArrayEnv, _reset_needed, menu_actions, reset_args,
-                          write_episode_records)
+from .menu_vector import (END_KEYS, EpisodeRecords, MenuArrayEnv, _reset_needed, array_scenario, check_write_episodes,
+                          menu_actions, reset_args, write_episode_records)
 from .platform.core import Platform
 from .platform.ledger import NANO, Ledger, _nano_near
 from .scenario import Scenario
@@ -279,13 +278,10 @@ class MenuWorkersEnv(VectorEnv):
             raise ValueError(f"num_workers must be an integer from 1 to num_envs ({n}), got {num_workers!r}")
         if start_method not in ("forkserver", "spawn"):
             raise ValueError(f"start_method is 'forkserver' or 'spawn', got {start_method!r}")
-        s = self.scenario = resolve_scenario(scenario, track=track, world=world, benchmark=benchmark,
-                                             budget_usd=budget_usd, max_steps=max_steps, time_limit_h=time_limit_h,
-                                             world_options=world_options)
-        if s.world != "sim":
-            raise ValueError(f"the array env runs the sim world only, not {s.world!r}")
-        if write_episodes not in (True, False, "episode", "step"):
-            raise ValueError(f"write_episodes is True, False, 'episode' or 'step', got {write_episodes!r}")
+        s = self.scenario = array_scenario(scenario, track=track, world=world, benchmark=benchmark,
+                                           budget_usd=budget_usd, max_steps=max_steps, time_limit_h=time_limit_h,
+                                           world_options=world_options)
+        check_write_episodes(write_episodes)
         self.write_episodes = "episode" if write_episodes is True else write_episodes
         self.autoreset_mode = AutoresetMode(autoreset_mode)
         self.metadata = {**self.metadata, "autoreset_mode": self.autoreset_mode}
