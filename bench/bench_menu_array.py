@@ -74,9 +74,10 @@ def cartpole_cpu(seconds: float) -> tuple[float, float]:
     return steps / (time.perf_counter() - start), steps / (time.process_time() - cpu)
 
 
-def measure(env, n: int, seconds: float, policy: str) -> tuple[float, float, float, int, float]:
-    """(aggregate steps/s with the policy's time, the same in the env's time alone (reset and steps), mean
-    steps of the episodes that ended, episodes ended, aggregate steps per CPU-second of the env alone)."""
+def measure(env, n: int, seconds: float, policy: str) -> tuple[float, float, float, int, float, float]:
+    """(aggregate steps/s by the wall clock with the policy's time, the same in the env's time alone (reset and
+    steps), mean steps of the episodes that ended, episodes ended, aggregate steps per CPU-second of the env
+    alone, this process's CPU a step in ms, the policy's included: with workers, the main process's share)."""
     params = shared_policy(default_policy_path())
     rng = np.random.default_rng(0)
     start, cpu_start = time.perf_counter(), time.process_time()
@@ -98,8 +99,9 @@ def measure(env, n: int, seconds: float, policy: str) -> tuple[float, float, flo
         ended = terminated | truncated
         lengths += running[ended].tolist()
         running[ended] = -1  # the next step is the autoreset (NEXT_STEP): not an episode step
+    wall, main_cpu = time.perf_counter() - start, time.process_time() - cpu_start
     mean = float(np.mean(lengths)) if lengths else float("nan")
-    return steps / (time.perf_counter() - start), steps / in_env, mean, len(lengths), steps / in_env_cpu
+    return steps / wall, steps / in_env, mean, len(lengths), steps / in_env_cpu, main_cpu / (steps / n) * 1e3
 
 
 def fit(tracks: list[str], sizes: list[int], steps: int) -> None:
@@ -138,34 +140,6 @@ def make(track: str, n: int, workers: int, **extra):
     return env
 
 
-def measure_wall(env, n: int, seconds: float, policy: str) -> tuple[float, float, float, int, float]:
-    """(aggregate steps/s by wall clock with the policy's time, the same in the env's reset and step alone, the
-    main process's CPU a step in ms, episodes ended, mean steps of those episodes)."""
-    params = shared_policy(default_policy_path())
-    rng = np.random.default_rng(0)
-    start, cpu = time.perf_counter(), time.process_time()
-    obs, info = env.reset(seed=0)
-    in_env = time.perf_counter() - start
-    steps, lengths, running = 0, [], np.zeros(n, np.int64)
-    while time.perf_counter() - start < seconds:
-        mask = info["action_mask"]
-        if policy == "masked":
-            actions = np.argmax(np.where(mask, rng.random(mask.shape), -1.0), axis=1)
-        else:
-            actions, _ = policy_actions(params, np.asarray(obs, np.float64), mask, None)
-        t = time.perf_counter()
-        obs, _, terminated, truncated, info = env.step(actions)
-        in_env += time.perf_counter() - t
-        steps += 1
-        running += 1
-        ended = terminated | truncated
-        lengths += running[ended].tolist()
-        running[ended] = -1
-    wall, main_cpu = time.perf_counter() - start, time.process_time() - cpu
-    mean = float(np.mean(lengths)) if lengths else float("nan")
-    return steps * n / wall, steps * n / in_env, main_cpu / steps * 1e3, len(lengths), mean
-
-
 def workers(count: int, sizes: list[int], tracks: list[str], seconds: float) -> None:
     """W = 1 and W = ``count`` side by side at each N, track and policy (module docstring)."""
     print(f"load before {os.getloadavg()}; {os.cpu_count()} cores", flush=True)
@@ -178,7 +152,7 @@ def workers(count: int, sizes: list[int], tracks: list[str], seconds: float) -> 
                     env = make(track, n, w)
                     started = time.perf_counter() - start
                     with threadpool_limits(limits=1, user_api="blas"):
-                        rate, env_rate, main_cpu, episodes, per_episode = measure_wall(env, n, seconds, policy)
+                        rate, env_rate, per_episode, episodes, _, main_cpu = measure(env, n, seconds, policy)
                     env.close()
                     print(f"{policy:6s} {track:7s} N={n:5d} W={w}: {rate:9,.0f} steps/s ({rate / near:6.3f}x "
                           f"CartPole's {near:,.0f}/s just before); env alone {env_rate:9,.0f} ({env_rate / near:6.3f}x); "
@@ -253,7 +227,7 @@ def main() -> None:
                                array=kind == "array", **extra, **KWARGS)
             assert type(env.unwrapped).__name__ == ("MenuArrayEnv" if kind == "array" else "ResearchVectorEnv")
             with threadpool_limits(limits=1, user_api="blas"):
-                rate, env_rate, per_episode, episodes, env_cpu = measure(env, n, args.seconds, policy)
+                rate, env_rate, per_episode, episodes, env_cpu, _ = measure(env, n, args.seconds, policy)
             env.close()
             print(f"{policy:6s} {kind:5s} {track:7s} N={n:4d} ledger={str(ledger):7s}: {rate:9,.0f} steps/s "
                   f"({rate / ref:6.3f}x cartpole [{rate / near:6.3f}x]); env alone {env_rate:9,.0f} "

@@ -5,9 +5,6 @@ in the ledger once, books that balance). ~3 s."""
 from __future__ import annotations
 
 import doctest
-import importlib.util
-import sys
-from pathlib import Path
 
 import rsigym_env  # noqa: F401  (before NumPy)
 import numpy as np
@@ -15,16 +12,12 @@ import pytest
 
 from rsigym_env.wrappers.menu import MENU, MENU_INDEX
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_v7_prototype.py"
+from bench_helpers import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_v7_prototype", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_v7_prototype")
 
 
 def test_docstring_examples(bench):

@@ -4,9 +4,7 @@ and the blind ones evaluate nothing; flip-everything spends nothing. Two seeds, 
 from __future__ import annotations
 
 import doctest
-import importlib.util
 import math
-import sys
 import tomllib
 from pathlib import Path
 
@@ -16,16 +14,11 @@ import pytest
 
 from rsigym_env.episode import run_episode
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_blind_recipes.py"
-
+from bench_helpers import load_bench
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_blind_recipes", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_blind_recipes")
 
 
 def test_docstring_examples(bench):
