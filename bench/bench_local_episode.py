@@ -7,7 +7,11 @@ researcher spends blocked on them shows up under ``wait``; ``submit`` is the two
 evaluations (initial and submitted system). The reference is the whole episode (shares of it).
 ``cpu_s`` is the CPU time of this process and of every process it started and reaped during the
 episode (sampling workers, sandboxes, verifiers), ``cores`` that over the wall time: how much of the
-two cores the episode kept busy.
+two cores the episode kept busy. ``getrusage`` misses most of the sandboxes' CPU (their processes live in PID
+namespaces of their own), so ``machine_cpu_s`` is the whole machine's busy CPU over the episode (``/proc/stat``,
+as ``bench_eval.CpuMeter``): run nothing else beside it. This VM's speed moves by a third and more between hours
+with nothing else running, so each episode also records the load before it and CartPole-v1's steps per
+CPU-second over the second before it (``bench_menu_array.cartpole_cpu``), the machine's speed at that moment.
 
 Each benchmark runs twice in a private ``$RSIGYM_HOME``: **cold** (an empty evaluation cache, as on
 a fresh machine: task directories built) and **warm** (the same episode again: the dev evaluations of
@@ -28,9 +32,11 @@ import argparse
 import json
 import os
 import resource
+import sys
 import tempfile
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import rsigym_env  # noqa: F401  (first: it pins NumPy's BLAS kernels; registers the ids)
@@ -39,6 +45,10 @@ import gymnasium as gym
 from rsigym_env.baselines import ScriptedResearcher
 from rsigym_env.catalog import BENCHMARKS as CATALOG_BENCHMARKS
 from rsigym_env.splits import NONCE_ENV, SECRET_ENV
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_eval import CpuMeter  # noqa: E402  (the whole machine's busy CPU, /proc/stat)
+from bench_menu_array import cartpole_cpu  # noqa: E402  (the same reference as the vector-sim benches)
 
 BENCHMARKS = list(CATALOG_BENCHMARKS)
 
@@ -53,7 +63,8 @@ def episode_phases(benchmark: str, seed: int = 0, world_options: dict[str, Any] 
     """Seconds per phase of one scripted local episode, the episode's total, CPU time and result."""
     phases: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
-    cpu0, t0 = _cpu_seconds(), time.perf_counter()
+    load, reference = os.getloadavg()[0], cartpole_cpu(1.0)[1]
+    meter, cpu0, t0 = CpuMeter(), _cpu_seconds(), time.perf_counter()
     env = gym.make("RSIGym/Joint-v0", world="local", benchmark=benchmark, world_options=world_options or {})
     researcher = ScriptedResearcher()
     trajectory: list[Any] = []
@@ -77,8 +88,9 @@ def episode_phases(benchmark: str, seed: int = 0, world_options: dict[str, Any] 
         t = time.perf_counter()
         env.close()
         phases["close"] += time.perf_counter() - t
-    total, cpu = time.perf_counter() - t0, _cpu_seconds() - cpu0
+    total, cpu, machine = time.perf_counter() - t0, _cpu_seconds() - cpu0, meter.used()[0]
     return {"benchmark": benchmark, "total_s": total, "cpu_s": cpu, "cores": cpu / total,
+            "machine_cpu_s": machine, "load_before": load, "cartpole_cpu_rate": reference,
             "phases_s": dict(phases), "calls": dict(calls),
             "reward": float(reward), "initial": info.get("initial_score"), "official": info.get("official_score"),
             "draw": (info.get("official_split") or {}).get("draw"), "trajectory": trajectory}
@@ -140,15 +152,18 @@ def measure(benchmarks: list[str] | None = None, seed: int = 0, secret: str = SE
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """A Markdown table: one row per benchmark and cache state, seconds per phase and the total."""
     phases = sorted({p for r in rows for p in r["phases_s"]}, key=lambda p: (p.startswith("close"), p))
-    lines = ["| benchmark | cache | " + " | ".join(phases) + " | total s | CPU s (cores) | initial → official | draw | "
+    lines = ["| benchmark | cache | " + " | ".join(phases) + " | total s | CPU s (cores) | machine busy core-s | "
+             "load before | CartPole-v1 k steps/CPU-s before | initial → official | draw | "
              "same (trajectory; result if fixed) |",
-             "|---|---|" + "---:|" * (len(phases) + 2) + "---:|---|---|"]
+             "|---|---|" + "---:|" * (len(phases) + 5) + "---:|---|---|"]
     for r in rows:
         cells = [f"{r['phases_s'].get(p, 0.0):.1f}" for p in phases]
         same = {True: "yes", False: "**no**", None: ""}[r.get("same_result")]
         cpu = f"{r['cpu_s']:.0f} ({r['cores']:.2f})" if "cpu_s" in r else ""
+        machine = (f"{r['machine_cpu_s']:.0f} | {r['load_before']:.1f} | {r['cartpole_cpu_rate'] / 1000:.0f}"
+                   if "machine_cpu_s" in r else " |  | ")
         lines.append(f"| {r['benchmark']} | {r.get('cache', '')} | " + " | ".join(cells) +
-                     f" | **{r['total_s']:.1f}** | {cpu} | {r['initial']:.3f} → {r['official']:.3f} | "
+                     f" | **{r['total_s']:.1f}** | {cpu} | {machine} | {r['initial']:.3f} → {r['official']:.3f} | "
                      f"{r.get('draw') or ''} | {same} |")
     return lines
 
