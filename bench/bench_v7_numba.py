@@ -20,13 +20,14 @@ statistics, with every sum in NumPy's order (pairwise over 32 or 16 contiguous v
 prototype's two per-code matrix products were replaced by fixed-order sums for this (a BLAS product's order
 depended on the row's place in the matrix), so both envs are bit for bit the same (tests/test_bench_v7_numba.py).
 
-    python bench/bench_v7_numba.py --interleave 3 [--sizes 1,16,256,1024] [--seconds 2]
+    python bench/bench_v7_numba.py --interleave 3 [--sizes 1,16,256,1024] [--seconds 2] [--older PATH]
     python bench/bench_v7_numba.py --parts 256 [--steps 3000]
     python bench/bench_v7_numba.py --compile
 
 ``--interleave R``: ``bench_v7_prototype.interleaved``'s rounds with the rows numba with the per-step ledger,
 numba without ledger, numba without ledger nor world draws, and the NumPy prototype with the per-step ledger
-(CartPole-v1's CPU rate before each round, masked uniform actions, medians). ``--parts N``: where a numba step's
+(CartPole-v1's CPU rate before each round, masked uniform actions, medians); ``--older``: also another
+checkout's prototype (main's, before this brief's fixed-order sums). ``--parts N``: where a numba step's
 time goes (perf_counter around each part over ``--steps`` steps) and the costs per finished episode.
 ``--compile``: the cold compile time of the kernel (a fresh process with numba's cache in an empty directory).
 
@@ -65,8 +66,8 @@ from rsigym_env.worlds.sim.model import EVAL_DRAWS
 from rsigym_env.wrappers.menu import FEATURES, MENU_INDEX
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_v7_prototype import (_BEST, _DEFECT, _FLOAT_START, _FLOATS, _INTS, _K, _KIND, AHEAD, D,  # noqa: E402
-                                EVAL, FIX, SUBMIT, VERSIONS, WAIT, V7HarnessEnv, interleaved, v7_rows)
+from bench_v7_prototype import (_BEST, _DEFECT, _FLOAT_START, _FLOATS, _INTS, _K, _KIND, AHEAD, BIT_CODES,  # noqa: E402
+                                D, EVAL, FIX, SUBMIT, VERSIONS, WAIT, V7HarnessEnv, interleaved, v7_rows)
 
 # the state matrices' columns (bench_v7_prototype's _INTS and _FLOATS)
 (SPENT, RESERVED, STEPS, REFUSALS, VERSION, READ, LAST_ERROR, N_CAND, EVALUATIONS, DONE, REASON, RUNNING,
@@ -249,13 +250,9 @@ def _eval_counts(tables: np.ndarray, world: np.ndarray, active: np.ndarray, appl
         blamed[c] = pick[2, c] * ((1.0 - passing[c]) / max(trips[c], 1e-300))
     total = 0.0
     for j in range(D):
-        # the 16 codes with bit j in increasing order: the pairwise sum's 8 accumulators start at the first 8
-        half = 1 << j
-        at = 0
-        for c in range(VERSIONS):
-            if c & half:
-                terms[at] = blamed[c]
-                at += 1
+        # the 16 codes with bit j in increasing order (the prototype's BIT_CODES), summed as NumPy sums them
+        for t in range(VERSIONS // 2):
+            terms[t] = blamed[BIT_CODES[j * (VERSIONS // 2) + t]]
         causes[j] = _pairwise(terms, 0, 1, VERSIONS // 2) * causes[j]
         total += causes[j]
     causes[D] = _maximum(m - mean - total, 0.0)
@@ -527,7 +524,7 @@ def step_rows(actions, ints, floats, n_scores, score_sum, means, first_scored, f
 class V7NumbaEnv(V7HarnessEnv):
     """:class:`bench_v7_prototype.V7HarnessEnv` whose ``step`` is the numba kernel :func:`step_rows`; the worlds
     ahead, the ``info`` dict and the ledger entry stay in Python. ``timing``: a dict that ``step`` adds each part's
-    perf_counter seconds to ("draws", "kernel", "info", "ledger"), or None."""
+    perf_counter seconds to ("checks", "draws", "kernel", "info", "ledger"), or None."""
 
     def __init__(self, num_envs: int, **kwargs: Any):
         super().__init__(num_envs, **kwargs)
@@ -544,7 +541,12 @@ class V7NumbaEnv(V7HarnessEnv):
         timing = self.timing
         start = time.perf_counter() if timing is not None else 0.0
         actions = self._checked(actions).astype(np.int64, copy=False)
-        place = self._take(int(np.count_nonzero(self.done))).start  # a new batch ahead when it runs out
+        count = int(np.count_nonzero(self.done))
+        if timing is not None:
+            now = time.perf_counter()
+            timing["checks"] = timing.get("checks", 0.0) + now - start
+            start = now
+        place = self._take(count).start  # a new batch ahead when it runs out
         if timing is not None:
             now = time.perf_counter()
             timing["draws"] = timing.get("draws", 0.0) + now - start
@@ -646,6 +648,20 @@ def numba_rows(n: int) -> dict[str, Any]:
             "numpy ledger=step": v7_rows(n)["v7 ledger=step"]}
 
 
+def with_older(path: str) -> Any:
+    """``numba_rows`` plus the row "numpy before 29a": the prototype of another checkout (``path``, e.g. main's
+    bench/bench_v7_prototype.py, with its BLAS products) with the per-step ledger."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_v7_prototype_older", path)
+    older = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(older)
+
+    def rows(n: int) -> dict[str, Any]:
+        return {**numba_rows(n), "numpy before 29a": partial(older.V7HarnessEnv, n, ledger=True)}
+    return rows
+
+
 PART_NAMES = ("checks", "draws", "kernel", "info", "ledger")
 
 
@@ -720,6 +736,7 @@ def main() -> None:
     parser.add_argument("--parts", type=int, default=0, help="N of the part breakdown")
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--compile", action="store_true", help="the kernel's cold and warm compile times")
+    parser.add_argument("--older", default="", help="also this checkout's bench_v7_prototype.py (a row)")
     args = parser.parse_args()
     stamp = lambda: f"load {os.getloadavg()}; {time.strftime('%H:%M:%S', time.gmtime())} UTC"  # noqa: E731
     print(f"before: {stamp()}; numba {numba.__version__}, NumPy {np.__version__}", flush=True)
@@ -731,7 +748,7 @@ def main() -> None:
     if args.interleave:
         V7NumbaEnv(1).reset(seed=0)[0]  # the kernel from the cache before the first round
         for n in [int(v) for v in args.sizes.split(",")]:
-            interleaved(n, args.interleave, args.seconds, numba_rows)
+            interleaved(n, args.interleave, args.seconds, with_older(args.older) if args.older else numba_rows)
     if args.parts:
         got = parts(args.parts, args.steps)
         steps, episodes = got["steps"], got["episodes"]
