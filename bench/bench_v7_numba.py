@@ -14,7 +14,7 @@ ledger entry (``write_episode_records`` per step, or none).
 The counter-based uniforms (:func:`rsigym_env.worlds.sim.draws.uniforms`) are integer hashing (SplitMix64 on
 uint64, then 53 bits to a float): ported into the kernel, they give the same numbers. So are the normal quantile
 (:func:`~rsigym_env.worlds.sim.draws.norm_ppf`, AS241 polynomials and in its tails one ``log``: numba calls the
-C library's ``log``, which NumPy also calls at the AVX2 level the package pins; ``check_log`` compares them),
+C library's ``log``, which NumPy also calls at the AVX2 level the package pins; ``check_helpers`` compares them),
 :func:`~rsigym_env.worlds.sim.model.draw_outcomes`, ``nano_up``/``nano_near``/``round_digits`` and the per-code
 statistics, with every sum in NumPy's order (pairwise over 32 or 16 contiguous values, in order below 8). The
 prototype's two per-code matrix products were replaced by fixed-order sums for this (a BLAS product's order
@@ -334,11 +334,15 @@ def _round9(x: float) -> tuple[float, bool]:  # pragma: no cover
 
 
 @numba.njit(cache=True)
-def step_rows(actions, ints, floats, n_scores, score_sum, means, first_scored, fail_shares, tables, world, keys,
-              variant, half, initial_official, seeds, ahead_seeds, ahead_tables, ahead_world, ahead_keys,
-              ahead_variant, ahead_half, ahead_initial, at, kinds, ks, defects, best, active, applied, bill,
-              limits, m, official_k, budget_usd, template, static_mask, float_start,
-              coefficients):  # pragma: no cover
+def step_rows(actions: np.ndarray, ints: np.ndarray, floats: np.ndarray, n_scores: np.ndarray, score_sum: np.ndarray,
+              means: np.ndarray, first_scored: np.ndarray, fail_shares: np.ndarray, tables: np.ndarray,
+              world: np.ndarray, keys: np.ndarray, variant: np.ndarray, half: np.ndarray,
+              initial_official: np.ndarray, seeds: np.ndarray, ahead_seeds: np.ndarray, ahead_tables: np.ndarray,
+              ahead_world: np.ndarray, ahead_keys: np.ndarray, ahead_variant: np.ndarray, ahead_half: np.ndarray,
+              ahead_initial: np.ndarray, at: int, kinds: np.ndarray, ks: np.ndarray, defects: np.ndarray,
+              best: np.ndarray, active: np.ndarray, applied: np.ndarray, bill: np.ndarray, limits: np.ndarray, m: int,
+              official_k: int, budget_usd: float, template: np.ndarray, static_mask: np.ndarray,
+              float_start: np.ndarray, coefficients: np.ndarray) -> tuple[np.ndarray, ...]:  # pragma: no cover
     """One step of every row (``V7HarnessEnv.step``'s passes, row by row): a row that ended last step takes the
     next world of the buffer ahead (from place ``at``) instead of acting. Returns (obs, mask, reward, terminated,
     truncated, n_calls, ok, cost_usd, budget_left_usd, spent_usd, the rows whose episode ended, the rows whose
@@ -689,14 +693,22 @@ def parts(n: int, steps: int) -> dict[str, float]:
     return {**timing, "whole": whole, "episodes": float(ended), "steps": float(steps)}
 
 
-def draw_cost(batches: int = 3) -> float:
-    """perf_counter seconds a world of ``V7HarnessEnv._draw_ahead`` (``AHEAD`` worlds a batch)."""
+def draw_cost(batches: int = 3) -> tuple[float, float]:
+    """perf_counter seconds a world of ``V7HarnessEnv._draw_ahead`` (``AHEAD`` worlds a batch), and of the model's
+    ``draw_worlds`` alone (its draws and base-skill calibration; the rest: the per-code tables, stream keys and the
+    initial official score)."""
+    from rsigym_env.worlds.sim.model import draw_worlds
+
     env = V7NumbaEnv(1, ledger=False)
     env.reset(seed=0)
     start = time.perf_counter()
     for _ in range(batches):
         env._draw_ahead()
-    return (time.perf_counter() - start) / batches / AHEAD
+    whole = time.perf_counter() - start
+    start = time.perf_counter()
+    for b in range(batches):
+        draw_worlds(env.benchmark, np.arange(b * AHEAD, (b + 1) * AHEAD, dtype=np.uint64))
+    return whole / batches / AHEAD, (time.perf_counter() - start) / batches / AHEAD
 
 
 _COMPILE = """
@@ -758,8 +770,9 @@ def main() -> None:
                                                for name in PART_NAMES)
               + f", rest {(got['whole'] - accounted) / steps * 1e6:.1f} us; {episodes / steps:.1f} episodes end a step",
               flush=True)
-        world = draw_cost()
-        print(f"per finished episode: its world drawn ahead {world * 1e6:.2f} us (draw_ahead / {AHEAD}), in the step's "
+        world, model = draw_cost()
+        print(f"per finished episode: its world drawn ahead {world * 1e6:.2f} us (draw_ahead / {AHEAD}; draw_worlds "
+              f"{model * 1e6:.2f} us of it), in the step's "
               f"draws part {got['draws'] / episodes * 1e6:.2f} us; end keys and info {got['info'] / episodes * 1e6:.2f}"
               f" us; ledger {got['ledger'] / episodes * 1e6:.2f} us; kernel {got['kernel'] / episodes * 1e6:.2f} us "
               f"(all the kernel's time over the episodes)", flush=True)
