@@ -27,7 +27,8 @@ version of the sim. It does the same kind and amount of work per row as a real s
   defect the world lacks never trips), so two assignments cover the 32 harness versions. An evaluation is then
   a few (M, 32) passes: the per-code factors ``exp(L @ bits.T)``, the expected successes and their variance
   (``sum F Q1``, ``sum F Q1 - sum F**2 Q2``), the failures blamed per defect (the model's ``blame`` per code,
-  summed over the codes with the defect's bit) and the model's own aggregate draw
+  summed over the codes with the defect's bit; every sum in a fixed order, no BLAS: brief 29a) and the model's
+  own aggregate draw
   (:func:`~rsigym_env.worlds.sim.model.draw_outcomes`) from counter-based uniforms
   (:func:`~rsigym_env.worlds.sim.draws.uniforms`: a dev evaluation the world's next ``eval`` draw, a submit the
   world's fixed ``official`` draw). Bills (usd, seconds) are the sim's own (``SimBatch.bill``), tabulated at
@@ -115,8 +116,7 @@ from bench_menu_array import cartpole_cpu as cartpole_rates  # noqa: E402  ((ste
 
 D = len(DEFECTS)
 VERSIONS = 1 << D  # harness versions the menu's fixes make (bit j: DEFECTS[j] fixed)
-BITS = ((np.arange(VERSIONS)[:, None] >> np.arange(D)) & 1).astype(float)  # (32, 5): code c has defect j's bit
-BITS_T = np.ascontiguousarray(BITS.T)
+BIT_CODES = np.array([c for j in range(D) for c in range(VERSIONS) if c >> j & 1])  # (5 x 16): codes with bit j
 AHEAD = 4096  # worlds drawn ahead per batch
 _F = {name: i for i, name in enumerate(FEATURES)}
 
@@ -210,6 +210,21 @@ def per_code_products(values: np.ndarray) -> np.ndarray:
     return out
 
 
+def per_code_sums(values: np.ndarray) -> np.ndarray:
+    """(M, 32): for every 5-bit code the sum of ``values`` (M, 5) over its bits, added in the order of the bits
+    (``((0 + v[j1]) + v[j2]) + ...``, j1 < j2 < ...), by doubling as :func:`per_code_products`: a fixed order,
+    where a BLAS product's order depends on the CPU's kernels and on where the row falls in the matrix.
+
+    >>> per_code_sums(np.array([[2.0, 3.0, 5.0, 7.0, 11.0]]))[0, [0, 1, 2, 3, 31]].tolist()
+    [0.0, 2.0, 3.0, 5.0, 28.0]
+    """
+    out = np.empty((len(values), VERSIONS))
+    out[:, 0] = 0.0
+    for j in range(D):
+        np.add(out[:, :1 << j], values[:, j:j + 1], out=out[:, 1 << j:2 << j])
+    return out
+
+
 def per_code_stats(tables: np.ndarray, split: np.ndarray, world: np.ndarray, active: np.ndarray,
                    applied: np.ndarray, m: int, rows: np.ndarray | None = None) -> EvalStats:
     """The :class:`~rsigym_env.worlds.sim.model.EvalStats` (the fields ``draw_outcomes`` reads: ``mean``, ``var``,
@@ -238,10 +253,13 @@ def per_code_stats(tables: np.ndarray, split: np.ndarray, world: np.ndarray, act
     pick = tables[np.arange(size) if rows is None else rows, split, unneeded[:, 0].astype(np.intp)]  # (M, 3, 32)
     mean = (factor * pick[:, 0]).sum(axis=1)
     var = mean - (factor * factor * pick[:, 1]).sum(axis=1)
-    trips = trip @ BITS_T
+    trips = per_code_sums(trip)
     blame = (1.0 - passing) / np.maximum(trips, 1e-300)  # 0 where no counted defect: then passing is 1
     causes = np.empty((size, D + 1))
-    causes[:, :D] = ((pick[:, 2] * blame) @ BITS) * trip
+    # per defect the pairwise sum (NumPy's, over 16 contiguous values) of its 16 codes' blamed failures: a fixed
+    # order (a matrix product's depends on the BLAS kernels and the row's place; a 3-d sum's on the shape)
+    causes[:, :D] = (pick[:, 2] * blame)[:, BIT_CODES].reshape(size * D, VERSIONS // 2).sum(axis=1).reshape(
+        size, D) * trip
     causes[:, D] = np.maximum(m - mean - causes[:, :D].sum(axis=1), 0.0)
     nothing = np.broadcast_to(0.0, (size, m))  # draw_outcomes reads only the shape of the per-task fields
     return EvalStats(nothing, nothing, nothing[:, :0], nothing[:, :0], mean, var, causes)
@@ -318,14 +336,18 @@ class V7HarnessEnv:
                        counts[:, 0] / (self.m * k))
         self._at = 0
 
-    def _new_episodes(self, rows: np.ndarray) -> None:
-        if self._at + rows.size > AHEAD:
+    def _take(self, count: int) -> slice:
+        """The places in the buffer of worlds ahead of ``count`` new episodes (a new batch when it runs out)."""
+        if self._at + count > AHEAD:
             if self.recycle:
                 self._at = 0
             else:
                 self._draw_ahead()
-        take = slice(self._at, self._at + rows.size)
-        self._at += rows.size
+        self._at += count
+        return slice(self._at - count, self._at)
+
+    def _new_episodes(self, rows: np.ndarray) -> None:
+        take = self._take(rows.size)
         for whole, part in zip((self.seeds, self.tables, self.world, self.keys, self.variant, self.half,
                                 self.initial_official), self._ahead):
             whole[rows] = part[take]
@@ -346,10 +368,7 @@ class V7HarnessEnv:
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """One menu index per row; a row that ended last step starts its next episode instead."""
-        actions = np.asarray(actions)
-        if actions.shape != (self.n,) or actions.dtype.kind not in "iu" or \
-                not ((0 <= actions) & (actions < len(MENU))).all():
-            raise ValueError(f"give one menu index (0..{len(MENU) - 1}) per env ({self.n}), got {actions!r}")
+        actions = self._checked(actions)
         n = self.n
         resetting = np.flatnonzero(self.done)
         if resetting.size:
@@ -382,6 +401,14 @@ class V7HarnessEnv:
             if self.ledger is not None:
                 self._write(ended)
         return obs, self.reward, self.terminated, self.truncated, info
+
+    def _checked(self, actions: np.ndarray) -> np.ndarray:
+        """``actions`` as an array of one menu index per row, or a ``ValueError``."""
+        actions = np.asarray(actions)
+        if actions.shape != (self.n,) or actions.dtype.kind not in "iu" or \
+                not ((0 <= actions) & (actions < len(MENU))).all():
+            raise ValueError(f"give one menu index (0..{len(MENU) - 1}) per env ({self.n}), got {actions!r}")
+        return actions
 
     # ------------------------------------------------------------------ the macros' passes
 
@@ -696,15 +723,21 @@ def check(benchmarks: tuple[str, ...] = ("swe-bench-verified", "aime"), worlds: 
     return worst
 
 
-def interleaved(n: int, rounds: int, seconds: float) -> None:
-    """``rounds`` rounds of every row at N = ``n``, one after the other (CartPole's CPU rate before each round),
-    then each row's median CPU ms a step and median ratio to CartPole: the A/B figures (the VM's speed drifts)."""
-    makers = {"v7 ledger=step": partial(V7HarnessEnv, n, ledger=True),
-              "v7 ledger=off": partial(V7HarnessEnv, n, ledger=False),
-              "v7 off, no draw": partial(V7HarnessEnv, n, ledger=False, recycle_worlds=True),
-              "today, step": partial(gym.make_vec, "RSIGym/Harness-v0", num_envs=n,
-                                     vectorization_mode="vector_entry_point", menu=True,
-                                     benchmark="swe-bench-verified", budget_usd=500, write_episodes="step")}
+def v7_rows(n: int) -> dict[str, Any]:
+    """The rows of :func:`interleaved` at N = ``n``: name -> env maker."""
+    return {"v7 ledger=step": partial(V7HarnessEnv, n, ledger=True),
+            "v7 ledger=off": partial(V7HarnessEnv, n, ledger=False),
+            "v7 off, no draw": partial(V7HarnessEnv, n, ledger=False, recycle_worlds=True),
+            "today, step": partial(gym.make_vec, "RSIGym/Harness-v0", num_envs=n,
+                                   vectorization_mode="vector_entry_point", menu=True,
+                                   benchmark="swe-bench-verified", budget_usd=500, write_episodes="step")}
+
+
+def interleaved(n: int, rounds: int, seconds: float, rows: Any = v7_rows) -> dict[str, tuple[float, float]]:
+    """``rounds`` rounds of every row at N = ``n`` (``rows(n)``: name -> env maker), one after the other
+    (CartPole's CPU rate before each round), then each row's median CPU ms a step and median ratio to CartPole: the
+    A/B figures (the VM's speed drifts). Returns them: name -> (median ms, median ratio)."""
+    makers = rows(n)
     ms: dict[str, list[float]] = {name: [] for name in makers}
     ratio: dict[str, list[float]] = {name: [] for name in makers}
     for r in range(rounds):
@@ -719,6 +752,7 @@ def interleaved(n: int, rounds: int, seconds: float) -> None:
     for name in makers:
         print(f"N={n:5d} {name:16s}: median {np.median(ms[name]):6.3f} ms CPU a step, {np.median(ratio[name]):5.2f}x "
               f"CartPole per CPU-s (rounds {', '.join(f'{v:.2f}' for v in ratio[name])})", flush=True)
+    return {name: (float(np.median(ms[name])), float(np.median(ratio[name]))) for name in makers}
 
 
 def main() -> None:
@@ -754,7 +788,7 @@ def main() -> None:
                                                    write_episodes="step")))
         for name, make in rows:
             env = make()
-            with threadpool_limits(limits=1, user_api="blas"):  # the per-code products are tiny BLAS calls
+            with threadpool_limits(limits=1, user_api="blas"):  # (the step calls no BLAS since brief 29a)
                 ms, ended, steps = run(env, n, args.seconds)
             rate = n / (ms / 1e3)
             print(f"N={n:5d} {name}: {ms:7.3f} ms CPU a step ({steps} steps), {rate:10,.0f} steps per CPU-s = "
