@@ -29,7 +29,7 @@ HOSTILE = {
     "loops": "def __getattr__(name):\n    def f(*a):\n        while True:\n            pass\n    return f\n",
     "sleeps_at_import": "import time\ntime.sleep(30)\n",
     "memory": "x = bytearray(2 ** 30)\n",
-    "threads": "import threading, time\nts = [threading.Thread(target=time.sleep, args=(5,)) for _ in range(200)]\n"
+    "threads": "import threading, time\nts = [threading.Thread(target=time.sleep, args=(1,)) for _ in range(200)]\n"
                "[t.start() for t in ts]\n",
     "kills_its_sandbox": "import os, signal\nos.kill(1, signal.SIGKILL)\nos.killpg(0, signal.SIGKILL)\n",
     "exits_early": "import os\nos._exit(3)\n",
