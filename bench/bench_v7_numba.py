@@ -21,7 +21,7 @@ prototype's two per-code matrix products were replaced by fixed-order sums for t
 depended on the row's place in the matrix), so both envs are bit for bit the same (tests/test_bench_v7_numba.py).
 
     python bench/bench_v7_numba.py --interleave 3 [--sizes 1,16,256,1024] [--seconds 2] [--older PATH]
-    python bench/bench_v7_numba.py --parts 256 [--steps 3000]
+    python bench/bench_v7_numba.py --parts 256 [--steps 3000]   # and the world and ledger costs (brief 29b)
     python bench/bench_v7_numba.py --compile
 
 ``--interleave R``: ``bench_v7_prototype.interleaved``'s rounds with the rows numba with the per-step ledger,
@@ -592,26 +592,18 @@ def _ceiling(present: np.ndarray, severity: np.ndarray, half: int, minimal_codes
 
 
 @numba.njit(cache=True)
-def draw_worlds_compiled(seeds: np.ndarray, bkey: np.uint64, width: int, relevant: np.ndarray,
-                         prevalence: np.ndarray, domain_severity: np.ndarray, minimal_codes: np.ndarray,
-                         minimal_active: np.ndarray, target: float, curve: np.ndarray, grid: np.ndarray,
-                         exp_difficulty: np.ndarray, coefficients: np.ndarray) -> tuple[np.ndarray, np.ndarray,
-                                                                                        np.ndarray, np.ndarray,
-                                                                                        np.ndarray]:  # pragma: no cover
-    """``model.draw_worlds``' fields the harness track reads, a world at a time: (present (W, 5) bool,
-    severity, harm (W, 5), half (W,), base skill (W,)). The world's block of ``width`` uniforms from its
-    ``world`` stream (redrawn from block ``attempt`` while ``FEASIBLE_MODEL_ALONE`` times the minimal harness's
-    mean ceiling is at most ``target``), the severities, the minimal ceiling, and ``calibrate_worlds``: the
-    solve curve's inverse (``np.interp``) refined by 3 Newton steps, every sum NumPy's pairwise one."""
-    w, n = seeds.size, exp_difficulty.shape[1]
-    present = np.zeros((w, D), np.bool_)
-    severity, harm = np.empty((w, D)), np.empty((w, D))
-    half, skill = np.empty(w, np.int64), np.empty(w)
+def _draw_into(start: int, end: int, seeds: np.ndarray, bkey: np.uint64, width: int, relevant: np.ndarray,
+               prevalence: np.ndarray, domain_severity: np.ndarray, minimal_codes: np.ndarray,
+               minimal_active: np.ndarray, target: float, curve: np.ndarray, grid: np.ndarray,
+               exp_difficulty: np.ndarray, coefficients: np.ndarray, present: np.ndarray, severity: np.ndarray,
+               harm: np.ndarray, half: np.ndarray, skill: np.ndarray) -> None:  # pragma: no cover
+    """:func:`draw_worlds_compiled` of the worlds ``start:end`` into the given arrays."""
+    n = exp_difficulty.shape[1]
     block, logs, passing = np.empty(width), np.empty(D), np.empty(VERSIONS)
     ceiling, q, qf = np.empty(n), np.empty(n), np.empty(n)
     world_index = np.uint64(1)  # STREAMS.index("world") + 1
     bmix = bkey * _M1 + _GAMMA
-    for i in range(w):
+    for i in range(start, end):
         z = _mix64(seeds[i] + _GAMMA)
         key = _mix64(_mix64(z ^ bmix) + world_index * _GAMMA)
         h = _system(key, 0, block, relevant, prevalence, domain_severity, coefficients, present[i], severity[i])
@@ -640,36 +632,44 @@ def draw_worlds_compiled(seeds: np.ndarray, bkey: np.uint64, width: int, relevan
             slope = _pairwise(q, 0, 1, n) / n
             s = s - gap / slope
         skill[i] = s
-    return present, severity, harm, half, skill
+
+
+def draw_worlds_compiled(seeds: np.ndarray, bkey: np.uint64, width: int, relevant: np.ndarray,
+                         prevalence: np.ndarray, domain_severity: np.ndarray, minimal_codes: np.ndarray,
+                         minimal_active: np.ndarray, target: float, curve: np.ndarray, grid: np.ndarray,
+                         exp_difficulty: np.ndarray, coefficients: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``model.draw_worlds``' fields the harness track reads, a world at a time (:func:`_draw_into`, compiled):
+    (present (W, 5) bool, severity, harm (W, 5), half (W,), base skill (W,)). The world's block of ``width``
+    uniforms from its ``world`` stream (redrawn from block ``attempt`` while ``FEASIBLE_MODEL_ALONE`` times the
+    minimal harness's mean ceiling is at most ``target``), the severities, the minimal ceiling, and
+    ``calibrate_worlds``: the solve curve's inverse (``np.interp``) refined by 3 Newton steps, every sum NumPy's
+    pairwise one."""
+    w = seeds.size
+    out = (np.zeros((w, D), np.bool_), np.empty((w, D)), np.empty((w, D)), np.empty(w, np.intp), np.empty(w))
+    _draw_into(0, w, seeds, bkey, width, relevant, prevalence, domain_severity, minimal_codes, minimal_active,
+               target, curve, grid, exp_difficulty, coefficients, *out)
+    return out
 
 
 
 _CODE_BIT = np.array([5 - axis for axis in CODE_AXES], np.int64)  # defect j's bit in a 5-bit code
+CHUNK = 256  # worlds made at a time (compiled_worlds)
 _STREAM_INDEX = np.array([STREAMS.index("eval") + 1, STREAMS.index("official") + 1], np.uint64)
 
 
 @numba.njit(cache=True)
-def worlds_ahead(seeds: np.ndarray, present: np.ndarray, severity: np.ndarray, harm: np.ndarray, half: np.ndarray,
-                 skill: np.ndarray, exp_difficulty: np.ndarray, codes: np.ndarray, counts: np.ndarray,
-                 bkey: np.uint64, stream_index: np.ndarray, active0: np.ndarray, applied0: np.ndarray, m: int,
-                 k: int, coefficients: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                            np.ndarray]:  # pragma: no cover
-    """What ``V7HarnessEnv._draw_ahead`` makes of ``draw_worlds``' worlds, a world at a time: the per-code
-    tables (``_world_tables``: the two ``bincount`` passes as running sums in task order, then the same cell
-    pairs added), the world row ``[present, 1 - severity, 1 - harm, severity]``, the eval and official stream
-    keys (``draws.streams_keys``) and the initial official score (``per_code_stats`` of the minimal harness on
-    the official split and ``draw_outcomes`` with draw 0 of the official stream: the step kernel's
-    ``_eval_counts``). Returns (tables (W, 2, 2, 3, 32), world (W, 20), keys (W, 2), initial official (W,))."""
-    w, n = seeds.size, exp_difficulty.shape[1]
-    tables = np.empty((w, 2, 2, 3, VERSIONS))
-    world = np.empty((w, 4 * D))
-    keys = np.empty((w, 2), np.uint64)
-    initial = np.empty(w)
+def _ahead_into(start: int, end: int, seeds: np.ndarray, present: np.ndarray, severity: np.ndarray,
+                harm: np.ndarray, half: np.ndarray, skill: np.ndarray, exp_difficulty: np.ndarray, codes: np.ndarray,
+                counts: np.ndarray, bkey: np.uint64, stream_index: np.ndarray, active0: np.ndarray,
+                applied0: np.ndarray, m: int, k: int, coefficients: np.ndarray, tables: np.ndarray, world: np.ndarray,
+                keys: np.ndarray, initial: np.ndarray) -> None:  # pragma: no cover
+    """:func:`worlds_ahead` of the worlds ``start:end`` into the given arrays."""
+    n = exp_difficulty.shape[1]
     six = np.empty((3, 2 * VERSIONS))
     work = np.empty((7, VERSIONS))
     got = np.empty(D + 2, np.int64)
     bmix = bkey * _M1 + _GAMMA
-    for i in range(w):
+    for i in range(start, end):
         has = 0
         for j in range(1, D):
             has += np.int64(present[i, j]) << (j - 1)
@@ -703,7 +703,24 @@ def worlds_ahead(seeds: np.ndarray, present: np.ndarray, severity: np.ndarray, h
         _eval_counts(tables[i, 1], world[i], active0, applied0, m, k, keys[i, 1], np.uint64(0), coefficients, work,
                      got)
         initial[i] = got[0] / (m * k)
-    return tables, world, keys, initial
+
+
+def worlds_ahead(seeds: np.ndarray, present: np.ndarray, severity: np.ndarray, harm: np.ndarray, half: np.ndarray,
+                 skill: np.ndarray, exp_difficulty: np.ndarray, codes: np.ndarray, counts: np.ndarray,
+                 bkey: np.uint64, stream_index: np.ndarray, active0: np.ndarray, applied0: np.ndarray, m: int,
+                 k: int, coefficients: np.ndarray) -> tuple[np.ndarray, ...]:
+    """What ``V7HarnessEnv._draw_ahead`` makes of ``draw_worlds``' worlds, a world at a time (:func:`_ahead_into`,
+    compiled): the per-code tables (``_world_tables``: the two ``bincount`` passes as running sums in task order,
+    then the same cell pairs added), the world row ``[present, 1 - severity, 1 - harm, severity]``, the eval and
+    official stream keys (``draws.streams_keys``) and the initial official score (``per_code_stats`` of the
+    minimal harness on the official split and ``draw_outcomes`` with draw 0 of the official stream: the step
+    kernel's ``_eval_counts``). Returns (tables (W, 2, 2, 3, 32), world (W, 20), keys (W, 2), initial official
+    (W,))."""
+    w = seeds.size
+    out = (np.empty((w, 2, 2, 3, VERSIONS)), np.empty((w, 4 * D)), np.empty((w, 2), np.uint64), np.empty(w))
+    _ahead_into(0, w, seeds, present, severity, harm, half, skill, exp_difficulty, codes, counts, bkey, stream_index,
+                active0, applied0, m, k, coefficients, *out)
+    return out
 
 
 class V7NumbaEnv(V7HarnessEnv):
@@ -733,31 +750,59 @@ class V7NumbaEnv(V7HarnessEnv):
         self.timing: dict[str, float] | None = None
 
     def _draw_ahead(self) -> None:
-        """``AHEAD`` new worlds: the prototype's, or compiled (``compiled_worlds``)."""
+        """``AHEAD`` new worlds: the prototype's, or (``compiled_worlds``) their seeds now (the same Generator
+        call) and the worlds themselves made a chunk at a time as :meth:`_take` reaches them (into buffers kept
+        from batch to batch: no new pages to touch, and a chunk's arrays still in cache when the kernel copies
+        them). ``"tables"``: the model's ``draw_worlds`` of the whole batch now, the rest by chunk."""
         if not self.compiled_worlds:
             return super()._draw_ahead()
         ahead = bench_v7_prototype.AHEAD
         seeds = seed_array(self._rng.integers(2**31 - 1, size=ahead))
-        bid = self.benchmark.id
-        exp_difficulty = task_table(bid).exp_difficulty
+        if getattr(self, "_buffers", None) is None or len(self._buffers[0]) != ahead:
+            self._buffers = (np.zeros((ahead, D), np.bool_), np.empty((ahead, D)), np.empty((ahead, D)),
+                             np.empty(ahead, np.intp), np.empty(ahead), np.empty((ahead, 2, 2, 3, VERSIONS)),
+                             np.empty((ahead, 4 * D)), np.empty((ahead, 2), np.uint64), np.empty(ahead, np.intp),
+                             np.empty(ahead))
+        present, severity, harm, half, skill, tables, world, keys, variant, initial = self._buffers
         if self.compiled_worlds == "tables":
             w = draw_worlds(self.benchmark, seeds)
-            present, severity, harm, half, skill = w.present, w.severity, w.harm, w.half, w.base_skill
-        else:
-            domain = self.benchmark.domain
-            present, severity, harm, half, skill = draw_worlds_compiled(
-                seeds, np.uint64(self.bkey), SYSTEM_DRAWS + len(domain.teacher_accuracy),
-                np.asarray(domain.exposure) > 0, np.asarray(domain.prevalence, np.float64),
-                np.asarray(domain.severity, np.float64), task_table(bid).minimal_codes, Harness().active,
-                float(self.benchmark.initial_score), solve_curve(bid), SKILL_GRID, exp_difficulty, _PPF)
-        codes, counts = task_codes(bid)
-        tables, world, keys, initial = worlds_ahead(
-            seeds, present, severity, harm, half, skill, exp_difficulty, codes, counts, np.uint64(self.bkey),
-            _STREAM_INDEX, self._consts[4][0], self._consts[5][0], self.m, self.scenario.official_k, _PPF)
-        self._ahead = (seeds.astype(np.int64), tables, world, keys, present[:, 0].astype(np.intp),
-                       half.astype(np.intp, copy=False), initial)
-        self._at = 0
+            for whole, part in zip((present, severity, harm, half, skill),
+                                   (w.present, w.severity, w.harm, w.half, w.base_skill)):
+                whole[:] = part
+        self._seeds_ahead = seeds
+        self._ahead = (seeds.astype(np.int64), tables, world, keys, variant, half, initial)
+        self._at = self._made = 0
         return None
+
+    def _take(self, count: int) -> slice:
+        """The prototype's, then (``compiled_worlds``) the worlds up to the last place taken made, ``CHUNK`` or
+        more at a time."""
+        taken = super()._take(count)
+        if self.compiled_worlds and self._at > self._made:
+            start, end = self._made, min(len(self._seeds_ahead), max(self._at, self._made + CHUNK))
+            self._make(start, end)
+            self._made = end
+        return taken
+
+    def _make(self, start: int, end: int) -> None:
+        """The worlds ``start:end`` of the batch ahead (compiled)."""
+        present, severity, harm, half, skill, tables, world, keys, variant, initial = self._buffers
+        if getattr(self, "_world_consts", None) is None:
+            bid, domain = self.benchmark.id, self.benchmark.domain
+            table, bkey = task_table(bid), np.uint64(self.bkey)
+            self._world_consts = (
+                (bkey, SYSTEM_DRAWS + len(domain.teacher_accuracy), np.asarray(domain.exposure) > 0,
+                 np.asarray(domain.prevalence, np.float64), np.asarray(domain.severity, np.float64),
+                 table.minimal_codes, Harness().active, float(self.benchmark.initial_score), solve_curve(bid),
+                 SKILL_GRID, table.exp_difficulty, _PPF),
+                (table.exp_difficulty, *task_codes(bid), bkey, _STREAM_INDEX, self._consts[4][0], self._consts[5][0],
+                 self.m, self.scenario.official_k, _PPF))
+        draw, ahead = self._world_consts
+        seeds = self._seeds_ahead
+        if self.compiled_worlds != "tables":
+            _draw_into(start, end, seeds, *draw, present, severity, harm, half, skill)
+        _ahead_into(start, end, seeds, present, severity, harm, half, skill, *ahead, tables, world, keys, initial)
+        variant[start:end] = present[start:end, 0]
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """One menu index per row; a row that ended last step starts its next episode instead."""
@@ -913,8 +958,14 @@ def check_helpers(size: int = 200_000, seed: int = 0) -> dict[str, int]:
 
 def numba_rows(n: int) -> dict[str, Any]:
     """The rows of ``--interleave`` at N = ``n`` (``bench_v7_prototype.interleaved``'s ``rows``): the numba env
-    three ways, and the NumPy prototype with the per-step ledger as the same run's reference."""
-    return {"numba ledger=step": partial(V7NumbaEnv, n, ledger=True),
+    with compiled worlds (brief 29b) with the per-step ledger, an entry every 16 and 64 steps, and no ledger;
+    then brief 29a's rows as the same run's reference: the numba env three ways and the NumPy prototype with the
+    per-step ledger."""
+    return {"cw ledger=step": partial(V7NumbaEnv, n, ledger=True, compiled_worlds=True),
+            "cw ledger/16": partial(V7NumbaEnv, n, ledger=True, compiled_worlds=True, ledger_every=16),
+            "cw ledger/64": partial(V7NumbaEnv, n, ledger=True, compiled_worlds=True, ledger_every=64),
+            "cw ledger=off": partial(V7NumbaEnv, n, ledger=False, compiled_worlds=True),
+            "numba ledger=step": partial(V7NumbaEnv, n, ledger=True),
             "numba ledger=off": partial(V7NumbaEnv, n, ledger=False),
             "numba off, no draw": partial(V7NumbaEnv, n, ledger=False, recycle_worlds=True),
             "numpy ledger=step": v7_rows(n)["v7 ledger=step"]}
@@ -937,12 +988,12 @@ def with_older(path: str) -> Any:
 PART_NAMES = ("checks", "draws", "kernel", "info", "ledger")
 
 
-def parts(n: int, steps: int) -> dict[str, float]:
-    """Where a numba step's time goes at N = ``n`` (per-step ledger, masked uniform actions, after 50 steps):
-    perf_counter seconds of each of ``PART_NAMES`` over ``steps`` steps (checks: the actions' check and counting
-    the new episodes; draws: the worlds ahead; info: the dict and its end keys; ledger: the entry), and
-    "episodes": the episodes that ended, "steps": ``steps``."""
-    env = V7NumbaEnv(n, ledger=True)
+def parts(n: int, steps: int, **kwargs: Any) -> dict[str, float]:
+    """Where a numba step's time goes at N = ``n`` (``V7NumbaEnv(n, ledger=True, **kwargs)``, masked uniform
+    actions, after 50 steps): perf_counter seconds of each of ``PART_NAMES`` over ``steps`` steps (checks: the
+    actions' check and counting the new episodes; draws: the worlds ahead; info: the dict and its end keys;
+    ledger: the entry), and "episodes": the episodes that ended, "steps": ``steps``."""
+    env = V7NumbaEnv(n, ledger=True, **kwargs)
     rng = np.random.default_rng(0)
     obs, info = env.reset(seed=0)
     for _ in range(50):
@@ -961,22 +1012,32 @@ def parts(n: int, steps: int) -> dict[str, float]:
     return {**timing, "whole": whole, "episodes": float(ended), "steps": float(steps)}
 
 
-def draw_cost(batches: int = 3) -> tuple[float, float]:
-    """perf_counter seconds a world of ``V7HarnessEnv._draw_ahead`` (``AHEAD`` worlds a batch), and of the model's
-    ``draw_worlds`` alone (its draws and base-skill calibration; the rest: the per-code tables, stream keys and the
-    initial official score)."""
-    from rsigym_env.worlds.sim.model import draw_worlds
-
-    env = V7NumbaEnv(1, ledger=False)
-    env.reset(seed=0)
-    start = time.perf_counter()
-    for _ in range(batches):
-        env._draw_ahead()
-    whole = time.perf_counter() - start
+def draw_cost(batches: int = 3) -> dict[str, float]:
+    """perf_counter seconds a world: "numpy" of ``V7HarnessEnv._draw_ahead`` (``AHEAD`` worlds a batch),
+    "draw_worlds" of the model's ``draw_worlds`` alone (its draws and base-skill calibration; the rest: the
+    per-code tables, stream keys and the initial official score), "tables" of ``compiled_worlds="tables"``
+    (``draw_worlds``, then :func:`worlds_ahead` by ``CHUNK``), "compiled" of ``compiled_worlds=True``, and
+    "generator" of the batch's seeds alone (NumPy's Generator, in every one of them)."""
+    out = {}
+    for name, compiled in (("numpy", False), ("tables", "tables"), ("compiled", True)):
+        env = V7NumbaEnv(1, ledger=False, compiled_worlds=compiled)
+        env.reset(seed=0)
+        start = time.perf_counter()
+        for _ in range(batches):
+            env._draw_ahead()
+            if compiled:  # made a chunk at a time, as the step's _take makes them
+                for at in range(0, AHEAD, CHUNK):
+                    env._make(at, min(AHEAD, at + CHUNK))
+        out[name] = (time.perf_counter() - start) / batches / AHEAD
     start = time.perf_counter()
     for b in range(batches):
         draw_worlds(env.benchmark, np.arange(b * AHEAD, (b + 1) * AHEAD, dtype=np.uint64))
-    return whole / batches / AHEAD, (time.perf_counter() - start) / batches / AHEAD
+    out["draw_worlds"] = (time.perf_counter() - start) / batches / AHEAD
+    start = time.perf_counter()
+    for _ in range(batches):
+        seed_array(env._rng.integers(2**31 - 1, size=AHEAD))
+    out["generator"] = (time.perf_counter() - start) / batches / AHEAD
+    return out
 
 
 LEDGER_PARTS = ("records", "events", "walk", "json", "hash", "whole", "col events", "col walk", "col json",
@@ -1136,20 +1197,24 @@ def main() -> None:
         for n in [int(v) for v in args.sizes.split(",")]:
             interleaved(n, args.interleave, args.seconds, with_older(args.older) if args.older else numba_rows)
     if args.parts:
-        got = parts(args.parts, args.steps)
-        steps, episodes = got["steps"], got["episodes"]
-        accounted = sum(got[name] for name in PART_NAMES)
-        print(f"N={args.parts} numba ledger=step, {int(steps)} steps (perf_counter): {got['whole'] / steps * 1e6:.1f} us "
-              f"a step, of which " + ", ".join(f"{name} {got[name] / steps * 1e6:.1f} us ({got[name] / got['whole']:.0%})"
-                                               for name in PART_NAMES)
-              + f", rest {(got['whole'] - accounted) / steps * 1e6:.1f} us; {episodes / steps:.1f} episodes end a step",
-              flush=True)
-        world, model = draw_cost()
-        print(f"per finished episode: its world drawn ahead {world * 1e6:.2f} us (draw_ahead / {AHEAD}; draw_worlds "
-              f"{model * 1e6:.2f} us of it), in the step's "
-              f"draws part {got['draws'] / episodes * 1e6:.2f} us; end keys and info {got['info'] / episodes * 1e6:.2f}"
-              f" us; ledger {got['ledger'] / episodes * 1e6:.2f} us; kernel {got['kernel'] / episodes * 1e6:.2f} us "
-              f"(all the kernel's time over the episodes)", flush=True)
+        for label, kwargs in (("numba ledger=step (29a)", {}), ("cw ledger=step", {"compiled_worlds": True}),
+                              ("cw ledger/64", {"compiled_worlds": True, "ledger_every": 64})):
+            got = parts(args.parts, args.steps, **kwargs)
+            steps, episodes = got["steps"], got["episodes"]
+            accounted = sum(got[name] for name in PART_NAMES)
+            print(f"N={args.parts} {label}, {int(steps)} steps (perf_counter): {got['whole'] / steps * 1e6:.1f} us "
+                  f"a step, of which " + ", ".join(f"{name} {got[name] / steps * 1e6:.1f} us "
+                                                   f"({got[name] / got['whole']:.0%})" for name in PART_NAMES)
+                  + f", rest {(got['whole'] - accounted) / steps * 1e6:.1f} us; {episodes / steps:.1f} episodes end a "
+                  f"step; per episode: draws {got['draws'] / episodes * 1e6:.2f} us, info "
+                  f"{got['info'] / episodes * 1e6:.2f} us, ledger {got['ledger'] / episodes * 1e6:.2f} us, kernel "
+                  f"{got['kernel'] / episodes * 1e6:.2f} us; {stamp()}", flush=True)
+        cost = draw_cost()
+        print("a world drawn ahead (per world, perf_counter): " + ", ".join(f"{name} {value * 1e6:.2f} us"
+                                                                           for name, value in cost.items()), flush=True)
+        for k, got in ledger_parts(args.parts, 1000).items():
+            print(f"ledger entry every {k} steps ({int(got['entries'])} entries, {int(got['episodes'])} episodes), per "
+                  "episode: " + ", ".join(f"{name} {got[name] * 1e6:.3f} us" for name in LEDGER_PARTS), flush=True)
     print(f"after: {stamp()}", flush=True)
 
 
