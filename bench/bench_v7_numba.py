@@ -20,15 +20,26 @@ statistics, with every sum in NumPy's order (pairwise over 32 or 16 contiguous v
 prototype's two per-code matrix products were replaced by fixed-order sums for this (a BLAS product's order
 depended on the row's place in the matrix), so both envs are bit for bit the same (tests/test_bench_v7_numba.py).
 
+Brief 29b: ``V7NumbaEnv(compiled_worlds=True)`` makes the worlds ahead with two more kernels, bit for bit the
+NumPy path: :func:`_draw_into` (``model.draw_worlds``' fields the track reads: the world stream's uniforms, the
+severities, the minimal harness's ceiling per code with ``log1p``/``exp``, the redraws, ``calibrate_worlds``'
+``np.interp`` and 3 Newton steps) and :func:`_ahead_into` (the per-code tables, stream keys and initial official
+score), 256 worlds at a time as the step reaches them; the seeds still come from the reset's NumPy Generator, a
+batch of ``AHEAD`` per call as before. ``ledger_every=K`` writes the ledger's entry every K steps for the
+episodes ended in them (every episode kept; ``flush_ledger`` for the rest).
+
     python bench/bench_v7_numba.py --interleave 3 [--sizes 1,16,256,1024] [--seconds 2] [--older PATH]
     python bench/bench_v7_numba.py --parts 256 [--steps 3000]   # and the world and ledger costs (brief 29b)
     python bench/bench_v7_numba.py --compile
 
-``--interleave R``: ``bench_v7_prototype.interleaved``'s rounds with the rows numba with the per-step ledger,
-numba without ledger, numba without ledger nor world draws, and the NumPy prototype with the per-step ledger
-(CartPole-v1's CPU rate before each round, masked uniform actions, medians); ``--older``: also another
-checkout's prototype (main's, before this brief's fixed-order sums). ``--parts N``: where a numba step's
-time goes (perf_counter around each part over ``--steps`` steps) and the costs per finished episode.
+``--interleave R``: ``bench_v7_prototype.interleaved``'s rounds with the rows (:func:`numba_rows`) numba with
+compiled worlds ("cw") with the ledger per step, per 16 and per 64 steps and without ledger; brief 29a's numba
+with the per-step ledger, without ledger, without ledger nor world draws; and the NumPy prototype with the
+per-step ledger (CartPole-v1's CPU rate before each round, masked uniform actions, medians); ``--older``: also
+another checkout's prototype (main's, before 29a's fixed-order sums). ``--parts N``: where a numba step's time
+goes (perf_counter around each part over ``--steps`` steps; 29a's env, compiled worlds, compiled worlds with
+the ledger per 64 steps) and the costs per finished episode, a world's cost each way (:func:`draw_cost`) and
+the ledger entry's parts (:func:`ledger_parts`).
 ``--compile``: the cold compile time of the kernel (a fresh process with numba's cache in an empty directory).
 
 >>> env = V7NumbaEnv(4, ledger=True)
