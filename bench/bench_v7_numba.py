@@ -20,15 +20,26 @@ statistics, with every sum in NumPy's order (pairwise over 32 or 16 contiguous v
 prototype's two per-code matrix products were replaced by fixed-order sums for this (a BLAS product's order
 depended on the row's place in the matrix), so both envs are bit for bit the same (tests/test_bench_v7_numba.py).
 
+Brief 29b: ``V7NumbaEnv(compiled_worlds=True)`` makes the worlds ahead with two more kernels, bit for bit the
+NumPy path: :func:`_draw_into` (``model.draw_worlds``' fields the track reads: the world stream's uniforms, the
+severities, the minimal harness's ceiling per code with ``log1p``/``exp``, the redraws, ``calibrate_worlds``'
+``np.interp`` and 3 Newton steps) and :func:`_ahead_into` (the per-code tables, stream keys and initial official
+score), 256 worlds at a time as the step reaches them; the seeds still come from the reset's NumPy Generator, a
+batch of ``AHEAD`` per call as before. ``ledger_every=K`` writes the ledger's entry every K steps for the
+episodes ended in them (every episode kept; ``flush_ledger`` for the rest).
+
     python bench/bench_v7_numba.py --interleave 3 [--sizes 1,16,256,1024] [--seconds 2] [--older PATH]
-    python bench/bench_v7_numba.py --parts 256 [--steps 3000]
+    python bench/bench_v7_numba.py --parts 256 [--steps 3000]   # and the world and ledger costs (brief 29b)
     python bench/bench_v7_numba.py --compile
 
-``--interleave R``: ``bench_v7_prototype.interleaved``'s rounds with the rows numba with the per-step ledger,
-numba without ledger, numba without ledger nor world draws, and the NumPy prototype with the per-step ledger
-(CartPole-v1's CPU rate before each round, masked uniform actions, medians); ``--older``: also another
-checkout's prototype (main's, before this brief's fixed-order sums). ``--parts N``: where a numba step's
-time goes (perf_counter around each part over ``--steps`` steps) and the costs per finished episode.
+``--interleave R``: ``bench_v7_prototype.interleaved``'s rounds with the rows (:func:`numba_rows`) numba with
+compiled worlds ("cw") with the ledger per step, per 16 and per 64 steps and without ledger; brief 29a's numba
+with the per-step ledger, without ledger, without ledger nor world draws; and the NumPy prototype with the
+per-step ledger (CartPole-v1's CPU rate before each round, masked uniform actions, medians); ``--older``: also
+another checkout's prototype (main's, before 29a's fixed-order sums). ``--parts N``: where a numba step's time
+goes (perf_counter around each part over ``--steps`` steps; 29a's env, compiled worlds, compiled worlds with
+the ledger per 64 steps) and the costs per finished episode, a world's cost each way (:func:`draw_cost`) and
+the ledger entry's parts (:func:`ledger_parts`).
 ``--compile``: the cold compile time of the kernel (a fresh process with numba's cache in an empty directory).
 
 >>> env = V7NumbaEnv(4, ledger=True)
@@ -61,13 +72,18 @@ import numba
 import numpy as np
 
 from rsigym_env.catalog import DEFECTS, FAILURE_MODES
-from rsigym_env.worlds.sim.draws import _A, _B, _C, _D, _E, _F
-from rsigym_env.worlds.sim.model import EVAL_DRAWS
+from rsigym_env.menu_vector import EpisodeRecords, write_episode_records
+from rsigym_env.worlds.sim.draws import _A, _B, _C, _D, _E, _F, STREAMS, seed_array
+from rsigym_env.worlds.sim.model import (CODE_AXES, EVAL_DRAWS, FEASIBLE_MODEL_ALONE, HARM_RATIO, SEVERITY_MAX,
+                                         SEVERITY_SPREAD, SKILL_GRID, SYSTEM_DRAWS, Harness, draw_worlds,
+                                         solve_curve, task_table)
 from rsigym_env.wrappers.menu import FEATURES, MENU_INDEX
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_v7_prototype import (_BEST, _DEFECT, _FLOAT_START, _FLOATS, _INTS, _K, _KIND, AHEAD, BIT_CODES,  # noqa: E402
-                                D, EVAL, FIX, SUBMIT, VERSIONS, WAIT, V7HarnessEnv, interleaved, v7_rows)
+import bench_v7_prototype  # noqa: E402  (its AHEAD read at each batch: the tests make it small)
+from bench_v7_prototype import (_BEST, _DEFECT, _REASONS, _FLOAT_START, _FLOATS, _INTS, _K, _KIND, AHEAD, BIT_CODES,  # noqa: E402
+                                D, EVAL, FIX, SUBMIT, VERSIONS, WAIT, V7HarnessEnv, interleaved, task_codes,
+                                v7_rows)
 
 # the state matrices' columns (bench_v7_prototype's _INTS and _FLOATS)
 (SPENT, RESERVED, STEPS, REFUSALS, VERSION, READ, LAST_ERROR, N_CAND, EVALUATIONS, DONE, REASON, RUNNING,
@@ -525,12 +541,216 @@ def step_rows(actions: np.ndarray, ints: np.ndarray, floats: np.ndarray, n_score
             near_half[:n_near])
 
 
+# ---------------------------------------------------------------------- the worlds ahead, compiled (brief 29b)
+
+@numba.njit(cache=True)
+def _interp(x: float, xp: np.ndarray, fp: np.ndarray) -> float:  # pragma: no cover
+    """``np.interp(x, xp, fp)`` of one value (NumPy's steps: the last ``j`` with ``xp[j] <= x``, the slope
+    ``(fp[j+1] - fp[j]) / (xp[j+1] - xp[j])``, then ``slope * (x - xp[j]) + fp[j]``; its NaN fallbacks)."""
+    last = xp.size - 1
+    if x != x:
+        return x
+    if x > xp[last]:
+        return fp[last]
+    if x < xp[0]:
+        return fp[0]
+    j = np.searchsorted(xp, x, side="right") - 1
+    if j == last or xp[j] == x:
+        return fp[j]
+    slope = (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j])
+    out = slope * (x - xp[j]) + fp[j]
+    if out != out:
+        out = slope * (x - xp[j + 1]) + fp[j + 1]
+        if out != out and fp[j] == fp[j + 1]:
+            out = fp[j]
+    return out
+
+
+@numba.njit(cache=True)
+def _system(key: np.uint64, attempt: int, block: np.ndarray, relevant: np.ndarray, prevalence: np.ndarray,
+            domain_severity: np.ndarray, coefficients: np.ndarray, present: np.ndarray,
+            severity: np.ndarray) -> int:  # pragma: no cover
+    """``draw_worlds``' ``systems`` of one world's block number ``attempt``: its present defects and severities
+    (into ``present``, ``severity``) and its official half (returned)."""
+    _uniforms(key, np.uint64(attempt), block)
+    for j in range(D):
+        present[j] = relevant[j] and block[j] < prevalence[j]
+        z = _norm_ppf(block[D + j], coefficients)
+        severity[j] = _minimum(SEVERITY_MAX, domain_severity[j] * math.exp(SEVERITY_SPREAD * z))
+    return 1 if block[block.size - 1] < 0.5 else 0
+
+
+@numba.njit(cache=True)
+def _ceiling(present: np.ndarray, severity: np.ndarray, half: int, minimal_codes: np.ndarray,
+             minimal_active: np.ndarray, logs: np.ndarray, passing: np.ndarray,
+             ceiling: np.ndarray) -> float:  # pragma: no cover
+    """``_minimal_ceiling`` of one world into ``ceiling`` (n,): ``exposure``'s ``passing`` per code (``per_code``
+    over ``CODE_AXES`` of ``log1p(-severity)`` where the defect counts, the sums in ``DEFECTS`` order, then
+    ``exp``) read at each official task's minimal code; returns its mean (pairwise sum / n)."""
+    for j in range(D):
+        counts = minimal_active[j] and (j == 0 or present[j])
+        logs[j] = math.log1p(-severity[j]) if counts else 0.0
+    for c in range(VERSIONS):
+        total = 0.0
+        for j in range(D):
+            if (c >> _CODE_BIT[j]) & 1:
+                total += logs[j]
+        passing[c] = math.exp(total)
+    codes = minimal_codes[1 if present[0] else 0, half]
+    for t in range(ceiling.size):
+        ceiling[t] = passing[codes[t]]
+    return _pairwise(ceiling, 0, 1, ceiling.size) / ceiling.size
+
+
+@numba.njit(cache=True)
+def _draw_into(start: int, end: int, seeds: np.ndarray, bkey: np.uint64, width: int, relevant: np.ndarray,
+               prevalence: np.ndarray, domain_severity: np.ndarray, minimal_codes: np.ndarray,
+               minimal_active: np.ndarray, target: float, curve: np.ndarray, grid: np.ndarray,
+               exp_difficulty: np.ndarray, coefficients: np.ndarray, present: np.ndarray, severity: np.ndarray,
+               harm: np.ndarray, half: np.ndarray, skill: np.ndarray) -> None:  # pragma: no cover
+    """:func:`draw_worlds_compiled` of the worlds ``start:end`` into the given arrays."""
+    n = exp_difficulty.shape[1]
+    block, logs, passing = np.empty(width), np.empty(D), np.empty(VERSIONS)
+    ceiling, q, qf = np.empty(n), np.empty(n), np.empty(n)
+    world_index = np.uint64(1)  # STREAMS.index("world") + 1
+    bmix = bkey * _M1 + _GAMMA
+    for i in range(start, end):
+        z = _mix64(seeds[i] + _GAMMA)
+        key = _mix64(_mix64(z ^ bmix) + world_index * _GAMMA)
+        h = _system(key, 0, block, relevant, prevalence, domain_severity, coefficients, present[i], severity[i])
+        mean = _ceiling(present[i], severity[i], h, minimal_codes, minimal_active, logs, passing, ceiling)
+        attempt = 0
+        while FEASIBLE_MODEL_ALONE * mean <= target:
+            attempt += 1
+            if attempt > 100:
+                raise RuntimeError("no feasible target system")
+            h = _system(key, attempt, block, relevant, prevalence, domain_severity, coefficients, present[i],
+                        severity[i])
+            mean = _ceiling(present[i], severity[i], h, minimal_codes, minimal_active, logs, passing, ceiling)
+        half[i] = h
+        for j in range(D):
+            harm[i, j] = _minimum(SEVERITY_MAX, HARM_RATIO * severity[i, j]) if relevant[j] else 0.0
+        s = _interp(target / mean, curve[h], grid)
+        for _ in range(3):
+            scale = math.exp(-s)
+            for t in range(n):
+                value = exp_difficulty[h, t] * scale
+                value += 1.0
+                value = 1.0 / value
+                qf[t] = value * ceiling[t]
+                q[t] = (1.0 - value) * qf[t]
+            gap = _pairwise(qf, 0, 1, n) / n - target
+            slope = _pairwise(q, 0, 1, n) / n
+            s = s - gap / slope
+        skill[i] = s
+
+
+def draw_worlds_compiled(seeds: np.ndarray, bkey: np.uint64, width: int, relevant: np.ndarray,
+                         prevalence: np.ndarray, domain_severity: np.ndarray, minimal_codes: np.ndarray,
+                         minimal_active: np.ndarray, target: float, curve: np.ndarray, grid: np.ndarray,
+                         exp_difficulty: np.ndarray, coefficients: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``model.draw_worlds``' fields the harness track reads, a world at a time (:func:`_draw_into`, compiled):
+    (present (W, 5) bool, severity, harm (W, 5), half (W,), base skill (W,)). The world's block of ``width``
+    uniforms from its ``world`` stream (redrawn from block ``attempt`` while ``FEASIBLE_MODEL_ALONE`` times the
+    minimal harness's mean ceiling is at most ``target``), the severities, the minimal ceiling, and
+    ``calibrate_worlds``: the solve curve's inverse (``np.interp``) refined by 3 Newton steps, every sum NumPy's
+    pairwise one."""
+    w = seeds.size
+    out = (np.zeros((w, D), np.bool_), np.empty((w, D)), np.empty((w, D)), np.empty(w, np.intp), np.empty(w))
+    _draw_into(0, w, seeds, bkey, width, relevant, prevalence, domain_severity, minimal_codes, minimal_active,
+               target, curve, grid, exp_difficulty, coefficients, *out)
+    return out
+
+
+
+_CODE_BIT = np.array([5 - axis for axis in CODE_AXES], np.int64)  # defect j's bit in a 5-bit code
+CHUNK = 256  # worlds made at a time (compiled_worlds)
+_STREAM_INDEX = np.array([STREAMS.index("eval") + 1, STREAMS.index("official") + 1], np.uint64)
+
+
+@numba.njit(cache=True)
+def _ahead_into(start: int, end: int, seeds: np.ndarray, present: np.ndarray, severity: np.ndarray,
+                harm: np.ndarray, half: np.ndarray, skill: np.ndarray, exp_difficulty: np.ndarray, codes: np.ndarray,
+                counts: np.ndarray, bkey: np.uint64, stream_index: np.ndarray, active0: np.ndarray,
+                applied0: np.ndarray, m: int, k: int, coefficients: np.ndarray, tables: np.ndarray, world: np.ndarray,
+                keys: np.ndarray, initial: np.ndarray) -> None:  # pragma: no cover
+    """:func:`worlds_ahead` of the worlds ``start:end`` into the given arrays."""
+    n = exp_difficulty.shape[1]
+    six = np.empty((3, 2 * VERSIONS))
+    work = np.empty((7, VERSIONS))
+    got = np.empty(D + 2, np.int64)
+    bmix = bkey * _M1 + _GAMMA
+    for i in range(start, end):
+        has = 0
+        for j in range(1, D):
+            has += np.int64(present[i, j]) << (j - 1)
+        scale = math.exp(-skill[i])
+        for split in range(2):
+            h = 1 - half[i] if split == 0 else half[i]
+            key = (h * 2 + np.int64(present[i, 0])) * 16 + has
+            six[:2] = 0.0
+            for t in range(n):
+                q = exp_difficulty[h, t] * scale
+                q += 1.0
+                q = 1.0 / q
+                c = codes[key, t]
+                six[0, c] += q
+                six[1, c] += q * q
+            six[2] = counts[key]
+            for s in range(3):
+                for c in range(VERSIONS):
+                    tables[i, split, 0, s, c] = six[s, c] + six[s, c + VERSIONS]  # bit 0 from the exposure flag
+                    cell = (c & 1) * VERSIONS + (c >> 1) * 2
+                    tables[i, split, 1, s, c] = six[s, cell] + six[s, cell + 1]  # from the interference flag
+        for j in range(D):
+            world[i, j] = 1.0 if present[i, j] else 0.0
+            world[i, D + j] = 1.0 - severity[i, j]
+            world[i, 2 * D + j] = 1.0 - harm[i, j]
+            world[i, 3 * D + j] = severity[i, j]
+        z = _mix64(seeds[i] + _GAMMA)
+        z = _mix64(z ^ bmix)
+        for s in range(2):
+            keys[i, s] = _mix64(z + stream_index[s] * _GAMMA)
+        _eval_counts(tables[i, 1], world[i], active0, applied0, m, k, keys[i, 1], np.uint64(0), coefficients, work,
+                     got)
+        initial[i] = got[0] / (m * k)
+
+
+def worlds_ahead(seeds: np.ndarray, present: np.ndarray, severity: np.ndarray, harm: np.ndarray, half: np.ndarray,
+                 skill: np.ndarray, exp_difficulty: np.ndarray, codes: np.ndarray, counts: np.ndarray,
+                 bkey: np.uint64, stream_index: np.ndarray, active0: np.ndarray, applied0: np.ndarray, m: int,
+                 k: int, coefficients: np.ndarray) -> tuple[np.ndarray, ...]:
+    """What ``V7HarnessEnv._draw_ahead`` makes of ``draw_worlds``' worlds, a world at a time (:func:`_ahead_into`,
+    compiled): the per-code tables (``_world_tables``: the two ``bincount`` passes as running sums in task order,
+    then the same cell pairs added), the world row ``[present, 1 - severity, 1 - harm, severity]``, the eval and
+    official stream keys (``draws.streams_keys``) and the initial official score (``per_code_stats`` of the
+    minimal harness on the official split and ``draw_outcomes`` with draw 0 of the official stream: the step
+    kernel's ``_eval_counts``). Returns (tables (W, 2, 2, 3, 32), world (W, 20), keys (W, 2), initial official
+    (W,))."""
+    w = seeds.size
+    out = (np.empty((w, 2, 2, 3, VERSIONS)), np.empty((w, 4 * D)), np.empty((w, 2), np.uint64), np.empty(w))
+    _ahead_into(0, w, seeds, present, severity, harm, half, skill, exp_difficulty, codes, counts, bkey, stream_index,
+                active0, applied0, m, k, coefficients, *out)
+    return out
+
+
 class V7NumbaEnv(V7HarnessEnv):
     """:class:`bench_v7_prototype.V7HarnessEnv` whose ``step`` is the numba kernel :func:`step_rows`; the worlds
     ahead, the ``info`` dict and the ledger entry stay in Python. ``timing``: a dict that ``step`` adds each part's
-    perf_counter seconds to ("checks", "draws", "kernel", "info", "ledger"), or None."""
+    perf_counter seconds to ("checks", "draws", "kernel", "info", "ledger"), or None. ``compiled_worlds``: True,
+    the worlds ahead drawn by :func:`draw_worlds_compiled` and made by :func:`worlds_ahead`; "tables": only the
+    latter, from the model's ``draw_worlds`` (either way the same arrays bit for bit; the seeds still from the
+    reset's NumPy Generator). ``ledger_every``: K, the
+    ledger's entry (``write_episode_records(per_step=True)``: one account, one audited entry listing every episode)
+    written every K steps for the episodes that ended in them (``write_episodes="step"`` semantics over K steps;
+    1: every step, the prototype's); :meth:`flush_ledger` writes the episodes still pending."""
 
-    def __init__(self, num_envs: int, **kwargs: Any):
+    def __init__(self, num_envs: int, *, compiled_worlds: bool | str = False, ledger_every: int = 1, **kwargs: Any):
+        if ledger_every < 1:
+            raise ValueError(f"ledger_every is at least 1, got {ledger_every}")
+        self.compiled_worlds, self.ledger_every = compiled_worlds, ledger_every
+        self._pending: list[tuple[np.ndarray, ...]] = []
+        self._since = 0
         super().__init__(num_envs, **kwargs)
         s = self.scenario
         self._limits_row = np.array([s.max_steps, s.refusal_limit, self.budget_n, self.min_n, self.time_limit_s],
@@ -539,6 +759,61 @@ class V7NumbaEnv(V7HarnessEnv):
                         self.bill, self._limits_row, self.m, s.official_k, float(s.budget_usd), self.template,
                         np.ascontiguousarray(self.static_mask), _FLOAT_START, _PPF)
         self.timing: dict[str, float] | None = None
+
+    def _draw_ahead(self) -> None:
+        """``AHEAD`` new worlds: the prototype's, or (``compiled_worlds``) their seeds now (the same Generator
+        call) and the worlds themselves made a chunk at a time as :meth:`_take` reaches them (into buffers kept
+        from batch to batch: no new pages to touch, and a chunk's arrays still in cache when the kernel copies
+        them). ``"tables"``: the model's ``draw_worlds`` of the whole batch now, the rest by chunk."""
+        if not self.compiled_worlds:
+            return super()._draw_ahead()
+        ahead = bench_v7_prototype.AHEAD
+        seeds = seed_array(self._rng.integers(2**31 - 1, size=ahead))
+        if getattr(self, "_buffers", None) is None or len(self._buffers[0]) != ahead:
+            self._buffers = (np.zeros((ahead, D), np.bool_), np.empty((ahead, D)), np.empty((ahead, D)),
+                             np.empty(ahead, np.intp), np.empty(ahead), np.empty((ahead, 2, 2, 3, VERSIONS)),
+                             np.empty((ahead, 4 * D)), np.empty((ahead, 2), np.uint64), np.empty(ahead, np.intp),
+                             np.empty(ahead))
+        present, severity, harm, half, skill, tables, world, keys, variant, initial = self._buffers
+        if self.compiled_worlds == "tables":
+            w = draw_worlds(self.benchmark, seeds)
+            for whole, part in zip((present, severity, harm, half, skill),
+                                   (w.present, w.severity, w.harm, w.half, w.base_skill)):
+                whole[:] = part
+        self._seeds_ahead = seeds
+        self._ahead = (seeds.astype(np.int64), tables, world, keys, variant, half, initial)
+        self._at = self._made = 0
+        return None
+
+    def _take(self, count: int) -> slice:
+        """The prototype's, then (``compiled_worlds``) the worlds up to the last place taken made, ``CHUNK`` or
+        more at a time."""
+        taken = super()._take(count)
+        if self.compiled_worlds and self._at > self._made:
+            start, end = self._made, min(len(self._seeds_ahead), max(self._at, self._made + CHUNK))
+            self._make(start, end)
+            self._made = end
+        return taken
+
+    def _make(self, start: int, end: int) -> None:
+        """The worlds ``start:end`` of the batch ahead (compiled)."""
+        present, severity, harm, half, skill, tables, world, keys, variant, initial = self._buffers
+        if getattr(self, "_world_consts", None) is None:
+            bid, domain = self.benchmark.id, self.benchmark.domain
+            table, bkey = task_table(bid), np.uint64(self.bkey)
+            self._world_consts = (
+                (bkey, SYSTEM_DRAWS + len(domain.teacher_accuracy), np.asarray(domain.exposure) > 0,
+                 np.asarray(domain.prevalence, np.float64), np.asarray(domain.severity, np.float64),
+                 table.minimal_codes, Harness().active, float(self.benchmark.initial_score), solve_curve(bid),
+                 SKILL_GRID, table.exp_difficulty, _PPF),
+                (table.exp_difficulty, *task_codes(bid), bkey, _STREAM_INDEX, self._consts[4][0], self._consts[5][0],
+                 self.m, self.scenario.official_k, _PPF))
+        draw, ahead = self._world_consts
+        seeds = self._seeds_ahead
+        if self.compiled_worlds != "tables":
+            _draw_into(start, end, seeds, *draw, present, severity, harm, half, skill)
+        _ahead_into(start, end, seeds, present, severity, harm, half, skill, *ahead, tables, world, keys, initial)
+        variant[start:end] = present[start:end, 0]
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """One menu index per row; a row that ended last step starts its next episode instead."""
@@ -573,11 +848,34 @@ class V7NumbaEnv(V7HarnessEnv):
             now = time.perf_counter()
             timing["info"] = timing.get("info", 0.0) + now - start
             start = now
-        if ended.size and self.ledger is not None:
-            self._write(ended)
+        if self.ledger is not None:
+            if self.ledger_every == 1:
+                if ended.size:
+                    self._write(ended)
+            else:
+                if ended.size:
+                    self._pending.append((ended, *(column[ended] for column in (
+                        self.seeds, self.steps, self.refusals, self.reason, self.clock, self.spent,
+                        self.initial_official, self.final, self.reward))))
+                self._since += 1
+                if self._since >= self.ledger_every:
+                    self.flush_ledger()
             if timing is not None:
                 timing["ledger"] = timing.get("ledger", 0.0) + time.perf_counter() - start
         return obs, self.reward, self.terminated, self.truncated, info
+
+    def flush_ledger(self) -> None:
+        """Write the episodes that ended since the last entry as one entry (``ledger_every`` > 1), if any."""
+        self._since = 0
+        if not self._pending:
+            return
+        rows, seeds, steps, refusals, reason, clock, spent, initial, final, gain = (
+            np.concatenate(column) for column in zip(*self._pending))
+        self._pending = []
+        records = EpisodeRecords(rows, seeds.tolist(), steps.tolist(), refusals.tolist(), _REASONS[reason].tolist(),
+                                 (clock / 3600.0).tolist(), spent, (initial.tolist(), final.tolist(), gain.tolist()))
+        self._keys += write_episode_records(self.ledger, records, per_step=True, budget_usd=self.scenario.budget_usd,
+                                            budget_n=self.budget_n, secret="v7proto", first=self._keys + 1)
 
 
 # ---------------------------------------------------------------------- the scalar helpers against NumPy's
@@ -602,6 +900,32 @@ def _helpers_many(p: np.ndarray, keys: np.ndarray, counters: np.ndarray, usd: np
         value, half = _round9(usd[i])
         rounded[i] = np.nan if half else value  # NaN: near a half, Python rounds it
     return logs, ppf, u, up, near, rounded
+
+
+@numba.njit(cache=True)
+def _exp_log1p(x: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
+    """``math.exp`` of ``x`` and ``math.log1p(-p)``, as the worlds' kernels call them."""
+    e, l1 = np.empty(x.size), np.empty(p.size)
+    for i in range(x.size):
+        e[i] = math.exp(x[i])
+    for i in range(p.size):
+        l1[i] = math.log1p(-p[i])
+    return e, l1
+
+
+def check_world_helpers(size: int = 200_000, seed: int = 0) -> dict[str, int]:
+    """How many of ``size`` values the worlds' kernels' ``exp`` (of -40..40: skills, severities' spreads) and
+    ``log1p`` (of minus severities in (0, 1)) give other bits than NumPy's at the pinned level.
+
+    >>> check_world_helpers(2000)
+    {'exp': 0, 'log1p': 0}
+    """
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-40.0, 40.0, size)
+    p = rng.random(size)
+    e, l1 = _exp_log1p(x, p)
+    return {"exp": int((e.view(np.uint64) != np.exp(x).view(np.uint64)).sum()),
+            "log1p": int((l1.view(np.uint64) != np.log1p(-p).view(np.uint64)).sum())}
 
 
 def check_helpers(size: int = 200_000, seed: int = 0) -> dict[str, int]:
@@ -645,8 +969,14 @@ def check_helpers(size: int = 200_000, seed: int = 0) -> dict[str, int]:
 
 def numba_rows(n: int) -> dict[str, Any]:
     """The rows of ``--interleave`` at N = ``n`` (``bench_v7_prototype.interleaved``'s ``rows``): the numba env
-    three ways, and the NumPy prototype with the per-step ledger as the same run's reference."""
-    return {"numba ledger=step": partial(V7NumbaEnv, n, ledger=True),
+    with compiled worlds (brief 29b) with the per-step ledger, an entry every 16 and 64 steps, and no ledger;
+    then brief 29a's rows as the same run's reference: the numba env three ways and the NumPy prototype with the
+    per-step ledger."""
+    return {"cw ledger=step": partial(V7NumbaEnv, n, ledger=True, compiled_worlds=True),
+            "cw ledger/16": partial(V7NumbaEnv, n, ledger=True, compiled_worlds=True, ledger_every=16),
+            "cw ledger/64": partial(V7NumbaEnv, n, ledger=True, compiled_worlds=True, ledger_every=64),
+            "cw ledger=off": partial(V7NumbaEnv, n, ledger=False, compiled_worlds=True),
+            "numba ledger=step": partial(V7NumbaEnv, n, ledger=True),
             "numba ledger=off": partial(V7NumbaEnv, n, ledger=False),
             "numba off, no draw": partial(V7NumbaEnv, n, ledger=False, recycle_worlds=True),
             "numpy ledger=step": v7_rows(n)["v7 ledger=step"]}
@@ -669,12 +999,12 @@ def with_older(path: str) -> Any:
 PART_NAMES = ("checks", "draws", "kernel", "info", "ledger")
 
 
-def parts(n: int, steps: int) -> dict[str, float]:
-    """Where a numba step's time goes at N = ``n`` (per-step ledger, masked uniform actions, after 50 steps):
-    perf_counter seconds of each of ``PART_NAMES`` over ``steps`` steps (checks: the actions' check and counting
-    the new episodes; draws: the worlds ahead; info: the dict and its end keys; ledger: the entry), and
-    "episodes": the episodes that ended, "steps": ``steps``."""
-    env = V7NumbaEnv(n, ledger=True)
+def parts(n: int, steps: int, **kwargs: Any) -> dict[str, float]:
+    """Where a numba step's time goes at N = ``n`` (``V7NumbaEnv(n, ledger=True, **kwargs)``, masked uniform
+    actions, after 50 steps): perf_counter seconds of each of ``PART_NAMES`` over ``steps`` steps (checks: the
+    actions' check and counting the new episodes; draws: the worlds ahead; info: the dict and its end keys;
+    ledger: the entry), and "episodes": the episodes that ended, "steps": ``steps``."""
+    env = V7NumbaEnv(n, ledger=True, **kwargs)
     rng = np.random.default_rng(0)
     obs, info = env.reset(seed=0)
     for _ in range(50):
@@ -693,22 +1023,138 @@ def parts(n: int, steps: int) -> dict[str, float]:
     return {**timing, "whole": whole, "episodes": float(ended), "steps": float(steps)}
 
 
-def draw_cost(batches: int = 3) -> tuple[float, float]:
-    """perf_counter seconds a world of ``V7HarnessEnv._draw_ahead`` (``AHEAD`` worlds a batch), and of the model's
-    ``draw_worlds`` alone (its draws and base-skill calibration; the rest: the per-code tables, stream keys and the
-    initial official score)."""
-    from rsigym_env.worlds.sim.model import draw_worlds
-
-    env = V7NumbaEnv(1, ledger=False)
-    env.reset(seed=0)
-    start = time.perf_counter()
-    for _ in range(batches):
-        env._draw_ahead()
-    whole = time.perf_counter() - start
+def draw_cost(batches: int = 3) -> dict[str, float]:
+    """perf_counter seconds a world: "numpy" of ``V7HarnessEnv._draw_ahead`` (``AHEAD`` worlds a batch),
+    "draw_worlds" of the model's ``draw_worlds`` alone (its draws and base-skill calibration; the rest: the
+    per-code tables, stream keys and the initial official score), "tables" of ``compiled_worlds="tables"``
+    (``draw_worlds``, then :func:`worlds_ahead` by ``CHUNK``), "compiled" of ``compiled_worlds=True``, and
+    "generator" of the batch's seeds alone (NumPy's Generator, in every one of them)."""
+    out = {}
+    for name, compiled in (("numpy", False), ("tables", "tables"), ("compiled", True)):
+        env = V7NumbaEnv(1, ledger=False, compiled_worlds=compiled)
+        env.reset(seed=0)
+        start = time.perf_counter()
+        for _ in range(batches):
+            env._draw_ahead()
+            if compiled:  # made a chunk at a time, as the step's _take makes them
+                for at in range(0, AHEAD, CHUNK):
+                    env._make(at, min(AHEAD, at + CHUNK))
+        out[name] = (time.perf_counter() - start) / batches / AHEAD
     start = time.perf_counter()
     for b in range(batches):
         draw_worlds(env.benchmark, np.arange(b * AHEAD, (b + 1) * AHEAD, dtype=np.uint64))
-    return whole / batches / AHEAD, (time.perf_counter() - start) / batches / AHEAD
+    out["draw_worlds"] = (time.perf_counter() - start) / batches / AHEAD
+    start = time.perf_counter()
+    for _ in range(batches):
+        seed_array(env._rng.integers(2**31 - 1, size=AHEAD))
+    out["generator"] = (time.perf_counter() - start) / batches / AHEAD
+    return out
+
+
+LEDGER_PARTS = ("records", "events", "walk", "json", "hash", "whole", "col events", "col walk", "col json",
+                "col hash")
+
+
+def ledger_parts(n: int, steps: int, ks: tuple[int, ...] = (1, 16, 64)) -> dict[int, dict[str, float]]:
+    """Where the ledger entry's time goes (``write_episode_records(per_step=True)``), per finished episode, at
+    N = ``n`` over ``steps`` steps of masked uniform actions, with an entry every K steps for K in ``ks``:
+    perf_counter seconds per episode of "records" (``EpisodeRecords`` read from the arrays, as ``_write``),
+    "events" (the per-episode dicts as ``write_episode_records`` builds them), "walk" (``audit._orjson_safe``'s
+    check of the entry's event, a Python walk over every value), "json" (``audit.canonical_json`` minus the walk:
+    orjson), "hash" (the chain's sha256), and "whole" (``write_episode_records`` into an in-memory ``Ledger``:
+    the parts above but "records" plus the accounts' checks, SQLite and the rest); "col events", "col walk",
+    "col json", "col hash": the same with the entry's episodes as columns (a list per field; ``spend_usd`` as
+    one NumPy division), a format ``rsigym_env`` does not write; plus "episodes" and "entries". The parts are re-run apart on the same records, so they are what each costs, not a profile."""
+    from rsigym_env.platform import audit
+    from rsigym_env.platform.core import PlatformKey
+    from rsigym_env.platform.ledger import NANO, Ledger
+
+    env = V7NumbaEnv(n, ledger=True, compiled_worlds=True)
+    captured: list[EpisodeRecords] = []
+    made = [0.0]
+
+    def capture(rows: np.ndarray) -> None:
+        start = time.perf_counter()
+        records = EpisodeRecords(rows, env.seeds[rows].tolist(), env.steps[rows].tolist(),
+                                 env.refusals[rows].tolist(), _REASONS[env.reason[rows]].tolist(),
+                                 (env.clock[rows] / 3600.0).tolist(), env.spent[rows].copy(),
+                                 (env.initial_official[rows].tolist(), env.final[rows].tolist(),
+                                  env.reward[rows].tolist()))
+        made[0] += time.perf_counter() - start
+        captured.append(records)
+
+    rng = np.random.default_rng(0)
+    info = env.reset(seed=0)[1]
+    env._write = capture  # type: ignore[method-assign]
+    for _ in range(steps):
+        mask = info["action_mask"]
+        info = env.step(np.argmax(np.where(mask, rng.random(mask.shape), -1.0), axis=1))[4]
+    episodes = sum(len(r.seeds) for r in captured)
+    out = {}
+    for k in ks:
+        batches = [EpisodeRecords.concat(captured[i:i + k], [0] * len(captured[i:i + k]))
+                   for i in range(0, len(captured), k)]
+        got = dict.fromkeys(LEDGER_PARTS, 0.0)
+        got["records"] = made[0]
+        ledger = Ledger(None)
+        first = 1
+        for records in batches:
+            start = time.perf_counter()
+            first += write_episode_records(ledger, records, per_step=True, budget_usd=env.scenario.budget_usd,
+                                           budget_n=env.budget_n, secret="v7proto", first=first)
+            got["whole"] += time.perf_counter() - start
+            start = time.perf_counter()
+            columns = [records.seeds, records.steps, records.refusals, records.end_reasons, records.elapsed_h,
+                       *records.result]
+            events = [{"seed": seed, "steps": used, "refusals": refusals, "end_reason": reason, "elapsed_h": hours,
+                       "initial_score": initial, "official_score": final, "normalized_gain": gain}
+                      for seed, used, refusals, reason, hours, initial, final, gain in zip(*columns)]
+            for event, nano in zip(events, records.spent_n.tolist()):
+                event["spend_usd"] = nano / NANO
+            key = PlatformKey.key_id(f"v7proto-{first}")
+            event = {"tool": "episodes", "decision": "allowed", "episodes": events, "key": key, "op": "settle",
+                     "reservation_id": 1, "reserved_usd": 1.0, "charged_usd": 1.0, "available_usd": 1.0,
+                     "actual_usd": 1.0, "wall_time": 1.0, "seq": first}
+            now = time.perf_counter()
+            got["events"] += now - start
+            start = now
+            audit._orjson_safe(event, 0)
+            now = time.perf_counter()
+            got["walk"] += now - start
+            start = now
+            text = audit.canonical_json(event)
+            now = time.perf_counter()
+            got["json"] += now - start  # the walk again inside: taken out below
+            start = now
+            audit.chain_hash("0" * 64, text)
+            now = time.perf_counter()
+            got["hash"] += now - start
+            start = now
+            # the same entry with its episodes as columns (a list per field): not what rsigym_env writes
+            event["episodes"] = {"seed": records.seeds, "steps": records.steps, "refusals": records.refusals,
+                                 "end_reason": records.end_reasons, "elapsed_h": records.elapsed_h,
+                                 "initial_score": records.result[0], "official_score": records.result[1],
+                                 "normalized_gain": records.result[2],
+                                 "spend_usd": (records.spent_n / NANO).tolist()}
+            now = time.perf_counter()
+            got["col events"] += now - start
+            start = now
+            audit._orjson_safe(event, 0)
+            now = time.perf_counter()
+            got["col walk"] += now - start
+            start = now
+            text = audit.canonical_json(event)
+            now = time.perf_counter()
+            got["col json"] += now - start
+            start = now
+            audit.chain_hash("0" * 64, text)
+            got["col hash"] += time.perf_counter() - start
+        assert ledger.books().ok
+        got["json"] -= got["walk"]
+        got["col json"] -= got["col walk"]
+        out[k] = {name: value / episodes for name, value in got.items()} | {"episodes": float(episodes),
+                                                                            "entries": float(len(batches))}
+    return out
 
 
 _COMPILE = """
@@ -762,20 +1208,24 @@ def main() -> None:
         for n in [int(v) for v in args.sizes.split(",")]:
             interleaved(n, args.interleave, args.seconds, with_older(args.older) if args.older else numba_rows)
     if args.parts:
-        got = parts(args.parts, args.steps)
-        steps, episodes = got["steps"], got["episodes"]
-        accounted = sum(got[name] for name in PART_NAMES)
-        print(f"N={args.parts} numba ledger=step, {int(steps)} steps (perf_counter): {got['whole'] / steps * 1e6:.1f} us "
-              f"a step, of which " + ", ".join(f"{name} {got[name] / steps * 1e6:.1f} us ({got[name] / got['whole']:.0%})"
-                                               for name in PART_NAMES)
-              + f", rest {(got['whole'] - accounted) / steps * 1e6:.1f} us; {episodes / steps:.1f} episodes end a step",
-              flush=True)
-        world, model = draw_cost()
-        print(f"per finished episode: its world drawn ahead {world * 1e6:.2f} us (draw_ahead / {AHEAD}; draw_worlds "
-              f"{model * 1e6:.2f} us of it), in the step's "
-              f"draws part {got['draws'] / episodes * 1e6:.2f} us; end keys and info {got['info'] / episodes * 1e6:.2f}"
-              f" us; ledger {got['ledger'] / episodes * 1e6:.2f} us; kernel {got['kernel'] / episodes * 1e6:.2f} us "
-              f"(all the kernel's time over the episodes)", flush=True)
+        for label, kwargs in (("numba ledger=step (29a)", {}), ("cw ledger=step", {"compiled_worlds": True}),
+                              ("cw ledger/64", {"compiled_worlds": True, "ledger_every": 64})):
+            got = parts(args.parts, args.steps, **kwargs)
+            steps, episodes = got["steps"], got["episodes"]
+            accounted = sum(got[name] for name in PART_NAMES)
+            print(f"N={args.parts} {label}, {int(steps)} steps (perf_counter): {got['whole'] / steps * 1e6:.1f} us "
+                  f"a step, of which " + ", ".join(f"{name} {got[name] / steps * 1e6:.1f} us "
+                                                   f"({got[name] / got['whole']:.0%})" for name in PART_NAMES)
+                  + f", rest {(got['whole'] - accounted) / steps * 1e6:.1f} us; {episodes / steps:.1f} episodes end a "
+                  f"step; per episode: draws {got['draws'] / episodes * 1e6:.2f} us, info "
+                  f"{got['info'] / episodes * 1e6:.2f} us, ledger {got['ledger'] / episodes * 1e6:.2f} us, kernel "
+                  f"{got['kernel'] / episodes * 1e6:.2f} us; {stamp()}", flush=True)
+        cost = draw_cost()
+        print("a world drawn ahead (per world, perf_counter): " + ", ".join(f"{name} {value * 1e6:.2f} us"
+                                                                           for name, value in cost.items()), flush=True)
+        for k, got in ledger_parts(args.parts, 1000).items():
+            print(f"ledger entry every {k} steps ({int(got['entries'])} entries, {int(got['episodes'])} episodes), per "
+                  "episode: " + ", ".join(f"{name} {got[name] * 1e6:.3f} us" for name in LEDGER_PARTS), flush=True)
     print(f"after: {stamp()}", flush=True)
 
 

@@ -2,7 +2,9 @@
 NumPy prototype (bench/bench_v7_prototype.py) gives: observations, rewards, ends, every info array and the
 ledger's books and audit records, under masked uniform actions and under a policy that rarely submits (episodes
 end by the limits), at N = 1, 7, 64; its helpers (log, normal quantile, uniforms, nano and cent rounding) equal
-NumPy's. ~10 s with numba's cache warm; the first run compiles (the bench's ``--compile`` measures it)."""
+NumPy's. Brief 29b: the compiled worlds ahead (``compiled_worlds``) equal the NumPy path's on every benchmark,
+redraws included, and step the same; a ledger entry per K steps keeps every episode and a chain ``rsigym audit
+verify``'s check accepts. ~9 s with numba's cache warm, 25-27 s cold (load < 1); the first run compiles."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import rsigym_env  # noqa: F401  (before NumPy)
 import numpy as np
 import pytest
 
+from rsigym_env.catalog import BENCHMARKS
 from rsigym_env.wrappers.menu import MENU_INDEX
 
 from bench_helpers import load_bench
@@ -40,11 +43,13 @@ def _audit(ledger) -> list[tuple]:
     return [(r.seq, r.key, {k: v for k, v in r.event.items() if k != "wall_time"}) for r in ledger.audit_records()]
 
 
-def run_both(bench, proto, n: int, seed: int, steps: int, rarely_submit: bool = False, **kwargs) -> tuple[int, int]:
-    """Step the NumPy prototype and the numba env side by side with the same actions; assert every output equal
-    bit for bit and money never negative; return (episodes ended, refusals)."""
+def run_both(bench, proto, n: int, seed: int, steps: int, rarely_submit: bool = False, compiled_worlds: bool = False,
+             **kwargs) -> tuple[int, int]:
+    """Step the NumPy prototype and the numba env (``compiled_worlds``: its worlds ahead from the compiled
+    ``worlds_ahead``) side by side with the same actions; assert every output equal bit for bit and money never
+    negative; return (episodes ended, refusals)."""
     a = proto.V7HarnessEnv(n, **kwargs)
-    b = bench.V7NumbaEnv(n, **kwargs)
+    b = bench.V7NumbaEnv(n, compiled_worlds=compiled_worlds, **kwargs)
     (obs_a, info_a), (obs_b, info_b) = a.reset(seed=seed), b.reset(seed=seed)
     assert same_bits(obs_a, obs_b) and same_bits(info_a["action_mask"], info_b["action_mask"])
     rng = np.random.default_rng(seed + 1000)
@@ -113,6 +118,10 @@ def test_helpers_equal_numpys_bit_for_bit(bench):
                                                           "round9"), 0)
 
 
+def test_world_helpers_equal_numpys_bit_for_bit(bench):
+    assert bench.check_world_helpers(200_000) == {"exp": 0, "log1p": 0}
+
+
 def test_docstring_examples(bench):
     result = doctest.testmod(bench, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0 and result.attempted > 0
@@ -134,3 +143,98 @@ def test_bad_actions_are_a_clear_error(bench):
     env.reset(seed=0)
     with pytest.raises(ValueError, match="one menu index"):
         env.step(np.array([0, 27]))
+
+
+# ---------------------------------------------------------------------- brief 29b: compiled worlds, ledger per K
+
+
+@pytest.mark.parametrize("benchmark", list(BENCHMARKS))
+def test_compiled_worlds_ahead_equal_numpys_bit_for_bit(bench, benchmark):
+    """A whole batch of worlds ahead (4096), drawn compiled (``compiled_worlds=True``) or only made into tables
+    compiled (``"tables"``): seeds, per-code tables, world rows, stream keys, variants, halves and initial official
+    scores, byte for byte the NumPy prototype's, on every benchmark."""
+    a = bench.V7NumbaEnv(3, benchmark=benchmark, ledger=False)
+    a.reset(seed=11)
+    assert len(a._ahead) == 7 and len(np.unique(a._ahead[6])) > 5  # the initial scores vary
+    for compiled in (True, "tables"):
+        b = bench.V7NumbaEnv(3, benchmark=benchmark, ledger=False, compiled_worlds=compiled)
+        b.reset(seed=11)
+        assert b._made == bench.CHUNK  # made a chunk at a time: the rest now
+        b._make(b._made, len(b._ahead[0]))
+        for x, y in zip(a._ahead, b._ahead, strict=True):
+            assert same_bits(x, y), compiled
+
+
+def test_compiled_draw_worlds_redraws_infeasible_systems_as_the_model(bench):
+    """At a paper score of 0.6 most systems are redrawn (from the world's next blocks) before they are feasible:
+    present, severity, harm, half and base skill still equal ``draw_worlds``' bit for bit."""
+    import dataclasses
+
+    from rsigym_env.worlds.sim import model
+
+    env = bench.V7NumbaEnv(1, ledger=False)
+    benchmark = dataclasses.replace(env.benchmark, initial_score=0.6)
+    seeds = np.arange(300, dtype=np.uint64)
+    want, usual = model.draw_worlds(benchmark, seeds), model.draw_worlds(env.benchmark, seeds)
+    assert (want.half != usual.half).sum() > 50  # redrawn
+    domain, table = benchmark.domain, model.task_table(benchmark.id)
+    got = bench.draw_worlds_compiled(seeds, np.uint64(env.bkey), model.SYSTEM_DRAWS + len(domain.teacher_accuracy),
+                                     np.asarray(domain.exposure) > 0, np.asarray(domain.prevalence, float),
+                                     np.asarray(domain.severity, float), table.minimal_codes, model.Harness().active,
+                                     0.6, model.solve_curve(benchmark.id), model.SKILL_GRID, table.exp_difficulty,
+                                     bench._PPF)
+    for x, y in zip((want.present, want.severity, want.harm, want.half, want.base_skill), got, strict=True):
+        assert same_bits(x, y)
+
+
+@pytest.mark.parametrize("n, ahead, kwargs", [(7, 40, {}), (64, 100, {"benchmark": "aime", "budget_usd": 2.0})])
+def test_steps_with_compiled_worlds_equal_the_numpy_prototype(bench, proto, monkeypatch, n, ahead, kwargs):
+    """With the compiled worlds and a small buffer ahead (a new compiled batch every few steps): obs, rewards,
+    ends, every info array and the ledger equal the NumPy prototype's."""
+    monkeypatch.setattr(proto, "AHEAD", ahead)
+    ended, _ = run_both(bench, proto, n, 4, 150, compiled_worlds=True, **kwargs)
+    assert ended > 2 * ahead
+
+
+def _episodes(ledger) -> list[dict]:
+    return [e for r in ledger.audit_records() for e in r.event.get("episodes", [])]
+
+
+@pytest.mark.parametrize("k", [16, 64])
+def test_a_ledger_entry_per_k_steps_keeps_every_episode_and_a_verified_chain(bench, tmp_path, k):
+    """``ledger_every=K``: the same episodes, in the same order and with the same fields, as an entry every step;
+    one entry (and one account) per K steps; the same total spend; the books balance and ``rsigym audit
+    verify``'s check accepts the file; a changed byte breaks it."""
+    import sqlite3
+
+    from rsigym_env.platform.audit import verify_audit
+    from rsigym_env.platform.ledger import Ledger
+
+    steps, n = 3 * k + 5, 16
+    a = bench.V7NumbaEnv(n, ledger=True)
+    b = bench.V7NumbaEnv(n, ledger=True, ledger_every=k)
+    path = tmp_path / "ledger.sqlite"
+    b.ledger = Ledger(path)
+    rng = np.random.default_rng(k)
+    info = a.reset(seed=k)[1]
+    b.reset(seed=k)
+    for _ in range(steps):
+        actions = np.argmax(np.where(info["action_mask"], rng.random((n, 27)), -1.0), axis=1)
+        out = a.step(actions)
+        assert all(same_bits(x, y) for x, y in zip(out[:4], b.step(actions)[:4]))
+        info = out[4]
+    b.flush_ledger()
+    b.flush_ledger()  # nothing pending: no entry
+    assert len(_episodes(a.ledger)) > 5 * n and _episodes(a.ledger) == _episodes(b.ledger)
+    assert len(b.ledger.accounts()) == -(-steps // k) and len(b.ledger.audit_records()) == -(-steps // k)
+    spent = [sum(line.spent_usd for line in ledger.books().lines) for ledger in (a.ledger, b.ledger)]
+    assert spent[1] == pytest.approx(spent[0], rel=1e-12) and spent[0] > 0 and b.ledger.books().ok
+    b.ledger.close()
+    assert verify_audit(path).ok
+    conn = sqlite3.connect(path, isolation_level=None)
+    seq, event = conn.execute("SELECT seq, event FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+    at = event.index('"refusals":') + len('"refusals":')
+    conn.execute("UPDATE audit SET event = ? WHERE seq = ?", (event[:at] + ("9" if event[at] != "9" else "8")
+                                                               + event[at + 1:], seq))
+    conn.close()
+    assert not verify_audit(path).ok
