@@ -73,6 +73,9 @@ import numpy as np
 
 from rsigym_env.catalog import DEFECTS, FAILURE_MODES
 from rsigym_env.menu_vector import EpisodeRecords, write_episode_records
+from rsigym_env.platform import audit
+from rsigym_env.platform.core import PlatformKey
+from rsigym_env.platform.ledger import NANO, Ledger
 from rsigym_env.worlds.sim.draws import _A, _B, _C, _D, _E, _F, STREAMS, seed_array
 from rsigym_env.worlds.sim.model import (CODE_AXES, EVAL_DRAWS, FEASIBLE_MODEL_ALONE, HARM_RATIO, SEVERITY_MAX,
                                          SEVERITY_SPREAD, SKILL_GRID, SYSTEM_DRAWS, Harness, draw_worlds,
@@ -1055,6 +1058,40 @@ LEDGER_PARTS = ("records", "events", "walk", "json", "hash", "whole", "col event
                 "col hash")
 
 
+def timed(into: dict[str, float], part: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)``, its perf_counter seconds added to ``into[part]``.
+
+    >>> into = {"x": 0.0}; timed(into, "x", max, 2, 3), into["x"] >= 0.0
+    (3, True)
+    """
+    begin = time.perf_counter()
+    value = call(*args, **kwargs)
+    into[part] += time.perf_counter() - begin
+    return value
+
+
+def entry(records: EpisodeRecords, first: int) -> dict[str, Any]:
+    """A settled ledger entry listing ``records``' episodes as ``write_episode_records`` builds it (a dict an
+    episode), for :func:`ledger_parts` to time its parts."""
+    columns = [records.seeds, records.steps, records.refusals, records.end_reasons, records.elapsed_h, *records.result]
+    events = [{"seed": seed, "steps": used, "refusals": refusals, "end_reason": reason, "elapsed_h": hours,
+               "initial_score": initial, "official_score": final, "normalized_gain": gain}
+              for seed, used, refusals, reason, hours, initial, final, gain in zip(*columns)]
+    for event, nano in zip(events, records.spent_n.tolist()):
+        event["spend_usd"] = nano / NANO
+    return {"tool": "episodes", "decision": "allowed", "episodes": events, "key": PlatformKey.key_id(f"v7proto-{first}"),
+            "op": "settle", "reservation_id": 1, "reserved_usd": 1.0, "charged_usd": 1.0, "available_usd": 1.0,
+            "actual_usd": 1.0, "wall_time": 1.0, "seq": first}
+
+
+def columns(records: EpisodeRecords) -> dict[str, list[Any]]:
+    """``records``' episodes as columns (a list per field): the cheaper entry :func:`ledger_parts` measures."""
+    return {"seed": records.seeds, "steps": records.steps, "refusals": records.refusals,
+            "end_reason": records.end_reasons, "elapsed_h": records.elapsed_h, "initial_score": records.result[0],
+            "official_score": records.result[1], "normalized_gain": records.result[2],
+            "spend_usd": (records.spent_n / NANO).tolist()}
+
+
 def ledger_parts(n: int, steps: int, ks: tuple[int, ...] = (1, 16, 64)) -> dict[int, dict[str, float]]:
     """Where the ledger entry's time goes (``write_episode_records(per_step=True)``), per finished episode, at
     N = ``n`` over ``steps`` steps of masked uniform actions, with an entry every K steps for K in ``ks``:
@@ -1065,10 +1102,6 @@ def ledger_parts(n: int, steps: int, ks: tuple[int, ...] = (1, 16, 64)) -> dict[
     the parts above but "records" plus the accounts' checks, SQLite and the rest); "col events", "col walk",
     "col json", "col hash": the same with the entry's episodes as columns (a list per field; ``spend_usd`` as
     one NumPy division), a format ``rsigym_env`` does not write; plus "episodes" and "entries". The parts are re-run apart on the same records, so they are what each costs, not a profile."""
-    from rsigym_env.platform import audit
-    from rsigym_env.platform.core import PlatformKey
-    from rsigym_env.platform.ledger import NANO, Ledger
-
     env = V7NumbaEnv(n, ledger=True, compiled_worlds=True)
     captured: list[EpisodeRecords] = []
     made = [0.0]
@@ -1099,56 +1132,17 @@ def ledger_parts(n: int, steps: int, ks: tuple[int, ...] = (1, 16, 64)) -> dict[
         ledger = Ledger(None)
         first = 1
         for records in batches:
-            start = time.perf_counter()
-            first += write_episode_records(ledger, records, per_step=True, budget_usd=env.scenario.budget_usd,
-                                           budget_n=env.budget_n, secret="v7proto", first=first)
-            got["whole"] += time.perf_counter() - start
-            start = time.perf_counter()
-            columns = [records.seeds, records.steps, records.refusals, records.end_reasons, records.elapsed_h,
-                       *records.result]
-            events = [{"seed": seed, "steps": used, "refusals": refusals, "end_reason": reason, "elapsed_h": hours,
-                       "initial_score": initial, "official_score": final, "normalized_gain": gain}
-                      for seed, used, refusals, reason, hours, initial, final, gain in zip(*columns)]
-            for event, nano in zip(events, records.spent_n.tolist()):
-                event["spend_usd"] = nano / NANO
-            key = PlatformKey.key_id(f"v7proto-{first}")
-            event = {"tool": "episodes", "decision": "allowed", "episodes": events, "key": key, "op": "settle",
-                     "reservation_id": 1, "reserved_usd": 1.0, "charged_usd": 1.0, "available_usd": 1.0,
-                     "actual_usd": 1.0, "wall_time": 1.0, "seq": first}
-            now = time.perf_counter()
-            got["events"] += now - start
-            start = now
-            audit._orjson_safe(event, 0)
-            now = time.perf_counter()
-            got["walk"] += now - start
-            start = now
-            text = audit.canonical_json(event)
-            now = time.perf_counter()
-            got["json"] += now - start  # the walk again inside: taken out below
-            start = now
-            audit.chain_hash("0" * 64, text)
-            now = time.perf_counter()
-            got["hash"] += now - start
-            start = now
+            first += timed(got, "whole", write_episode_records, ledger, records, per_step=True,
+                           budget_usd=env.scenario.budget_usd, budget_n=env.budget_n, secret="v7proto", first=first)
+            event = timed(got, "events", entry, records, first)
+            timed(got, "walk", audit._orjson_safe, event, 0)
+            text = timed(got, "json", audit.canonical_json, event)  # the walk again inside: taken out below
+            timed(got, "hash", audit.chain_hash, "0" * 64, text)
             # the same entry with its episodes as columns (a list per field): not what rsigym_env writes
-            event["episodes"] = {"seed": records.seeds, "steps": records.steps, "refusals": records.refusals,
-                                 "end_reason": records.end_reasons, "elapsed_h": records.elapsed_h,
-                                 "initial_score": records.result[0], "official_score": records.result[1],
-                                 "normalized_gain": records.result[2],
-                                 "spend_usd": (records.spent_n / NANO).tolist()}
-            now = time.perf_counter()
-            got["col events"] += now - start
-            start = now
-            audit._orjson_safe(event, 0)
-            now = time.perf_counter()
-            got["col walk"] += now - start
-            start = now
-            text = audit.canonical_json(event)
-            now = time.perf_counter()
-            got["col json"] += now - start
-            start = now
-            audit.chain_hash("0" * 64, text)
-            got["col hash"] += time.perf_counter() - start
+            event["episodes"] = timed(got, "col events", columns, records)
+            timed(got, "col walk", audit._orjson_safe, event, 0)
+            text = timed(got, "col json", audit.canonical_json, event)
+            timed(got, "col hash", audit.chain_hash, "0" * 64, text)
         assert ledger.books().ok
         got["json"] -= got["walk"]
         got["col json"] -= got["col walk"]

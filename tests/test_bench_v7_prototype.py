@@ -13,6 +13,7 @@ import pytest
 from rsigym_env.wrappers.menu import MENU, MENU_INDEX
 
 from bench_helpers import load_bench
+from menu_helpers import masked_uniform
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def test_masked_random_steps_keep_money_limits_and_ledger_honest(bench):
     for _ in range(150):
         mask = info["action_mask"]
         assert mask[:, [i for i, m in enumerate(MENU) if m.kind in ("gen", "clean", "train")]].sum() == 0
-        actions = np.argmax(np.where(mask, rng.random(mask.shape), -1.0), axis=1)
+        actions = masked_uniform(rng, mask)
         obs, reward, terminated, truncated, info = env.step(actions)
         assert obs.shape == (n, 50) and obs.dtype == np.float32 and (np.abs(obs) <= 1).all()
         assert (env.spent >= 0).all() and (env.reserved >= 0).all()

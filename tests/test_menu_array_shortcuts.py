@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gymnasium.utils import seeding
+from menu_helpers import masked_uniform
 
 from rsigym_env.menu_vector import MENU_INDEX, MenuArrayEnv
 
@@ -47,7 +48,7 @@ def test_the_clean_in_two_passes_leaves_the_state_of_a_pass_per_call(monkeypatch
     infos = [env.reset(seed=11)[1] for env in (ahead, one_by_one)]
     for step in range(120):
         mask = infos[0]["action_mask"]
-        actions = np.argmax(np.where(mask, rng.random(mask.shape), -1.0), axis=1)
+        actions = masked_uniform(rng, mask)
         outs = [env.step(actions) for env in (ahead, one_by_one)]
         infos = [out[4] for out in outs]
         for x, y in zip(outs[0][:4], outs[1][:4]):
@@ -99,7 +100,7 @@ def test_worlds_drawn_ahead_are_the_worlds_their_seeds_give_in_few_passes(monkey
     episodes = 0
     for _ in range(80):
         mask = info["action_mask"]
-        obs, _, terminated, truncated, info = env.step(np.argmax(np.where(mask, rng.random(mask.shape), -1.0), axis=1))
+        obs, _, terminated, truncated, info = env.step(masked_uniform(rng, mask))
         episodes += int((terminated | truncated).sum())
         seen.update({(i, int(s)): float(v) for i, (s, v) in enumerate(zip(env.episode_seeds, env.initial_official))})
     assert episodes > 3 * n and len(passes) <= 1 + 80 // 8  # a pass per step would be one per step with an episode's end

@@ -6,7 +6,6 @@ is ``tests/test_menu_vector.py``'s."""
 from __future__ import annotations
 
 import math
-import sqlite3
 from pathlib import Path
 from unittest import mock
 
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 from ledger_helpers import ledger_state, open_settled_one_by_one
+from menu_helpers import assert_a_changed_byte_breaks_the_audit, masked_uniform
 
 import rsigym_env
 from rsigym_env.cli import main as rsigym
@@ -25,23 +25,6 @@ from rsigym_env.vector import ResearchVectorEnv
 from rsigym_env.wrappers.menu import FEATURES, MENU, MENU_INDEX, DiscreteMenu
 
 KWARGS = {"benchmark": "aime", "budget_usd": 100}
-
-
-def masked_uniform(rng: np.random.Generator, mask: np.ndarray) -> np.ndarray:
-    return np.argmax(np.where(mask, rng.random(mask.shape), -1.0), axis=1)
-
-
-def assert_a_changed_byte_breaks_the_audit(path, capsys) -> None:
-    """Change one digit of an episode entry's ``refusals`` in the audit table: ``rsigym audit verify`` fails there."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    seq, event = conn.execute("SELECT seq, event FROM audit WHERE event LIKE '%\"refusals\":%' LIMIT 1").fetchone()
-    at = event.index('"refusals":') + len('"refusals":')
-    conn.execute("UPDATE audit SET event = ? WHERE seq = ?", (event[:at] + ("9" if event[at] != "9" else "8")
-                                                               + event[at + 1:], seq))
-    conn.close()
-    capsys.readouterr()
-    assert rsigym(["audit", "verify", str(path)]) == 1
-    assert f"BROKEN at record {seq}" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("env_id", rsigym_env.ENV_IDS)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 from ledger_helpers import ledger_state
+from menu_helpers import masked_uniform
 
 import rsigym_env  # noqa: F401  (registers the ids)
 from rsigym_env.cli import main as rsigym
@@ -26,10 +27,6 @@ from rsigym_env.menu_workers import MenuWorkersEnv
 from rsigym_env.platform import ledger as ledger_module
 from rsigym_env.platform.ledger import Ledger
 from rsigym_env.wrappers.menu import FEATURES, MENU, MENU_INDEX
-
-
-def masked_uniform(rng: np.random.Generator, mask: np.ndarray) -> np.ndarray:
-    return np.argmax(np.where(mask, rng.random(mask.shape), -1.0), axis=1)
 
 
 def same(a: Any, b: Any, where: str) -> None:
