@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 from ledger_helpers import ledger_state, open_settled_one_by_one
-from menu_helpers import assert_a_changed_byte_breaks_the_audit, masked_uniform
+from menu_helpers import assert_a_changed_byte_breaks_the_audit, assert_seeded_runs_repeat, bad_actions, masked_uniform
 
 import rsigym_env
 from rsigym_env.cli import main as rsigym
@@ -63,23 +63,9 @@ def test_the_vector_env_checks():
     vec = gym.make_vec("RSIGym/Data-v0", num_envs=5, menu=True, benchmark="gpqa-diamond", budget_usd=300)
     with pytest.raises(gym.error.ResetNeeded):
         vec.step(np.zeros(5, np.int64))
-    runs = []
-    for _ in range(2):
-        obs, info = vec.reset(seed=11)
-        assert vec.observation_space.contains(obs) and info["action_mask"].shape == (5, len(MENU))
-        vec.action_space.seed(3)
-        trace = [obs]
-        for _ in range(12):
-            obs, reward, terminated, truncated, info = vec.step(vec.action_space.sample())  # masked entries too
-            assert vec.observation_space.contains(obs)
-            assert reward.shape == terminated.shape == truncated.shape == (5,) and terminated.dtype == bool
-            trace += [obs, reward, terminated, truncated, info["action_mask"]]
-        runs.append(trace)
-    for a, b in zip(*runs):
-        np.testing.assert_array_equal(a, b)
+    assert_seeded_runs_repeat(vec, 5)
     before = (vec.spent_usd.copy(), vec.refusals.copy(), vec.steps.copy())
-    for bad in (np.zeros(4, np.int64), np.full(5, len(MENU)), np.full(5, -1), ["submit"] * 5, None, np.full(5, 1.5),
-                [0, 1, 2, 3, 4.0], np.zeros((5, 1), np.int64), [True] * 5):
+    for bad in bad_actions(5):
         with pytest.raises(ValueError, match="menu index"):
             vec.step(bad)
     for now, then in zip((vec.spent_usd, vec.refusals, vec.steps), before):

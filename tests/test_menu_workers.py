@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 from ledger_helpers import ledger_state
-from menu_helpers import masked_uniform
+from menu_helpers import assert_seeded_runs_repeat, bad_actions, masked_uniform
 
 import rsigym_env  # noqa: F401  (registers the ids)
 from rsigym_env.cli import main as rsigym
@@ -163,25 +163,11 @@ def test_the_vector_env_checks(vec):
     ``MenuArrayEnv``'s own error, raised before anything reaches a worker, and changes nothing."""
     with pytest.raises(gym.error.ResetNeeded):
         vec.step(np.zeros(5, np.int64))
-    runs = []
-    for _ in range(2):
-        obs, info = vec.reset(seed=11)
-        assert vec.observation_space.contains(obs) and info["action_mask"].shape == (5, len(MENU))
-        vec.action_space.seed(3)
-        trace = [obs]
-        for _ in range(12):
-            obs, reward, terminated, truncated, info = vec.step(vec.action_space.sample())
-            assert vec.observation_space.contains(obs) and reward.shape == terminated.shape == (5,)
-            assert terminated.dtype == truncated.dtype == bool and reward.dtype == np.float64
-            trace += [obs, reward, terminated, truncated, info["action_mask"]]
-        runs.append(trace)
-    for a, b in zip(*runs):
-        np.testing.assert_array_equal(a, b)
+    assert_seeded_runs_repeat(vec, 5)
     before = (vec.spent_usd.copy(), vec.refusals, vec.steps)
     sent = []
     with mock.patch.object(vec, "_call", side_effect=lambda *a, **k: sent.append(a)):
-        for bad in (np.zeros(4, np.int64), np.full(5, len(MENU)), np.full(5, -1), ["submit"] * 5, None,
-                    np.full(5, 1.5), [0, 1, 2, 3, 4.0], np.zeros((5, 1), np.int64), [True] * 5):
+        for bad in bad_actions(5):
             with pytest.raises(ValueError, match="menu index"):
                 vec.step(bad)
         for options in ({"reset_mask": [1, 0, 0, 0, 0]}, {"colour": "red"}):
